@@ -1,0 +1,89 @@
+// grape._C: the runtime behind grape.compile, and introspection used by the tests.
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+#include <torch/csrc/autograd/python_variable.h>
+
+#include "core/replay_plan.h"
+#include "torch/pytree.h"
+#include "torch/runtime.h"
+
+namespace py = pybind11;
+using grape::Runtime;
+
+namespace {
+
+// Runtime references Python objects (the function, a module that may reference the compiled
+// function back); let the garbage collector see them so such cycles are collected.
+void setup_gc(PyHeapTypeObject* heap_type) {
+  auto* type = &heap_type->ht_type;
+  type->tp_flags |= Py_TPFLAGS_HAVE_GC;
+  type->tp_traverse = [](PyObject* self, visitproc visit, void* arg) -> int {
+#if PY_VERSION_HEX >= 0x03090000
+    Py_VISIT(Py_TYPE(self));
+#endif
+    if (!py::detail::is_holder_constructed(self)) return 0;
+    return py::cast<Runtime&>(py::handle(self)).traverse(visit, arg);
+  };
+  type->tp_clear = [](PyObject* self) -> int {
+    if (py::detail::is_holder_constructed(self)) {
+      py::cast<Runtime&>(py::handle(self)).clear_references();
+    }
+    return 0;
+  };
+}
+
+}  // namespace
+
+PYBIND11_MODULE(_C, m) {
+  m.doc() = "Grape runtime: CUDA graphs for dynamic PyTorch workloads";
+#ifdef GRAPE_WITH_CUDA
+  m.attr("built_with_cuda") = true;
+#else
+  m.attr("built_with_cuda") = false;
+#endif
+
+  py::class_<Runtime>(m, "Runtime", py::custom_type_setup(setup_gc))
+      .def(py::init<py::object, int, py::object>(), py::arg("fn"), py::arg("warmup"),
+           py::arg("static_module"))
+      .def("__call__", &Runtime::call)
+      .def("_runtime_stats", &Runtime::stats)
+      .def("_entries", &Runtime::entries)
+      .def("reset", &Runtime::reset, "Drops every captured graph; the next calls warm up again.");
+
+  // The signature words and tensors of a call, as the runtime computes them (for tests).
+  m.def(
+      "signature",
+      [](py::args args, py::kwargs kwargs) {
+        // Never destroyed: it holds Python objects, which must not outlive the interpreter.
+        static auto* flattener = new grape::Flattener();
+        grape::FlatCall flat;
+        flattener->flatten_call(args, kwargs, flat, /*with_spec=*/false, /*with_paths=*/true);
+        py::list tensors;
+        for (const auto& t : flat.tensors) {
+          tensors.append(py::reinterpret_steal<py::object>(THPVariable_Wrap(t)));
+        }
+        py::dict d;
+        d["words"] = flat.signature.words();
+        d["hash"] = flat.signature.hash();
+        d["tensors"] = tensors;
+        d["unsupported"] = flat.unsupported;
+        d["path"] = flat.unsupported_path;
+        return d;
+      },
+      "Flattens (args, kwargs) as grape.compile does and returns the signature.");
+
+  // Flatten and rebuild a tree with every tensor leaf replaced (for tests of the tree handling).
+  m.def(
+      "map_tensors",
+      [](py::object tree, py::function fn) {
+        grape::Flattener flattener;
+        grape::FlatCall flat;
+        flattener.flatten_value(tree, flat);
+        std::vector<py::object> leaves;
+        for (const auto& t : flat.tensors) {
+          leaves.push_back(fn(py::reinterpret_steal<py::object>(THPVariable_Wrap(t))));
+        }
+        return grape::unflatten(flat.spec, leaves);
+      },
+      "Rebuilds `tree` with fn(t) in place of each tensor t.");
+}

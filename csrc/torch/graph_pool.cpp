@@ -1,0 +1,114 @@
+#include "torch/graph_pool.h"
+
+#include <c10/cuda/CUDACachingAllocator.h>
+#include <c10/cuda/CUDAException.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/util/Exception.h>
+
+#include <algorithm>
+
+namespace grape {
+
+namespace allocator = c10::cuda::CUDACachingAllocator;
+
+namespace {
+// The context of a handed-out DataPtr: it keeps the pool alive, and owns no memory.
+struct PoolReference {
+  std::shared_ptr<GraphPool> pool;
+};
+void release_pool_reference(void* ctx) { delete static_cast<PoolReference*>(ctx); }
+}  // namespace
+
+std::shared_ptr<GraphPool> GraphPool::create(c10::DeviceIndex device) {
+  return std::shared_ptr<GraphPool>(new GraphPool(device));
+}
+
+GraphPool::GraphPool(c10::DeviceIndex device)
+    : device_(device),
+      id_(at::cuda::graph_pool_handle()),
+      capture_stream_(at::cuda::getCurrentCUDAStream(device)) {
+  c10::cuda::CUDAGuard guard(device_);
+  allocator::createOrIncrefPool(device_, id_);
+  C10_CUDA_CHECK(cudaStreamCreateWithFlags(&raw_stream_, cudaStreamNonBlocking));
+  C10_CUDA_CHECK(cudaEventCreateWithFlags(&ready_event_, cudaEventDisableTiming));
+  capture_stream_ = at::cuda::getStreamFromExternal(raw_stream_, device_);
+}
+
+GraphPool::~GraphPool() {
+  // Destructors must not throw: report CUDA failures as warnings.
+  try {
+    c10::cuda::CUDAGuard guard(device_);
+    allocator::releasePool(device_, id_);
+    if (ready_event_ != nullptr) C10_CUDA_CHECK_WARN(cudaEventDestroy(ready_event_));
+    if (raw_stream_ != nullptr) C10_CUDA_CHECK_WARN(cudaStreamDestroy(raw_stream_));
+  } catch (const std::exception& e) {
+    TORCH_WARN("grape: releasing a graph pool failed: ", e.what());
+  }
+}
+
+void GraphPool::wait_for(const at::cuda::CUDAStream& stream) {
+  C10_CUDA_CHECK(cudaEventRecord(ready_event_, stream.stream()));
+  C10_CUDA_CHECK(cudaStreamWaitEvent(raw_stream_, ready_event_, 0));
+}
+
+int GraphPool::allocator_use_count() const { return allocator::getPoolUseCount(device_, id_); }
+
+void GraphPool::refresh_segments() {
+  segments_.clear();
+  auto snapshot = allocator::snapshot(id_, /*include_traces=*/false);
+  for (const auto& seg : snapshot.segments) {
+    if (seg.device != device_ || seg.owner_private_pool_id != id_) continue;
+    segments_.add({seg.address, seg.address + seg.total_size});
+  }
+}
+
+c10::DataPtr GraphPool::pool_data_ptr(void* ptr) {
+  return c10::DataPtr(ptr, new PoolReference{shared_from_this()}, &release_pool_reference,
+                      c10::Device(c10::DeviceType::CUDA, device_));
+}
+
+c10::Storage GraphPool::hand_out(void* ptr, size_t bytes) {
+  c10::Storage storage(c10::Storage::use_byte_size_t(), bytes, pool_data_ptr(ptr),
+                       /*allocator=*/nullptr, /*resizable=*/false);
+  live_.push_back({storage.getWeakStorageImpl(), core::make_range(ptr, bytes)});
+  return storage;
+}
+
+void GraphPool::move_into(c10::StorageImpl* storage, void* ptr) {
+  const size_t bytes = storage->nbytes();
+  storage->set_data_ptr_noswap(pool_data_ptr(ptr));
+  auto range = core::make_range(ptr, bytes);
+  for (auto& entry : live_) {
+    if (entry.storage._unsafe_get_target() == storage) {
+      entry.range = range;
+      return;
+    }
+  }
+  live_.push_back({c10::weak_intrusive_ptr<c10::StorageImpl>(
+                       c10::intrusive_ptr<c10::StorageImpl>::reclaim_copy(storage)),
+                   range});
+}
+
+void GraphPool::move_out(c10::StorageImpl* storage, c10::DataPtr&& data) {
+  storage->set_data_ptr_noswap(std::move(data));
+  live_.erase(std::remove_if(live_.begin(), live_.end(),
+                             [&](const LiveStorage& e) {
+                               return e.storage._unsafe_get_target() == storage;
+                             }),
+              live_.end());
+}
+
+void GraphPool::prune_live() {
+  live_.erase(std::remove_if(live_.begin(), live_.end(),
+                             [](const LiveStorage& e) { return e.storage.expired(); }),
+              live_.end());
+}
+
+const GraphPool::LiveStorage* GraphPool::find_live(const c10::StorageImpl* storage) const {
+  for (const auto& entry : live_) {
+    if (entry.storage._unsafe_get_target() == storage) return &entry;
+  }
+  return nullptr;
+}
+
+}  // namespace grape

@@ -1,0 +1,420 @@
+#include "torch/pytree.h"
+
+#include <ATen/autocast_mode.h>
+#include <ATen/core/grad_mode.h>
+#include <c10/core/InferenceMode.h>
+#include <torch/csrc/autograd/python_variable.h>
+
+#include <cstring>
+#include <sstream>
+
+namespace grape {
+
+using core::Tag;
+
+namespace {
+
+struct TorchTypes {
+  PyObject* parameter = nullptr;
+  PyObject* module = nullptr;
+  PyObject* dtype = nullptr;
+  PyObject* device = nullptr;
+  PyObject* enum_base = nullptr;
+};
+
+const TorchTypes& torch_types() {
+  static TorchTypes types = [] {
+    TorchTypes t;
+    py::gil_scoped_acquire gil;
+    t.parameter = py::object(py::module_::import("torch.nn.parameter").attr("Parameter")).release().ptr();
+    t.module = py::object(py::module_::import("torch.nn").attr("Module")).release().ptr();
+    t.dtype = py::object(py::module_::import("torch").attr("dtype")).release().ptr();
+    t.device = py::object(py::module_::import("torch").attr("device")).release().ptr();
+    t.enum_base = py::object(py::module_::import("enum").attr("Enum")).release().ptr();
+    return t;
+  }();
+  return types;
+}
+
+bool is_namedtuple_type(PyTypeObject* type) {
+  return PyType_IsSubtype(type, &PyTuple_Type) &&
+         PyObject_HasAttrString(reinterpret_cast<PyObject*>(type), "_fields");
+}
+
+bool is_dataclass_type(PyTypeObject* type) {
+  return PyObject_HasAttrString(reinterpret_cast<PyObject*>(type), "__dataclass_fields__");
+}
+
+// Values whose equality is their value and that cannot hold tensors.
+bool is_plain_constant(PyObject* obj, const TorchTypes& tt) {
+  PyTypeObject* type = Py_TYPE(obj);
+  if (PyUnicode_CheckExact(obj) || PyBytes_CheckExact(obj) || PyType_Check(obj) ||
+      PyFunction_Check(obj) || PyCFunction_Check(obj) || obj == Py_Ellipsis ||
+      PySlice_Check(obj) || PyComplex_CheckExact(obj)) {
+    return true;
+  }
+  PyObject* t = reinterpret_cast<PyObject*>(type);
+  return t == tt.dtype || t == tt.device ||
+         PyType_IsSubtype(type, reinterpret_cast<PyTypeObject*>(tt.enum_base));
+}
+
+// First tensor directly among an object's attributes, if any.
+bool holds_tensors(PyObject* obj) {
+  PyObject** dict_ptr = _PyObject_GetDictPtr(obj);
+  if (dict_ptr == nullptr || *dict_ptr == nullptr) return false;
+  PyObject* key;
+  PyObject* value;
+  Py_ssize_t pos = 0;
+  while (PyDict_Next(*dict_ptr, &pos, &key, &value)) {
+    if (THPVariable_Check(value)) return true;
+  }
+  return false;
+}
+
+std::string type_name(PyObject* obj) { return Py_TYPE(obj)->tp_name; }
+
+}  // namespace
+
+Flattener::Flattener() { (void)torch_types(); }
+
+void Flattener::mark_unsupported(FlatCall& out, std::string reason) {
+  if (!out.unsupported.empty()) return;
+  out.unsupported = std::move(reason);
+  if (with_paths_) {
+    std::string path;
+    for (const auto& p : path_) path += p;
+    out.unsupported_path = path;
+  }
+}
+
+const std::vector<std::pair<std::string, bool>>& Flattener::dataclass_fields(py::handle type) {
+  auto it = dataclass_fields_.find(type.ptr());
+  if (it != dataclass_fields_.end()) return it->second;
+  std::vector<std::pair<std::string, bool>> fields;
+  py::object all = py::module_::import("dataclasses").attr("fields")(type);
+  for (py::handle f : all) {
+    fields.emplace_back(f.attr("name").cast<std::string>(), f.attr("init").cast<bool>());
+  }
+  identity_objects_.push_back(py::reinterpret_borrow<py::object>(type));  // keep the key alive
+  return dataclass_fields_.emplace(type.ptr(), std::move(fields)).first->second;
+}
+
+void Flattener::push_interned(py::handle obj, FlatCall& out) {
+  // Subclasses of int/float (IntEnum, numpy scalars...) compare equal to plain numbers; the type
+  // keeps them apart.
+  py::object key = (PyUnicode_CheckExact(obj.ptr()) || PyBytes_CheckExact(obj.ptr()))
+                       ? py::reinterpret_borrow<py::object>(obj)
+                       : py::make_tuple(py::handle(reinterpret_cast<PyObject*>(Py_TYPE(obj.ptr()))),
+                                        obj);
+  PyObject* found = PyDict_GetItemWithError(interned_ids_.ptr(), key.ptr());
+  int64_t id;
+  if (found != nullptr) {
+    id = PyLong_AsLongLong(found);
+  } else {
+    if (PyErr_Occurred()) throw py::error_already_set();
+    id = static_cast<int64_t>(PyDict_Size(interned_ids_.ptr()));
+    interned_ids_[key] = py::int_(id);
+  }
+  out.signature.push(Tag::kInterned);
+  out.signature.push(id);
+}
+
+void Flattener::visit_tensor(py::handle obj, FlatCall& out, TreeSpec* spec) {
+  const TorchTypes& tt = torch_types();
+  PyObject* type = reinterpret_cast<PyObject*>(Py_TYPE(obj.ptr()));
+  if (!THPVariable_CheckExact(obj.ptr()) && type != tt.parameter) {
+    mark_unsupported(out, std::string("tensor subclass ") + type_name(obj.ptr()));
+  }
+  const at::Tensor& t = THPVariable_Unpack(obj.ptr());
+  auto& sig = out.signature;
+  sig.push(Tag::kTensor);
+  sig.push(static_cast<int64_t>(t.scalar_type()));
+  sig.push(static_cast<int64_t>(t.device().type()) * 1024 + t.device().index());
+  sig.push(static_cast<int64_t>(t.layout()));
+  const int64_t dim = t.dim();
+  sig.push(dim);
+  if (t.layout() == c10::kStrided) {
+    for (int64_t d = 0; d < dim; ++d) sig.push(t.sizes()[d]);
+    for (int64_t d = 0; d < dim; ++d) sig.push(t.strides()[d]);
+  }
+  sig.push(static_cast<int64_t>(t.requires_grad()) | (static_cast<int64_t>(t.is_conj()) << 1) |
+           (static_cast<int64_t>(t.is_neg()) << 2));
+  if (t.layout() != c10::kStrided || t.is_quantized() || t.is_nested()) {
+    mark_unsupported(out, "tensor with layout " + c10::str(t.layout()) + " (only strided tensors)");
+  } else if (!t.is_cuda()) {
+    mark_unsupported(out, "tensor on " + t.device().str() + " (graphs read CUDA tensors only)");
+  } else if (t.requires_grad()) {
+    mark_unsupported(out, "tensor that requires grad (training is not captured yet)");
+  } else if (t.is_conj() || t.is_neg()) {
+    mark_unsupported(out, "tensor with a lazy conjugate/negative bit");
+  }
+  if (spec != nullptr) {
+    spec->kind = TreeSpec::Kind::kTensor;
+    spec->tensor_index = static_cast<int>(out.tensors.size());
+  }
+  out.tensors.push_back(t);
+}
+
+void Flattener::visit(py::handle obj_h, FlatCall& out, TreeSpec* spec) {
+  PyObject* obj = obj_h.ptr();
+  auto& sig = out.signature;
+  const TorchTypes& tt = torch_types();
+  if (THPVariable_Check(obj)) {
+    visit_tensor(obj_h, out, spec);
+    return;
+  }
+  auto constant_leaf = [&] {
+    if (spec != nullptr) {
+      spec->kind = TreeSpec::Kind::kConstant;
+      spec->constant = py::reinterpret_borrow<py::object>(obj);
+    }
+  };
+  auto visit_children = [&](auto get_child, Py_ssize_t n, auto path_of) {
+    if (spec != nullptr) spec->children.resize(static_cast<size_t>(n));
+    for (Py_ssize_t i = 0; i < n; ++i) {
+      if (with_paths_) path_.push_back(path_of(i));
+      visit(get_child(i), out, spec != nullptr ? &spec->children[static_cast<size_t>(i)] : nullptr);
+      if (with_paths_) path_.pop_back();
+    }
+  };
+  auto index_path = [](Py_ssize_t i) { return "[" + std::to_string(i) + "]"; };
+
+  if (obj == Py_None) {
+    sig.push(Tag::kNone);
+    constant_leaf();
+  } else if (PyBool_Check(obj)) {
+    sig.push(Tag::kBool);
+    sig.push(obj == Py_True ? 1 : 0);
+    constant_leaf();
+  } else if (PyLong_CheckExact(obj)) {
+    int overflow = 0;
+    long long v = PyLong_AsLongLongAndOverflow(obj, &overflow);
+    if (overflow != 0) {
+      push_interned(obj_h, out);
+    } else {
+      sig.push(Tag::kInt);
+      sig.push(static_cast<int64_t>(v));
+    }
+    constant_leaf();
+  } else if (PyFloat_CheckExact(obj)) {
+    double v = PyFloat_AS_DOUBLE(obj);
+    int64_t bits;
+    std::memcpy(&bits, &v, sizeof(bits));
+    sig.push(Tag::kFloat);
+    sig.push(bits);
+    constant_leaf();
+  } else if (PyTuple_CheckExact(obj) || PyList_CheckExact(obj)) {
+    const bool is_tuple = PyTuple_CheckExact(obj);
+    const Py_ssize_t n = is_tuple ? PyTuple_GET_SIZE(obj) : PyList_GET_SIZE(obj);
+    sig.push(is_tuple ? Tag::kTuple : Tag::kList);
+    sig.push(static_cast<int64_t>(n));
+    if (spec != nullptr) spec->kind = is_tuple ? TreeSpec::Kind::kTuple : TreeSpec::Kind::kList;
+    visit_children(
+        [&](Py_ssize_t i) {
+          return py::handle(is_tuple ? PyTuple_GET_ITEM(obj, i) : PyList_GET_ITEM(obj, i));
+        },
+        n, index_path);
+  } else if (PyDict_CheckExact(obj) || (PyDict_Check(obj) && !is_dataclass_type(Py_TYPE(obj)))) {
+    const Py_ssize_t n = PyDict_Size(obj);
+    sig.push(Tag::kDict);
+    sig.push(static_cast<int64_t>(n));
+    std::vector<PyObject*> values;
+    values.reserve(static_cast<size_t>(n));
+    py::tuple keys(n);
+    PyObject* key;
+    PyObject* value;
+    Py_ssize_t pos = 0;
+    Py_ssize_t i = 0;
+    while (PyDict_Next(obj, &pos, &key, &value)) {
+      push_interned(key, out);
+      keys[i++] = py::reinterpret_borrow<py::object>(key);
+      values.push_back(value);
+    }
+    if (spec != nullptr) {
+      spec->kind = TreeSpec::Kind::kDict;
+      spec->keys = keys;
+    }
+    visit_children([&](Py_ssize_t j) { return py::handle(values[static_cast<size_t>(j)]); }, n,
+                   [&](Py_ssize_t j) { return "[" + py::repr(keys[j]).cast<std::string>() + "]"; });
+  } else if (is_plain_constant(obj, tt)) {
+    push_interned(obj_h, out);
+    constant_leaf();
+  } else if (is_namedtuple_type(Py_TYPE(obj))) {
+    const Py_ssize_t n = PyTuple_GET_SIZE(obj);
+    sig.push(Tag::kNamedTuple);
+    push_interned(py::handle(reinterpret_cast<PyObject*>(Py_TYPE(obj))), out);
+    sig.push(static_cast<int64_t>(n));
+    if (spec != nullptr) {
+      spec->kind = TreeSpec::Kind::kNamedTuple;
+      spec->type = py::reinterpret_borrow<py::object>(reinterpret_cast<PyObject*>(Py_TYPE(obj)));
+    }
+    visit_children([&](Py_ssize_t i) { return py::handle(PyTuple_GET_ITEM(obj, i)); }, n,
+                   index_path);
+  } else if (!PyType_Check(obj) && is_dataclass_type(Py_TYPE(obj))) {
+    py::handle type(reinterpret_cast<PyObject*>(Py_TYPE(obj)));
+    const auto& fields = dataclass_fields(type);
+    sig.push(Tag::kDataclass);
+    push_interned(type, out);
+    sig.push(static_cast<int64_t>(fields.size()));
+    std::vector<py::object> values;
+    values.reserve(fields.size());
+    for (const auto& f : fields) values.push_back(obj_h.attr(f.first.c_str()));
+    if (spec != nullptr) {
+      spec->kind = TreeSpec::Kind::kDataclass;
+      spec->type = py::reinterpret_borrow<py::object>(type);
+      py::tuple names(fields.size());
+      for (size_t i = 0; i < fields.size(); ++i) names[i] = py::str(fields[i].first);
+      spec->keys = names;
+    }
+    visit_children([&](Py_ssize_t i) { return py::handle(values[static_cast<size_t>(i)]); },
+                   static_cast<Py_ssize_t>(fields.size()),
+                   [&](Py_ssize_t i) { return "." + fields[static_cast<size_t>(i)].first; });
+  } else if (PyObject_IsInstance(obj, tt.module) == 1) {
+    // A module's parameters and buffers are static state of the graph, checked on every replay.
+    auto it = identity_ids_.find(obj);
+    int64_t id;
+    if (it == identity_ids_.end()) {
+      id = static_cast<int64_t>(identity_ids_.size());
+      identity_ids_.emplace(obj, id);
+      identity_objects_.push_back(py::reinterpret_borrow<py::object>(obj));
+    } else {
+      id = it->second;
+    }
+    sig.push(Tag::kModule);
+    sig.push(id);
+    out.modules.push_back(py::reinterpret_borrow<py::object>(obj));
+    constant_leaf();
+  } else {
+    if (holds_tensors(obj)) {
+      mark_unsupported(out, "an object of type " + type_name(obj) +
+                                " that holds tensors (pass the tensors as arguments, or make the "
+                                "type a dataclass)");
+    }
+    if (PyObject_Hash(obj) != -1) {
+      push_interned(obj_h, out);
+    } else {
+      PyErr_Clear();
+      auto it = identity_ids_.find(obj);
+      int64_t id;
+      if (it == identity_ids_.end()) {
+        id = static_cast<int64_t>(identity_ids_.size());
+        identity_ids_.emplace(obj, id);
+        identity_objects_.push_back(py::reinterpret_borrow<py::object>(obj));
+      } else {
+        id = it->second;
+      }
+      sig.push(Tag::kObject);
+      sig.push(id);
+    }
+    constant_leaf();
+  }
+}
+
+void Flattener::flatten_call(py::handle args, py::handle kwargs, FlatCall& out, bool with_spec,
+                             bool with_paths) {
+  out.signature.clear();
+  out.tensors.clear();
+  out.modules.clear();
+  out.unsupported.clear();
+  out.unsupported_path.clear();
+  with_paths_ = with_paths;
+  path_.clear();
+  if (with_spec) {
+    out.spec = TreeSpec{};
+    out.spec.kind = TreeSpec::Kind::kTuple;
+    out.spec.children.resize(2);
+  }
+  if (with_paths_) path_.push_back("args");
+  visit(args, out, with_spec ? &out.spec.children[0] : nullptr);
+  if (with_paths_) path_.back() = "kwargs";
+  if (kwargs.ptr() != nullptr && kwargs.ptr() != Py_None) {
+    visit(kwargs, out, with_spec ? &out.spec.children[1] : nullptr);
+  } else {
+    visit(py::dict(), out, with_spec ? &out.spec.children[1] : nullptr);
+  }
+  with_paths_ = false;
+  push_global_state(out.signature);
+  out.signature.finish();
+}
+
+void Flattener::flatten_value(py::handle value, FlatCall& out) {
+  out.signature.clear();
+  out.tensors.clear();
+  out.modules.clear();
+  out.unsupported.clear();
+  out.unsupported_path.clear();
+  out.spec = TreeSpec{};
+  with_paths_ = true;
+  path_.assign(1, "output");
+  visit(value, out, &out.spec);
+  with_paths_ = false;
+  out.signature.finish();
+}
+
+void push_global_state(core::Signature& signature) {
+  signature.push(Tag::kGlobalState);
+  signature.push(static_cast<int64_t>(at::GradMode::is_enabled()) |
+                 (static_cast<int64_t>(c10::InferenceMode::is_enabled()) << 1) |
+                 (static_cast<int64_t>(at::autocast::is_autocast_enabled(at::kCUDA)) << 2));
+  signature.push(static_cast<int64_t>(at::autocast::get_autocast_dtype(at::kCUDA)));
+}
+
+py::object unflatten(const TreeSpec& spec, const std::vector<py::object>& leaves) {
+  using Kind = TreeSpec::Kind;
+  switch (spec.kind) {
+    case Kind::kTensor:
+      return leaves.at(static_cast<size_t>(spec.tensor_index));
+    case Kind::kConstant:
+      return spec.constant;
+    case Kind::kTuple:
+    case Kind::kNamedTuple: {
+      py::tuple items(spec.children.size());
+      for (size_t i = 0; i < spec.children.size(); ++i) items[i] = unflatten(spec.children[i], leaves);
+      if (spec.kind == Kind::kTuple) return std::move(items);
+      return spec.type(*items);
+    }
+    case Kind::kList: {
+      py::list items(spec.children.size());
+      for (size_t i = 0; i < spec.children.size(); ++i) items[i] = unflatten(spec.children[i], leaves);
+      return std::move(items);
+    }
+    case Kind::kDict: {
+      py::dict d;
+      auto keys = py::reinterpret_borrow<py::tuple>(spec.keys);
+      for (size_t i = 0; i < spec.children.size(); ++i) d[keys[i]] = unflatten(spec.children[i], leaves);
+      return std::move(d);
+    }
+    case Kind::kDataclass: {
+      // Fields accepted by __init__ go through it (so __post_init__ runs, as for HF ModelOutput);
+      // the others are set afterwards.
+      py::dict init_kwargs;
+      std::vector<std::pair<py::object, py::object>> later;
+      py::object fields = py::module_::import("dataclasses").attr("fields")(spec.type);
+      auto names = py::reinterpret_borrow<py::tuple>(spec.keys);
+      size_t i = 0;
+      for (py::handle f : fields) {
+        py::object value = unflatten(spec.children.at(i), leaves);
+        if (f.attr("init").cast<bool>()) {
+          init_kwargs[names[i]] = value;
+        } else {
+          later.emplace_back(names[i], value);
+        }
+        ++i;
+      }
+      py::object obj = spec.type(**init_kwargs);
+      py::object setattr = py::module_::import("builtins").attr("object").attr("__setattr__");
+      for (auto& kv : later) setattr(obj, kv.first, kv.second);
+      return obj;
+    }
+  }
+  return py::none();
+}
+
+std::string describe_tensor(const at::Tensor& t) {
+  std::ostringstream os;
+  os << c10::toString(t.scalar_type()) << t.sizes() << " " << t.device();
+  if (!t.is_contiguous()) os << " strides" << t.strides();
+  return os.str();
+}
+
+}  // namespace grape

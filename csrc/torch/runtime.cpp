@@ -1,0 +1,646 @@
+#include "torch/runtime.h"
+
+#include <ATen/ATen.h>
+#include <c10/core/TensorImpl.h>
+#include <torch/csrc/autograd/python_variable.h>
+
+#include <chrono>
+#include <sstream>
+
+#include "core/replay_plan.h"
+
+#ifdef GRAPE_WITH_CUDA
+#include <ATen/cuda/CUDAGraph.h>
+#include <c10/cuda/CUDACachingAllocator.h>
+#include <c10/cuda/CUDAGraphsC10Utils.h>
+#include <c10/cuda/CUDAFunctions.h>
+#include <c10/cuda/CUDAGuard.h>
+
+#include "cuda/batched_copy.h"
+#include "torch/graph_pool.h"
+#endif
+
+namespace grape {
+
+namespace {
+
+// Bytes from a tensor's first element to one past its last (its placeholder's storage size).
+size_t span_bytes(const at::Tensor& t) {
+  if (t.numel() == 0) return 0;
+  int64_t last = 0;
+  for (int64_t d = 0; d < t.dim(); ++d) last += (t.sizes()[d] - 1) * t.strides()[d];
+  return static_cast<size_t>(last + 1) * t.element_size();
+}
+
+py::object call_python(const py::object& fn, const py::args& args, const py::kwargs& kwargs) {
+  PyObject* result = PyObject_Call(fn.ptr(), args.ptr(), kwargs.ptr());
+  if (result == nullptr) throw py::error_already_set();
+  return py::reinterpret_steal<py::object>(result);
+}
+
+}  // namespace
+
+// What one capture recorded: the graph, where its inputs go, and how to rebuild its outputs.
+struct CapturedGraph {
+  struct Placeholder {
+    void* ptr = nullptr;
+    size_t bytes = 0;
+    bool mutated = false;
+  };
+  struct OutputStorage {
+    enum class Source { kPool, kInput, kStatic };
+    Source source = Source::kPool;
+    void* ptr = nullptr;  // kPool
+    size_t bytes = 0;     // kPool
+    int input = -1;       // kInput: the input whose placeholder this is
+  };
+  struct OutputTensor {
+    int storage = -1;
+    std::vector<int64_t> sizes;
+    std::vector<int64_t> strides;
+    int64_t offset = 0;  // elements from the storage's start (the placeholder's, for kInput)
+    at::ScalarType dtype = at::kFloat;
+    at::Tensor static_tensor;  // returned as is when its storage is static state
+  };
+
+#ifdef GRAPE_WITH_CUDA
+  std::unique_ptr<at::cuda::CUDAGraph> graph;
+#endif
+  std::vector<Placeholder> placeholders;
+  TreeSpec output_spec;
+  std::vector<OutputStorage> output_storages;
+  std::vector<OutputTensor> output_tensors;
+  std::vector<std::pair<at::Tensor, const void*>> static_tensors;
+};
+
+Entry::Entry() = default;
+Entry::~Entry() = default;
+
+Runtime::Runtime(py::object fn, int warmup, py::object static_module)
+    : fn_(std::move(fn)), static_module_(std::move(static_module)), warmup_(warmup) {
+  TORCH_CHECK(PyCallable_Check(fn_.ptr()), "grape.compile expects a callable, got ",
+              Py_TYPE(fn_.ptr())->tp_name);
+  TORCH_CHECK(warmup_ >= 0, "grape.compile: warmup must be >= 0, got ", warmup_);
+}
+
+Runtime::~Runtime() {
+  // Graphs before the pool they allocate from.
+  cache_.clear();
+}
+
+FlatCall& Runtime::scratch() {
+  if (scratch_.size() <= depth_) scratch_.push_back(std::make_unique<FlatCall>());
+  return *scratch_[depth_];
+}
+
+py::object Runtime::run_eager(const py::args& args, const py::kwargs& kwargs) {
+  return call_python(fn_, args, kwargs);
+}
+
+void Runtime::report(const std::string& description, const std::string& reason,
+                     const py::object& error) {
+  py::object self = py::cast(this, py::return_value_policy::reference);
+  if (py::hasattr(self, "_report_fallback")) {
+    self.attr("_report_fallback")(description, reason, error);
+  }
+}
+
+void Runtime::set_fallback(Entry& entry, std::string reason, const py::object& error) {
+  entry.fallback_reason = std::move(reason);
+  entry.graph.reset();
+  report(entry.description, entry.fallback_reason, error);
+}
+
+std::string Runtime::describe(const FlatCall& flat) const {
+  std::ostringstream os;
+  os << "(";
+  for (size_t i = 0; i < flat.tensors.size(); ++i) {
+    if (i) os << ", ";
+    os << describe_tensor(flat.tensors[i]);
+  }
+  os << ")";
+  return os.str();
+}
+
+py::object Runtime::call(py::args args, py::kwargs kwargs) {
+  ++stats_.calls;
+  if (!checked_cuda_) {
+    checked_cuda_ = true;
+#ifdef GRAPE_WITH_CUDA
+    if (c10::cuda::device_count() == 0) global_fallback_ = "CUDA is not available";
+#else
+    global_fallback_ = "grape was built without CUDA";
+#endif
+    if (!global_fallback_.empty()) report("", global_fallback_, py::none());
+  }
+  if (!global_fallback_.empty()) {
+    ++stats_.eager_calls;
+    return run_eager(args, kwargs);
+  }
+
+#ifdef GRAPE_WITH_CUDA
+  // Inside another capture (a compiled function calling this one, or a user's torch.cuda.graph),
+  // the calls are recorded into that capture.
+  if (c10::cuda::currentStreamCaptureStatusMayInitCtx() != c10::cuda::CaptureStatus::None) {
+    return run_eager(args, kwargs);
+  }
+
+  struct DepthGuard {
+    size_t& depth;
+    explicit DepthGuard(size_t& d) : depth(d) { ++depth; }
+    ~DepthGuard() { --depth; }
+  };
+  FlatCall& flat = scratch();
+  DepthGuard depth_guard(depth_);
+  flattener_.flatten_call(args, kwargs, flat, /*with_spec=*/false, /*with_paths=*/false);
+
+  auto it = cache_.find(flat.signature);
+  if (it == cache_.end()) {
+    auto entry = std::make_unique<Entry>();
+    entry->description = describe(flat);
+    it = cache_.emplace(flat.signature, std::move(entry)).first;
+  }
+  Entry& entry = *it->second;
+  if (!entry.fallback_reason.empty()) {
+    ++stats_.eager_calls;
+    return run_eager(args, kwargs);
+  }
+
+  if (entry.graph) {
+    bool statics_moved = false;
+    for (const auto& [tensor, ptr] : entry.graph->static_tensors) {
+      if (tensor.data_ptr() != ptr) {
+        statics_moved = true;
+        break;
+      }
+    }
+    if (statics_moved) {
+      ++stats_.recaptures;
+      entry.graph.reset();
+    } else {
+      py::object result;
+      std::string refusal;
+      if (replay(entry, flat, result, refusal)) return result;
+      ++stats_.eager_calls;
+      if (!entry.reported_refusal) {
+        entry.reported_refusal = true;
+        report(entry.description, "replay refused, this call ran eagerly: " + refusal, py::none());
+      }
+      return run_eager(args, kwargs);
+    }
+  }
+
+  if (!flat.unsupported.empty()) {
+    FlatCall with_paths;
+    flattener_.flatten_call(args, kwargs, with_paths, false, /*with_paths=*/true);
+    set_fallback(entry, "argument " + with_paths.unsupported_path + " is a " + flat.unsupported,
+                 py::none());
+    ++stats_.eager_calls;
+    return run_eager(args, kwargs);
+  }
+  for (const auto& t : flat.tensors) {
+    const auto device = pool_ ? pool_->device() : flat.tensors.front().device().index();
+    if (t.device().index() != device) {
+      set_fallback(entry,
+                   "inputs on several devices (cuda:" + std::to_string(device) + " and " +
+                       t.device().str() + "); a compiled function runs on one device",
+                   py::none());
+      ++stats_.eager_calls;
+      return run_eager(args, kwargs);
+    }
+  }
+
+  if (entry.warmup_runs < warmup_) {
+    ++entry.warmup_runs;
+    ++stats_.warmup_calls;
+    return run_eager(args, kwargs);
+  }
+
+  // Capture with the spec of the arguments, so placeholders can stand in for the tensors.
+  flattener_.flatten_call(args, kwargs, flat, /*with_spec=*/true, /*with_paths=*/false);
+  std::string reason;
+  py::object error = py::none();
+  if (!capture(entry, flat, reason, error)) {
+    ++stats_.capture_failures;
+    set_fallback(entry, reason, error);
+    ++stats_.eager_calls;
+    return run_eager(args, kwargs);
+  }
+  py::object result;
+  std::string refusal;
+  if (replay(entry, flat, result, refusal)) return result;
+  ++stats_.eager_calls;
+  entry.reported_refusal = true;
+  report(entry.description, "replay refused, this call ran eagerly: " + refusal, py::none());
+  return run_eager(args, kwargs);
+#else
+  return run_eager(args, kwargs);
+#endif
+}
+
+std::vector<std::pair<at::Tensor, const void*>> Runtime::gather_static_tensors(
+    const FlatCall& flat) {
+  std::vector<std::pair<at::Tensor, const void*>> statics;
+  auto add_module = [&](const py::object& module) {
+    for (const char* kind : {"parameters", "buffers"}) {
+      for (py::handle t : module.attr(kind)()) {
+        const at::Tensor& tensor = THPVariable_Unpack(t.ptr());
+        statics.emplace_back(tensor, tensor.data_ptr());
+      }
+    }
+  };
+  if (!static_module_.is_none()) add_module(static_module_);
+  for (const auto& m : flat.modules) add_module(m);
+  return statics;
+}
+
+#ifdef GRAPE_WITH_CUDA
+
+namespace allocator = c10::cuda::CUDACachingAllocator;
+
+namespace {
+
+void check_copy(cudaError_t err) { C10_CUDA_CHECK(err); }
+
+// Ends a capture that failed part-way and puts the allocator's pool bookkeeping back where it was.
+// Torch versions differ in how much of this CUDAGraph::reset() does itself, so we compare the
+// pool's use count with its value before the capture rather than assume either.
+void abort_capture(std::unique_ptr<at::cuda::CUDAGraph>& graph, GraphPool& pool,
+                   int use_count_before) {
+  cudaStream_t stream = pool.capture_stream().stream();
+  cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+  (void)cudaStreamIsCapturing(stream, &status);
+  if (status != cudaStreamCaptureStatusNone) {
+    try {
+      graph->capture_end();
+    } catch (const std::exception&) {
+    }
+    (void)cudaStreamIsCapturing(stream, &status);
+    if (status != cudaStreamCaptureStatusNone) {
+      cudaGraph_t partial = nullptr;
+      (void)cudaStreamEndCapture(stream, &partial);
+      if (partial != nullptr) (void)cudaGraphDestroy(partial);
+    }
+  }
+  (void)cudaGetLastError();  // capture errors are not sticky; clear the last one
+  graph.reset();
+  while (pool.allocator_use_count() > use_count_before) {
+    try {
+      allocator::endAllocateToPool(pool.device(), pool.id());
+    } catch (const std::exception&) {
+    }
+    allocator::releasePool(pool.device(), pool.id());
+  }
+}
+
+std::string python_error_text(const py::error_already_set& e) {
+  std::string type = py::str(e.type().attr("__name__"));
+  std::string text = py::str(e.value());
+  auto nl = text.find('\n');
+  if (nl != std::string::npos) text = text.substr(0, nl);
+  return type + ": " + text;
+}
+
+}  // namespace
+
+bool Runtime::capture(Entry& entry, FlatCall& flat, std::string& reason, py::object& error) {
+  const auto start = std::chrono::steady_clock::now();
+  const c10::DeviceIndex device = flat.tensors.empty() ? c10::cuda::current_device()
+                                                       : flat.tensors.front().device().index();
+  if (!pool_) pool_ = GraphPool::create(device);
+  GraphPool& pool = *pool_;
+  c10::cuda::CUDAGuard device_guard(pool.device());
+
+  auto graph = std::make_unique<at::cuda::CUDAGraph>();
+  const int use_count_before = pool.allocator_use_count();
+  std::vector<at::Tensor> placeholders;
+  std::vector<int64_t> versions;
+  py::object result;
+  {
+    // The capture stream follows the caller's stream, as torch.cuda.graph does.
+    pool.wait_for(at::cuda::getCurrentCUDAStream(pool.device()));
+    at::cuda::CUDAStreamGuard stream_guard(pool.capture_stream());
+    try {
+      graph->capture_begin(pool.id(), cudaStreamCaptureModeGlobal);
+      std::vector<py::object> leaves;
+      for (const auto& t : flat.tensors) {
+        placeholders.push_back(at::empty_strided(t.sizes(), t.strides(), t.options()));
+        versions.push_back(placeholders.back()._version());
+        leaves.push_back(py::reinterpret_steal<py::object>(THPVariable_Wrap(placeholders.back())));
+      }
+      py::tuple call = unflatten(flat.spec, leaves);
+      result = call_python(fn_, py::reinterpret_borrow<py::args>(call[0]),
+                           py::reinterpret_borrow<py::kwargs>(call[1]));
+      graph->capture_end();
+    } catch (py::error_already_set& e) {
+      if (!e.matches(PyExc_Exception)) {  // KeyboardInterrupt, SystemExit: not a capture problem
+        result = py::none();
+        abort_capture(graph, pool, use_count_before);
+        throw;
+      }
+      reason = "capture failed: " + python_error_text(e);
+      error = e.value();
+      result = py::none();
+      abort_capture(graph, pool, use_count_before);
+      return false;
+    } catch (const std::exception& e) {
+      reason = std::string("capture failed: ") + e.what();
+      result = py::none();
+      abort_capture(graph, pool, use_count_before);
+      return false;
+    }
+  }
+
+  auto captured = std::make_unique<CapturedGraph>();
+  captured->graph = std::move(graph);
+  for (size_t i = 0; i < placeholders.size(); ++i) {
+    captured->placeholders.push_back({placeholders[i].data_ptr(), span_bytes(placeholders[i]),
+                                      placeholders[i]._version() != versions[i]});
+  }
+
+  FlatCall out;
+  flattener_.flatten_value(result, out);
+  if (!out.unsupported.empty()) {
+    reason = "returns " + out.unsupported_path + ", a " + out.unsupported;
+    return false;
+  }
+  pool.refresh_segments();
+  std::unordered_map<const c10::StorageImpl*, int> storage_slots;
+  for (const auto& t : out.tensors) {
+    if (!t.is_cuda()) {
+      reason = "returns a tensor on " + t.device().str() +
+               " (computed once while capturing; a replay would not update it)";
+      return false;
+    }
+    if (t.requires_grad()) {
+      reason = "an output requires grad (training is not captured yet; call it under "
+               "torch.no_grad() or torch.inference_mode())";
+      return false;
+    }
+    CapturedGraph::OutputTensor slot;
+    slot.sizes = t.sizes().vec();
+    slot.strides = t.strides().vec();
+    slot.offset = t.storage_offset();
+    slot.dtype = t.scalar_type();
+    const c10::StorageImpl* impl = t.storage().unsafeGetStorageImpl();
+    auto found = storage_slots.find(impl);
+    if (found == storage_slots.end()) {
+      CapturedGraph::OutputStorage storage;
+      for (size_t i = 0; i < placeholders.size(); ++i) {
+        if (placeholders[i].storage().unsafeGetStorageImpl() == impl) {
+          storage.source = CapturedGraph::OutputStorage::Source::kInput;
+          storage.input = static_cast<int>(i);
+        }
+      }
+      if (storage.input < 0) {
+        const auto range = core::make_range(t.storage().data(), t.storage().nbytes());
+        if (pool.segments().contains(range)) {
+          storage.source = CapturedGraph::OutputStorage::Source::kPool;
+          storage.ptr = const_cast<void*>(t.storage().data());
+          storage.bytes = t.storage().nbytes();
+        } else {
+          storage.source = CapturedGraph::OutputStorage::Source::kStatic;
+        }
+      }
+      found = storage_slots.emplace(impl, static_cast<int>(captured->output_storages.size())).first;
+      captured->output_storages.push_back(storage);
+    }
+    slot.storage = found->second;
+    const auto& storage = captured->output_storages[static_cast<size_t>(slot.storage)];
+    if (storage.source == CapturedGraph::OutputStorage::Source::kStatic) {
+      slot.static_tensor = t;
+    } else if (storage.source == CapturedGraph::OutputStorage::Source::kInput &&
+               t.scalar_type() != flat.tensors[static_cast<size_t>(storage.input)].scalar_type()) {
+      reason = "returns a view of an input with another dtype";
+      return false;
+    }
+    captured->output_tensors.push_back(std::move(slot));
+  }
+  captured->output_spec = std::move(out.spec);
+  captured->static_tensors = gather_static_tensors(flat);
+  entry.graph = std::move(captured);
+  ++stats_.captures;
+  stats_.capture_ns +=
+      std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - start)
+          .count();
+  // Dropping `placeholders`, `out` and `result` frees their blocks back to the pool: later
+  // captures reuse them, and the registry protects what callers still hold.
+  return true;
+}
+
+bool Runtime::replay(Entry& entry, FlatCall& flat, py::object& result, std::string& refusal) {
+  GraphPool& pool = *pool_;
+  CapturedGraph& g = *entry.graph;
+  const size_t n = flat.tensors.size();
+  pool.prune_live();
+
+  // Describe this call's memory for the plan (see Note [Liveness of graph outputs]).
+  std::vector<c10::StorageImpl*> impls;
+  std::vector<core::PlanStorage> storages;
+  std::vector<core::PlanInput> inputs(n);
+  std::vector<core::PlanPlaceholder> placeholders(n);
+  for (size_t i = 0; i < n; ++i) {
+    const at::Tensor& t = flat.tensors[i];
+    c10::StorageImpl* impl = t.storage().unsafeGetStorageImpl();
+    int s = -1;
+    for (size_t j = 0; j < impls.size(); ++j) {
+      if (impls[j] == impl) s = static_cast<int>(j);
+    }
+    if (s < 0) {
+      s = static_cast<int>(impls.size());
+      impls.push_back(impl);
+      storages.push_back({core::make_range(impl->data(), impl->nbytes()),
+                          pool.find_live(impl) != nullptr});
+    }
+    const size_t bytes = g.placeholders[i].bytes;
+    inputs[i] = {s, core::make_range(t.data_ptr(), bytes),
+                 t.storage_offset() == 0 && impl->nbytes() == bytes};
+    placeholders[i] = {core::make_range(g.placeholders[i].ptr, bytes), g.placeholders[i].mutated};
+  }
+  const core::ReplayPlan plan = core::plan_replay(storages, inputs, placeholders);
+  if (!plan.safe()) {
+    refusal = plan.unsafe_reason;
+    return false;
+  }
+
+  c10::cuda::CUDAGuard device_guard(pool.device());
+  cudaStream_t stream = at::cuda::getCurrentCUDAStream(pool.device()).stream();
+
+  // 1. Evacuate live outputs the replay may overwrite: all of them but the inputs that stay put
+  //    or move into their placeholders.
+  std::vector<cuda::CopySegment> segments;
+  std::vector<std::pair<c10::StorageImpl*, c10::DataPtr>> evacuated;
+  for (const auto& live : pool.live()) {
+    c10::StorageImpl* impl = live.storage._unsafe_get_target();
+    bool keep = false;
+    for (size_t j = 0; j < impls.size(); ++j) {
+      if (impls[j] == impl) {
+        keep = std::find(plan.evacuate.begin(), plan.evacuate.end(), static_cast<int>(j)) ==
+               plan.evacuate.end();
+      }
+    }
+    if (keep) continue;
+    c10::DataPtr fresh = allocator::get()->allocate(impl->nbytes());
+    segments.push_back({impl->data(), fresh.get(), impl->nbytes()});
+    evacuated.emplace_back(impl, std::move(fresh));
+    stats_.bytes_evacuated += static_cast<int64_t>(impl->nbytes());
+  }
+  if (!segments.empty()) {
+    check_copy(cuda::launch_batched_copy(segments, stream));
+    for (auto& [impl, data] : evacuated) pool.move_out(impl, std::move(data));
+    stats_.evacuations += static_cast<int64_t>(evacuated.size());
+    segments.clear();
+  }
+
+  // 2. Feed the placeholders.
+  for (size_t i = 0; i < n; ++i) {
+    const auto action = plan.actions[i];
+    if (action == core::InputAction::kNone) {
+      ++stats_.inputs_in_place;
+      continue;
+    }
+    const auto& ph = g.placeholders[i];
+    if (ph.bytes == 0) continue;
+    segments.push_back({flat.tensors[i].data_ptr(), ph.ptr, ph.bytes});
+    stats_.bytes_copied_in += static_cast<int64_t>(ph.bytes);
+  }
+  if (!segments.empty()) {
+    check_copy(cuda::launch_batched_copy(segments, stream));
+    segments.clear();
+  }
+  for (size_t i = 0; i < n; ++i) {
+    if (plan.actions[i] == core::InputAction::kMoveIn) {
+      pool.move_into(impls[static_cast<size_t>(inputs[i].storage)], g.placeholders[i].ptr);
+      ++stats_.inputs_moved;
+    }
+  }
+
+  // 3. Replay, then write in-place updates back to inputs that do not live in their placeholder.
+  g.graph->replay();
+  for (size_t i = 0; i < n; ++i) {
+    if (!plan.copy_back[i] || g.placeholders[i].bytes == 0) continue;
+    segments.push_back({g.placeholders[i].ptr, flat.tensors[i].data_ptr(), g.placeholders[i].bytes});
+    stats_.bytes_copied_back += static_cast<int64_t>(g.placeholders[i].bytes);
+  }
+  if (!segments.empty()) check_copy(cuda::launch_batched_copy(segments, stream));
+
+  // 4. Outputs: fresh tensors over pool memory, views of inputs, or static tensors.
+  std::vector<c10::Storage> out_storages(g.output_storages.size());
+  for (size_t s = 0; s < g.output_storages.size(); ++s) {
+    const auto& slot = g.output_storages[s];
+    if (slot.source == CapturedGraph::OutputStorage::Source::kPool) {
+      out_storages[s] = pool.hand_out(slot.ptr, slot.bytes);
+    } else if (slot.source == CapturedGraph::OutputStorage::Source::kInput) {
+      out_storages[s] = flat.tensors[static_cast<size_t>(slot.input)].storage();
+    }
+  }
+  std::vector<py::object> leaves;
+  leaves.reserve(g.output_tensors.size());
+  const auto key_set = c10::DispatchKeySet(c10::DispatchKey::CUDA);
+  for (const auto& slot : g.output_tensors) {
+    if (slot.static_tensor.defined()) {
+      leaves.push_back(py::reinterpret_steal<py::object>(THPVariable_Wrap(slot.static_tensor)));
+      continue;
+    }
+    const auto& storage_slot = g.output_storages[static_cast<size_t>(slot.storage)];
+    int64_t offset = slot.offset;
+    if (storage_slot.source == CapturedGraph::OutputStorage::Source::kInput) {
+      offset += flat.tensors[static_cast<size_t>(storage_slot.input)].storage_offset();
+    }
+    auto impl = c10::make_intrusive<c10::TensorImpl>(
+        c10::Storage(out_storages[static_cast<size_t>(slot.storage)]), key_set,
+        caffe2::TypeMeta::fromScalarType(slot.dtype));
+    impl->set_sizes_and_strides(slot.sizes, slot.strides, offset);
+    leaves.push_back(
+        py::reinterpret_steal<py::object>(THPVariable_Wrap(at::Tensor(std::move(impl)))));
+  }
+  result = unflatten(g.output_spec, leaves);
+  ++stats_.replays;
+  ++entry.replays;
+  return true;
+}
+
+#else  // GRAPE_WITH_CUDA
+
+bool Runtime::capture(Entry&, FlatCall&, std::string& reason, py::object&) {
+  reason = "grape was built without CUDA";
+  return false;
+}
+bool Runtime::replay(Entry&, FlatCall&, py::object&, std::string& refusal) {
+  refusal = "grape was built without CUDA";
+  return false;
+}
+
+#endif  // GRAPE_WITH_CUDA
+
+py::dict Runtime::stats() {
+  py::dict d;
+  d["calls"] = stats_.calls;
+  d["replays"] = stats_.replays;
+  d["captures"] = stats_.captures;
+  d["warmup_calls"] = stats_.warmup_calls;
+  d["eager_calls"] = stats_.eager_calls;
+  d["recaptures"] = stats_.recaptures;
+  d["capture_failures"] = stats_.capture_failures;
+  d["capture_seconds"] = static_cast<double>(stats_.capture_ns) * 1e-9;
+  d["bytes_copied_in"] = stats_.bytes_copied_in;
+  d["bytes_copied_back"] = stats_.bytes_copied_back;
+  d["bytes_evacuated"] = stats_.bytes_evacuated;
+  d["inputs_moved"] = stats_.inputs_moved;
+  d["inputs_in_place"] = stats_.inputs_in_place;
+  d["evacuations"] = stats_.evacuations;
+  int64_t graphs = 0;
+  for (const auto& kv : cache_) graphs += kv.second->graph ? 1 : 0;
+  d["graphs"] = graphs;
+  d["signatures"] = static_cast<int64_t>(cache_.size());
+#ifdef GRAPE_WITH_CUDA
+  if (pool_) {
+    pool_->refresh_segments();
+    pool_->prune_live();
+    d["pool_bytes"] = static_cast<int64_t>(pool_->segments().total_bytes());
+    d["live_outputs"] = static_cast<int64_t>(pool_->live().size());
+  } else {
+    d["pool_bytes"] = 0;
+    d["live_outputs"] = 0;
+  }
+#else
+  d["pool_bytes"] = 0;
+  d["live_outputs"] = 0;
+#endif
+  d["fallback"] = global_fallback_.empty() ? py::object(py::none()) : py::str(global_fallback_);
+  return d;
+}
+
+py::list Runtime::entries() const {
+  py::list list;
+  for (const auto& kv : cache_) {
+    const Entry& e = *kv.second;
+    py::dict d;
+    d["signature"] = e.description;
+    d["state"] = !e.fallback_reason.empty() ? "eager" : (e.graph ? "graph" : "warmup");
+    d["reason"] = e.fallback_reason;
+    d["replays"] = e.replays;
+    list.append(d);
+  }
+  return list;
+}
+
+void Runtime::reset() {
+  cache_.clear();
+  checked_cuda_ = false;
+  global_fallback_.clear();
+}
+
+int Runtime::traverse(visitproc visit, void* arg) {
+  Py_VISIT(fn_.ptr());
+  Py_VISIT(static_module_.ptr());
+  return 0;
+}
+
+void Runtime::clear_references() {
+  cache_.clear();
+  fn_ = py::none();
+  static_module_ = py::none();
+}
+
+}  // namespace grape

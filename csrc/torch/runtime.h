@@ -1,0 +1,90 @@
+#pragma once
+// The core of a compiled function: signature -> cache entry -> (eager warm-up | capture | replay).
+// A call is one C++ call; Python runs only when a call misses (the function itself, and the
+// warning of a fallback). See docs/design.md for the whole picture.
+
+#include <pybind11/pybind11.h>
+
+#include <memory>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "core/signature.h"
+#include "torch/pytree.h"
+
+namespace grape {
+
+class GraphPool;
+struct CapturedGraph;
+
+struct RuntimeStats {
+  int64_t calls = 0;
+  int64_t replays = 0;
+  int64_t captures = 0;
+  int64_t warmup_calls = 0;
+  int64_t eager_calls = 0;  // calls of keys that fell back to eager, and refused replays
+  int64_t recaptures = 0;   // graphs dropped because static state moved
+  int64_t capture_failures = 0;
+  int64_t capture_ns = 0;
+  int64_t bytes_copied_in = 0;
+  int64_t bytes_copied_back = 0;
+  int64_t bytes_evacuated = 0;
+  int64_t inputs_moved = 0;
+  int64_t inputs_in_place = 0;
+  int64_t evacuations = 0;
+};
+
+struct Entry {
+  std::string description;
+  int warmup_runs = 0;
+  std::unique_ptr<CapturedGraph> graph;
+  std::string fallback_reason;  // non-empty: this signature always runs eagerly
+  int64_t replays = 0;
+  bool reported_refusal = false;
+  Entry();
+  ~Entry();
+};
+
+class Runtime {
+ public:
+  // `static_module`: an nn.Module (or None) whose parameters and buffers the function reads.
+  Runtime(py::object fn, int warmup, py::object static_module);
+  virtual ~Runtime();
+  Runtime(const Runtime&) = delete;
+  Runtime& operator=(const Runtime&) = delete;
+
+  py::object call(py::args args, py::kwargs kwargs);
+  py::dict stats();
+  py::list entries() const;
+  void reset();
+
+  // For garbage collection: the Python objects this runtime references.
+  int traverse(visitproc visit, void* arg);
+  void clear_references();
+
+ private:
+  py::object run_eager(const py::args& args, const py::kwargs& kwargs);
+  // Returns false (with the reason) when this call must run eagerly instead.
+  bool replay(Entry& entry, FlatCall& flat, py::object& result, std::string& refusal);
+  bool capture(Entry& entry, FlatCall& flat, std::string& reason, py::object& error);
+  void set_fallback(Entry& entry, std::string reason, const py::object& error);
+  void report(const std::string& description, const std::string& reason, const py::object& error);
+  std::string describe(const FlatCall& flat) const;
+  std::vector<std::pair<at::Tensor, const void*>> gather_static_tensors(const FlatCall& flat);
+  FlatCall& scratch();
+
+  py::object fn_;
+  py::object static_module_;
+  int warmup_;
+  Flattener flattener_;
+  std::unordered_map<core::Signature, std::unique_ptr<Entry>, core::SignatureHash> cache_;
+  std::shared_ptr<GraphPool> pool_;
+  RuntimeStats stats_;
+  std::string global_fallback_;  // set when graphs are impossible for every call (no CUDA)
+  bool checked_cuda_ = false;
+  std::vector<std::unique_ptr<FlatCall>> scratch_;  // one per nesting depth of calls
+  size_t depth_ = 0;
+};
+
+}  // namespace grape

@@ -1,0 +1,167 @@
+"""grape.compile: the Python face of the C++ runtime (csrc/torch/runtime.cpp).
+
+A call of a compiled function is one C++ call (flatten, key, look up, replay). Python code here
+runs only to build the object, to report fallbacks, and for stats.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import os
+import sys
+import traceback
+import warnings
+from typing import Any, Callable, Optional
+
+import torch
+
+from grape import _C
+
+__all__ = ["CompiledFunction", "FallbackWarning", "compile", "stats"]
+
+log = logging.getLogger("grape")
+
+_PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__))
+_TORCH_DIR = os.path.dirname(os.path.abspath(torch.__file__))
+
+
+class FallbackWarning(UserWarning):
+    """A call signature of a compiled function runs eagerly; the message says why and where."""
+
+
+def _is_library_file(filename: str) -> bool:
+    path = os.path.abspath(filename)
+    return path.startswith(_PACKAGE_DIR) or path.startswith(_TORCH_DIR) or filename.startswith("<frozen")
+
+
+def _user_frame() -> Optional[Any]:
+    """The innermost frame outside grape and torch: where the user called the function."""
+    frame = sys._getframe(1)
+    while frame is not None and _is_library_file(frame.f_code.co_filename):
+        frame = frame.f_back
+    return frame
+
+
+def _error_site(error: BaseException) -> Optional[str]:
+    """file:line of the innermost frame of the error's traceback that is user code."""
+    site = None
+    for summary in traceback.extract_tb(error.__traceback__):
+        if not _is_library_file(summary.filename):
+            site = f"{summary.filename}:{summary.lineno}"
+    return site
+
+
+def _explain(reason: str) -> str:
+    if "capturing" in reason or "cudaErrorStreamCapture" in reason:
+        return (
+            f"{reason} (a host synchronization such as .item(), .cpu(), .tolist() or a "
+            "data-dependent shape inside the function cannot be captured)"
+        )
+    return reason
+
+
+class CompiledFunction(_C.Runtime):
+    """A function (or module forward) whose calls replay CUDA graphs, one per call signature.
+
+    Build it with :func:`grape.compile`. Calling it runs the function: the first ``warmup``
+    calls of a new signature run eagerly, the next one captures a graph, and every later call
+    with that signature replays it. All graphs share one memory pool.
+    """
+
+    def __init__(self, fn: Callable, *, warmup: int = 1, module: Optional[torch.nn.Module] = None,
+                 name: Optional[str] = None):
+        super().__init__(fn, warmup, module)
+        self.__wrapped__ = fn
+        self.__name__ = name or getattr(fn, "__name__", type(fn).__name__)
+        self.__qualname__ = getattr(fn, "__qualname__", self.__name__)
+        self.__doc__ = getattr(fn, "__doc__", None)
+        self._fallbacks: list[dict] = []
+
+    def __repr__(self) -> str:
+        return f"<grape.CompiledFunction {self.__qualname__}>"
+
+    def __get__(self, instance, owner=None):
+        # @grape.compile on a method: bind like a function does.
+        if instance is None:
+            return self
+        return functools.partial(self, instance)
+
+    def _report_fallback(self, signature: str, reason: str, error: Optional[BaseException]) -> None:
+        """Called by the runtime once per signature that falls back to eager."""
+        frame = _user_frame()
+        call_site = f"{frame.f_code.co_filename}:{frame.f_lineno}" if frame else "<unknown>"
+        reason = _explain(reason)
+        if error is not None:
+            site = _error_site(error)
+            if site is not None:
+                reason = f"{reason} at {site}"
+        self._fallbacks.append({"signature": signature, "reason": reason, "call_site": call_site})
+        message = (
+            f"grape: {self.__qualname__}{signature} runs eagerly: {reason} "
+            f"(called from {call_site})"
+        )
+        log.debug(message)
+        if frame is not None:
+            warnings.warn_explicit(message, FallbackWarning, frame.f_code.co_filename, frame.f_lineno,
+                                   module=frame.f_globals.get("__name__"), registry=frame.f_globals.setdefault("__warningregistry__", {}))
+        else:
+            warnings.warn(message, FallbackWarning, stacklevel=2)
+
+    def stats(self) -> dict:
+        """Counters of this function; see :func:`grape.stats`."""
+        s = self._runtime_stats()
+        s["name"] = self.__qualname__
+        s["fallbacks"] = list(self._fallbacks)
+        s["entries"] = self._entries()
+        return s
+
+
+def compile(fn: Optional[Callable] = None, *, warmup: int = 1):
+    """Compiles ``fn`` (a function or an ``nn.Module``) into CUDA graphs, one per call signature.
+
+    * ``grape.compile(fn)`` and ``@grape.compile`` return a :class:`CompiledFunction`;
+      ``@grape.compile(warmup=2)`` takes options.
+    * ``grape.compile(module)`` compiles ``module.forward`` in place (``module(...)`` and
+      ``module.generate(...)`` go through it) and returns the module. Its parameters and buffers
+      are static: they are never copied; if one is moved (``.to()``, ``.data = ...``) the graphs
+      that read it are captured again.
+
+    ``warmup``: eager calls of a new signature before it is captured (lazy initialization, such as
+    cuBLAS handles, must not happen inside a capture).
+    """
+    if isinstance(warmup, bool) or not isinstance(warmup, int):
+        raise TypeError(f"grape.compile: warmup must be an int, got {type(warmup).__name__}")
+    if warmup < 0:
+        raise ValueError(f"grape.compile: warmup must be >= 0, got {warmup}")
+    if fn is None:
+        return functools.partial(compile, warmup=warmup)
+    if isinstance(fn, CompiledFunction):
+        raise TypeError("grape.compile: this function is already compiled")
+    if isinstance(fn, torch.nn.Module):
+        module = fn
+        if isinstance(module.__dict__.get("forward"), CompiledFunction):
+            raise TypeError(f"grape.compile: {type(module).__name__} is already compiled")
+        module.forward = CompiledFunction(module.forward, warmup=warmup, module=module,
+                                          name=f"{type(module).__name__}.forward")
+        return module
+    if not callable(fn):
+        raise TypeError(f"grape.compile expects a function or an nn.Module, got {type(fn).__name__}")
+    return CompiledFunction(fn, warmup=warmup)
+
+
+def stats(fn: Any) -> dict:
+    """What a compiled function (or compiled module) did so far.
+
+    Keys: ``calls``, ``replays``, ``captures``, ``warmup_calls``, ``eager_calls``, ``graphs``,
+    ``signatures``, ``capture_seconds``, ``bytes_copied_in`` / ``bytes_copied_back`` (input copies),
+    ``bytes_evacuated`` and ``evacuations`` (live outputs moved out of the pool),
+    ``inputs_moved`` / ``inputs_in_place``, ``pool_bytes`` (memory of the shared pool),
+    ``live_outputs``, ``fallbacks`` (signature, reason, call site) and ``entries`` (per signature).
+    """
+    target = fn
+    if isinstance(fn, torch.nn.Module):
+        target = fn.__dict__.get("forward")
+    if not isinstance(target, CompiledFunction):
+        raise TypeError(f"grape.stats expects a compiled function or module, got {type(fn).__name__}")
+    return target.stats()

@@ -1,0 +1,113 @@
+"""grape.compile's API and its behaviour where graphs are impossible; runs on any machine."""
+
+import gc
+import warnings
+import weakref
+
+import pytest
+import torch
+
+import grape
+
+
+def test_rejects_bad_arguments():
+    with pytest.raises(TypeError, match="function or an nn.Module"):
+        grape.compile(42)
+    with pytest.raises(TypeError, match="warmup must be an int"):
+        grape.compile(lambda x: x, warmup=True)
+    with pytest.raises(ValueError, match="warmup must be >= 0"):
+        grape.compile(lambda x: x, warmup=-1)
+    f = grape.compile(lambda x: x)
+    with pytest.raises(TypeError, match="already compiled"):
+        grape.compile(f)
+    with pytest.raises(TypeError, match="grape.stats expects"):
+        grape.stats(lambda x: x)
+
+
+def test_decorator_forms_keep_the_function_identity():
+    @grape.compile
+    def double(x):
+        """Doubles."""
+        return 2 * x
+
+    @grape.compile(warmup=3)
+    def triple(x):
+        return 3 * x
+
+    assert isinstance(double, grape.CompiledFunction) and isinstance(triple, grape.CompiledFunction)
+    assert double.__name__ == "double" and double.__doc__ == "Doubles."
+    assert "double" in repr(double)
+
+
+def test_method_decorator_binds_self():
+    class Scaler:
+        def __init__(self, k):
+            self.k = k
+
+        @grape.compile
+        def scale(self, x):
+            return self.k * x
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", grape.FallbackWarning)
+        assert torch.equal(Scaler(3).scale(torch.ones(2)), torch.full((2,), 3.0))
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="tests the machine without CUDA")
+def test_without_cuda_every_call_runs_eagerly_with_one_warning():
+    calls = []
+
+    @grape.compile
+    def f(x, n):
+        calls.append(n)
+        return x * n
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        outs = [f(torch.ones(2), n) for n in range(3)]
+    assert calls == [0, 1, 2]
+    assert [o.tolist() for o in outs] == [[0, 0], [1, 1], [2, 2]]
+    messages = [str(w.message) for w in caught if issubclass(w.category, grape.FallbackWarning)]
+    assert len(messages) == 1 and "CUDA is not available" in messages[0]
+    assert "test_compile_api.py" in messages[0]  # names the call site
+    s = grape.stats(f)
+    assert s["calls"] == 3 and s["eager_calls"] == 3 and s["replays"] == 0
+    assert s["fallbacks"][0]["reason"] == "CUDA is not available"
+
+
+def test_function_errors_propagate_and_the_function_keeps_working():
+    @grape.compile
+    def f(x):
+        if x.shape[0] == 3:
+            raise ValueError("no threes")
+        return x + 1
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", grape.FallbackWarning)
+        with pytest.raises(ValueError, match="no threes"):
+            f(torch.ones(3))
+        assert torch.equal(f(torch.ones(2)), torch.full((2,), 2.0))
+
+
+def test_compiled_module_forward_and_stats():
+    model = torch.nn.Linear(4, 2)
+    same = grape.compile(model)
+    assert same is model and isinstance(model.forward, grape.CompiledFunction)
+    with pytest.raises(TypeError, match="already compiled"):
+        grape.compile(model)
+    x = torch.randn(3, 4)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", grape.FallbackWarning)
+        with torch.no_grad():
+            expected = torch.nn.functional.linear(x, model.weight, model.bias)
+            assert torch.allclose(model(x), expected)
+    assert grape.stats(model)["calls"] == 1
+    assert grape.stats(model)["name"] == "Linear.forward"
+
+
+def test_compiled_module_is_garbage_collected():
+    model = grape.compile(torch.nn.Linear(2, 2))
+    ref = weakref.ref(model)
+    del model
+    gc.collect()
+    assert ref() is None
