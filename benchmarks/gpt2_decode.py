@@ -1,0 +1,228 @@
+"""GPT-2 small decode with a KV cache that grows one token per step: eager, per-shape CUDA graphs
+(ptgraph), hand-chained graphs with no copies (ideal), torch.compile(reduce-overhead), grape.
+
+    python -m benchmarks.gpt2_decode                 # batch 1 and 8, 128 steps, every mode
+    python -m benchmarks.gpt2_decode --quick         # smoke run: few steps, no torch.compile
+
+All modes run in one process on the same weights and inputs; each is checked against eager's
+tokens. Times are medians of --reps whole generations after a warm-up generation (and after every
+shape was captured, for the graph modes). Memory is what the mode adds on the device, read from
+cudaMemGetInfo, so the driver's memory for instantiated graphs counts.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+import torch
+
+import grape
+from benchmarks import harness
+from benchmarks.models import gpt2
+
+
+def modes_available() -> list[str]:
+    return ["eager", "ptgraph", "ideal", "torch_compile", "grape"]
+
+
+class Case:
+    def __init__(self, cfg, batch, steps, device):
+        self.cfg, self.batch, self.steps = cfg, batch, steps
+        self.weights = gpt2.init_weights(cfg, device)
+        self.step = gpt2.make_decode_step(cfg, self.weights)
+        g = torch.Generator(device="cpu").manual_seed(1)
+        self.tok0 = torch.randint(0, cfg.vocab_size, (batch, 1), generator=g).to(device)
+        self.kv0 = gpt2.empty_cache(cfg, batch, device)
+
+    def generate(self, step):
+        return gpt2.generate(step, self.tok0, self.kv0, self.steps)
+
+
+def measure(case: Case, setup, reps: int) -> dict:
+    """setup() -> (generate_fn, extra_fields_fn); memory counts everything setup and the runs keep."""
+    harness.clear_memory()
+    free0 = harness.free_bytes()
+    t0 = time.perf_counter()
+    generate, extra = setup()
+    tokens = generate()  # warm-up (graph modes: every shape captured by now)
+    torch.cuda.synchronize()
+    setup_s = time.perf_counter() - t0
+    host0 = time.perf_counter()
+    times = harness.time_ms(generate, reps)
+    host_ms = (time.perf_counter() - host0) * 1e3 / reps
+    result = {
+        "ms_per_step": harness.median(times) / case.steps,
+        "ms_per_step_runs": [t / case.steps for t in times],
+        "host_ms_per_step": host_ms / case.steps,
+        "gpu_mem_bytes": free0 - harness.free_bytes(),
+        "setup_s": setup_s,
+        "tokens": tokens,
+    }
+    result.update(extra())
+    return result
+
+
+def setup_eager(case):
+    return (lambda: case.generate(case.step)), dict
+
+
+def capture_per_shape(case, chain: bool):
+    """One torch.cuda.CUDAGraph per shape, each with its own private pool (PyTorch's default).
+    chain=False: static inputs per graph, filled by copies (the seeds' PtGraph baseline).
+    chain=True: graph t reads graph t-1's outputs in place; no copies (the ideal replay)."""
+    step, stream = case.step, torch.cuda.Stream()
+    tok, kv = case.tok0.clone(), case.kv0.clone()
+    graphs = []
+    for _ in range(case.steps):
+        if not chain:
+            tok, kv = torch.zeros_like(tok), torch.zeros_like(kv)
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(stream):
+            step(tok, kv)  # warm-up, as torch.cuda.graph's documentation asks
+        torch.cuda.current_stream().wait_stream(stream)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            out_tok, out_kv = step(tok, kv)
+        graphs.append((graph, tok, kv, out_tok, out_kv))
+        if chain:
+            tok, kv = out_tok, out_kv
+    return graphs
+
+
+def setup_ptgraph(case):
+    graphs = capture_per_shape(case, chain=False)
+
+    def generate():
+        tok, kv = case.tok0, case.kv0
+        tokens = torch.empty(case.batch, case.steps, dtype=torch.long, device=tok.device)
+        for i, (graph, static_tok, static_kv, out_tok, out_kv) in enumerate(graphs):
+            static_tok.copy_(tok)
+            static_kv.copy_(kv)
+            graph.replay()
+            tok, kv = out_tok, out_kv
+            tokens[:, i : i + 1].copy_(tok)
+        return tokens
+
+    return generate, lambda: {"graphs": len(graphs)}
+
+
+def setup_ideal(case):
+    graphs = capture_per_shape(case, chain=True)
+    first_tok, first_kv = graphs[0][1], graphs[0][2]
+
+    def generate():
+        first_tok.copy_(case.tok0)  # once per generation, not per step
+        tokens = torch.empty(case.batch, case.steps, dtype=torch.long, device=first_tok.device)
+        for i, (graph, _, _, out_tok, _) in enumerate(graphs):
+            graph.replay()
+            tokens[:, i : i + 1].copy_(out_tok)
+        return tokens
+
+    return generate, lambda: {"graphs": len(graphs)}
+
+
+def setup_torch_compile(case):
+    torch._dynamo.reset()
+    compiled = torch.compile(case.step, mode="reduce-overhead")
+    t0 = time.perf_counter()
+    case.generate(compiled)  # compiles (and records) every shape
+    torch.cuda.synchronize()
+    first_pass_s = time.perf_counter() - t0
+    return (lambda: case.generate(compiled)), lambda: {"first_pass_s": first_pass_s}
+
+
+def setup_grape(case):
+    step = grape.compile(case.step)
+    t0 = time.perf_counter()
+    case.generate(step)  # warm-up: every shape runs eagerly once
+    first_pass_s = time.perf_counter() - t0
+    case.generate(step)  # every shape is captured
+    before = {}
+
+    def generate():
+        nonlocal before
+        before = grape.stats(step)
+        return case.generate(step)
+
+    def extra():
+        s = grape.stats(step)
+        copied = (s["bytes_copied_in"] - before["bytes_copied_in"]) + (
+            s["bytes_evacuated"] - before["bytes_evacuated"]) + (
+            s["bytes_copied_back"] - before["bytes_copied_back"])
+        return {
+            "first_pass_s": first_pass_s,
+            "graphs": s["graphs"],
+            "pool_bytes": s["pool_bytes"],
+            "capture_seconds": s["capture_seconds"],
+            "bytes_copied_per_step": copied / case.steps,
+            "evacuations": s["evacuations"],
+            "fallbacks": s["fallbacks"],
+        }
+
+    return generate, extra
+
+
+SETUPS = {"eager": setup_eager, "ptgraph": setup_ptgraph, "ideal": setup_ideal,
+          "torch_compile": setup_torch_compile, "grape": setup_grape}
+
+
+def run_case(cfg, batch, steps, modes, reps) -> dict:
+    case = Case(cfg, batch, steps, "cuda")
+    results = {}
+    for mode in modes:
+        print(f"  {mode} ...", flush=True)
+        with torch.no_grad():
+            results[mode] = measure(case, lambda: SETUPS[mode](case), reps)
+        harness.clear_memory()
+    reference = results["eager"]["tokens"] if "eager" in results else None
+    for mode, r in results.items():
+        tokens = r.pop("tokens")
+        r["correct"] = bool(torch.equal(tokens, reference)) if reference is not None else None
+    eager = results.get("eager", {}).get("ms_per_step")
+    ideal = results.get("ideal", {}).get("ms_per_step")
+    for r in results.values():
+        if eager:
+            r["speedup_vs_eager"] = eager / r["ms_per_step"]
+        if ideal:
+            r["ratio_to_ideal"] = r["ms_per_step"] / ideal
+    if "ptgraph" in results and "grape" in results:
+        results["grape"]["mem_ratio_to_ptgraph"] = (
+            results["grape"]["gpu_mem_bytes"] / results["ptgraph"]["gpu_mem_bytes"])
+    config = {"model": "gpt2-small" if cfg.n_layer == 12 else "gpt2-tiny", "dtype": "float16",
+              "batch": batch, "prompt": 1, "steps": steps, "shapes": steps, "reps": reps}
+    return {"name": f"b{batch}", "config": config, "modes": results}
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--batch", type=int, nargs="+", default=[1, 8])
+    parser.add_argument("--steps", type=int, default=128)
+    parser.add_argument("--reps", type=int, default=5)
+    parser.add_argument("--modes", default=",".join(modes_available()))
+    parser.add_argument("--quick", action="store_true", help="smoke run: 16 steps, 2 reps, no torch.compile")
+    parser.add_argument("--tiny", action="store_true", help="a 2-layer model instead of GPT-2 small")
+    parser.add_argument("--out", default=None, help="results directory (default benchmarks/results)")
+    args = parser.parse_args(argv)
+    if not torch.cuda.is_available():
+        raise SystemExit("gpt2_decode needs a CUDA device (benchmarks/demo_gpt2.py runs anywhere)")
+    modes = args.modes.split(",")
+    if args.quick:
+        args.steps, args.reps = 16, 2
+        modes = [m for m in modes if m != "torch_compile"]
+    unknown = set(modes) - set(SETUPS)
+    if unknown:
+        parser.error(f"unknown modes {sorted(unknown)}; choose from {modes_available()}")
+    cfg = gpt2.GPT2Config.tiny() if args.tiny else gpt2.GPT2Config()
+    cases = []
+    for batch in args.batch:
+        print(f"batch {batch}:", flush=True)
+        cases.append(run_case(cfg, batch, args.steps, modes, args.reps))
+        harness.print_table(cases[-1])
+    path = harness.write_results("gpt2_decode" + ("-quick" if args.quick else ""), cases, args.out)
+    print(f"\nwrote {path}")
+    return cases
+
+
+if __name__ == "__main__":
+    main()

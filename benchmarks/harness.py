@@ -1,0 +1,97 @@
+"""What every benchmark of the project shares: timing, memory, environment, the results file.
+
+Results format (one JSON file per run, benchmarks/results/<benchmark>-<gpu>-<date>.json):
+  {"benchmark", "device", "torch", "cuda", "commit", "cases": [
+      {"name", "config": {...}, "modes": {"<mode>": {"ms_per_step", "gpu_mem_bytes", "correct", ...}}}]}
+"""
+
+from __future__ import annotations
+
+import datetime
+import gc
+import json
+import os
+import statistics
+import subprocess
+from pathlib import Path
+from typing import Callable
+
+import torch
+
+RESULTS_DIR = Path(__file__).resolve().parent / "results"
+
+
+def environment() -> dict:
+    cuda = torch.cuda.is_available()
+    return {
+        "device": torch.cuda.get_device_name() if cuda else "cpu",
+        "torch": torch.__version__,
+        "cuda": torch.version.cuda,
+        "commit": commit(),
+    }
+
+
+def commit() -> str:
+    if os.environ.get("GRAPE_COMMIT"):
+        return os.environ["GRAPE_COMMIT"]
+    try:
+        return subprocess.check_output(["git", "rev-parse", "--short", "HEAD"], text=True,
+                                       stderr=subprocess.DEVNULL, cwd=Path(__file__).parent).strip()
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+
+
+def clear_memory() -> None:
+    gc.collect()
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+        torch.cuda.empty_cache()
+
+
+def free_bytes() -> int:
+    """Free device memory as the driver sees it (graphs' own memory included)."""
+    torch.cuda.synchronize()
+    return torch.cuda.mem_get_info()[0]
+
+
+def time_ms(fn: Callable[[], object], reps: int) -> list[float]:
+    """Wall time of `fn` on the device, in ms, once per repetition (call fn once before: warm-up)."""
+    times = []
+    for _ in range(reps):
+        start = torch.cuda.Event(enable_timing=True)
+        end = torch.cuda.Event(enable_timing=True)
+        torch.cuda.synchronize()
+        start.record()
+        fn()
+        end.record()
+        torch.cuda.synchronize()
+        times.append(start.elapsed_time(end))
+    return times
+
+
+def median(values: list[float]) -> float:
+    return statistics.median(values)
+
+
+def write_results(benchmark: str, cases: list[dict], out_dir: Path | None = None) -> Path:
+    env = environment()
+    gpu = env["device"].replace("NVIDIA ", "").split()[0].lower() if env["device"] != "cpu" else "cpu"
+    date = datetime.date.today().isoformat()
+    out_dir = Path(out_dir or os.environ.get("GRAPE_RESULTS_DIR") or RESULTS_DIR)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    path = out_dir / f"{benchmark}-{gpu}-{date}.json"
+    path.write_text(json.dumps({"benchmark": benchmark, **env, "cases": cases}, indent=2) + "\n")
+    return path
+
+
+def print_table(case: dict, metric: str = "ms_per_step") -> None:
+    modes = case["modes"]
+    eager = modes.get("eager", {}).get(metric)
+    print(f"\n{case['name']}  {json.dumps(case['config'])}")
+    print(f"{'mode':<16}{metric:>14}{'vs eager':>10}{'GPU MB':>10}  correct")
+    for name, m in modes.items():
+        value = m.get(metric)
+        speed = f"{eager / value:.2f}x" if eager and value else "-"
+        mem = f"{m['gpu_mem_bytes'] / 2**20:.1f}" if m.get("gpu_mem_bytes") is not None else "-"
+        shown = f"{value:.3f}" if value is not None else "-"
+        print(f"{name:<16}{shown:>14}{speed:>10}{mem:>10}  {m.get('correct')}")

@@ -1,0 +1,27 @@
+#!/usr/bin/env bash
+# Build and run everything on a machine with a GPU: C++ tests, Python tests (GPU tests included,
+# none may skip for want of a GPU), and a benchmark smoke run. Usage: bash tools/gpu_check.sh
+# With $OUT set, logs and the smoke results are written there.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+out="${OUT:-build/gpu-check}"
+mkdir -p "$out"
+python3 -c "import torch; assert torch.cuda.is_available(), 'no CUDA device'; print(torch.__version__, torch.cuda.get_device_name())" || exit 1
+status=0
+step() {  # step NAME COMMAND...: runs, logs to $out/NAME.log, remembers failure
+  local name=$1; shift
+  echo "== $name"
+  "$@" 2>&1 | tee "$out/$name.log"
+  local rc=${PIPESTATUS[0]}
+  echo "== $name: rc=$rc"
+  [ "$rc" -eq 0 ] || status=1
+}
+step build env GRAPE_CUDA_ARCHS="${GRAPE_CUDA_ARCHS:-90}" python3 -m pip install --no-build-isolation --no-deps --no-index -q -e .
+[ "$status" -eq 0 ] || exit 1
+step ctest ctest --test-dir build/cmake --output-on-failure
+step pytest python3 -m pytest tests/python -q -rs -p no:cacheprovider --junitxml="$out/pytest.xml"
+if grep -q 'skipped="[1-9]' "$out/pytest.xml" && grep -q "no CUDA device" "$out/pytest.log"; then
+  echo "GPU tests were skipped on a GPU machine"; status=1
+fi
+step bench-smoke env GRAPE_RESULTS_DIR="$out" python3 -m benchmarks.gpt2_decode --quick
+exit $status
