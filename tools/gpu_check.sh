@@ -16,7 +16,9 @@ step() {  # step NAME COMMAND...: runs, logs to $out/NAME.log, remembers failure
   echo "== $name: rc=$rc"
   [ "$rc" -eq 0 ] || status=1
 }
-step build env GRAPE_CUDA_ARCHS="${GRAPE_CUDA_ARCHS:-90}" python3 -m pip install --no-build-isolation --no-deps --no-index -q -e .
+# The GPU machine has no network: build in place through setup.py (no pip build environment).
+export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
+step build env GRAPE_CUDA_ARCHS="${GRAPE_CUDA_ARCHS:-90}" python3 setup.py -q build_ext --inplace
 [ "$status" -eq 0 ] || exit 1
 step ctest ctest --test-dir build/cmake --output-on-failure
 step pytest python3 -m pytest tests/python -q -rs -p no:cacheprovider --junitxml="$out/pytest.xml"
