@@ -3,6 +3,7 @@
 # none may skip for want of a GPU), and a benchmark smoke run. Usage: bash tools/gpu_check.sh
 # With $OUT set, logs and the smoke results are written there.
 set -uo pipefail
+export PYTHONFAULTHANDLER=1
 cd "$(dirname "$0")/.."
 out="${OUT:-build/gpu-check}"
 mkdir -p "$out"

@@ -17,10 +17,9 @@ namespace {
 void setup_gc(PyHeapTypeObject* heap_type) {
   auto* type = &heap_type->ht_type;
   type->tp_flags |= Py_TPFLAGS_HAVE_GC;
+  // Not visiting Py_TYPE(self): instances are of Python subclasses (grape.CompiledFunction), whose
+  // traverse already visits the type; a second visit would over-count it.
   type->tp_traverse = [](PyObject* self, visitproc visit, void* arg) -> int {
-#if PY_VERSION_HEX >= 0x03090000
-    Py_VISIT(Py_TYPE(self));
-#endif
     if (!py::detail::is_holder_constructed(self)) return 0;
     return py::cast<Runtime&>(py::handle(self)).traverse(visit, arg);
   };

@@ -58,14 +58,18 @@ bool is_plain_constant(PyObject* obj, const TorchTypes& tt) {
          PyType_IsSubtype(type, reinterpret_cast<PyTypeObject*>(tt.enum_base));
 }
 
-// First tensor directly among an object's attributes, if any.
+// Whether any attribute value of the object is a tensor.
 bool holds_tensors(PyObject* obj) {
-  PyObject** dict_ptr = _PyObject_GetDictPtr(obj);
-  if (dict_ptr == nullptr || *dict_ptr == nullptr) return false;
+  PyObject* dict = PyObject_GenericGetDict(obj, nullptr);
+  if (dict == nullptr) {
+    PyErr_Clear();
+    return false;
+  }
+  py::object owned = py::reinterpret_steal<py::object>(dict);
   PyObject* key;
   PyObject* value;
   Py_ssize_t pos = 0;
-  while (PyDict_Next(*dict_ptr, &pos, &key, &value)) {
+  while (PyDict_Next(dict, &pos, &key, &value)) {
     if (THPVariable_Check(value)) return true;
   }
   return false;
