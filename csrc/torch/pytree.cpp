@@ -6,7 +6,6 @@
 #include <torch/csrc/autograd/python_variable.h>
 
 #include <cstring>
-#include <sstream>
 
 namespace grape {
 
@@ -144,7 +143,7 @@ void Flattener::visit_tensor(py::handle obj, FlatCall& out, TreeSpec* spec) {
   sig.push(static_cast<int64_t>(t.requires_grad()) | (static_cast<int64_t>(t.is_conj()) << 1) |
            (static_cast<int64_t>(t.is_neg()) << 2));
   if (t.layout() != c10::kStrided || t.is_quantized() || t.is_nested()) {
-    mark_unsupported(out, "tensor with layout " + c10::str(t.layout()) + " (only strided tensors)");
+    mark_unsupported(out, "sparse, quantized or nested tensor (only strided tensors)");
   } else if (!t.is_cuda()) {
     mark_unsupported(out, "tensor on " + t.device().str() + " (graphs read CUDA tensors only)");
   } else if (t.requires_grad()) {
@@ -414,11 +413,24 @@ py::object unflatten(const TreeSpec& spec, const std::vector<py::object>& leaves
   return py::none();
 }
 
+namespace {
+// "[2, 3]". Strings are built by hand: iostreams instantiated in this library have crashed when the
+// process's libstdc++ is older than the compiler's.
+std::string join_ints(c10::IntArrayRef values) {
+  std::string s = "[";
+  for (size_t i = 0; i < values.size(); ++i) {
+    if (i) s += ", ";
+    s += std::to_string(values[i]);
+  }
+  return s + "]";
+}
+}  // namespace
+
 std::string describe_tensor(const at::Tensor& t) {
-  std::ostringstream os;
-  os << c10::toString(t.scalar_type()) << t.sizes() << " " << t.device();
-  if (!t.is_contiguous()) os << " strides" << t.strides();
-  return os.str();
+  std::string s = std::string(c10::toString(t.scalar_type())) + join_ints(t.sizes()) + " " +
+                  t.device().str();
+  if (!t.is_contiguous()) s += " strides" + join_ints(t.strides());
+  return s;
 }
 
 }  // namespace grape

@@ -5,7 +5,6 @@
 #include <torch/csrc/autograd/python_variable.h>
 
 #include <chrono>
-#include <sstream>
 
 #include "core/replay_plan.h"
 
@@ -112,14 +111,12 @@ void Runtime::set_fallback(Entry& entry, std::string reason, const py::object& e
 }
 
 std::string Runtime::describe(const FlatCall& flat) const {
-  std::ostringstream os;
-  os << "(";
+  std::string s = "(";
   for (size_t i = 0; i < flat.tensors.size(); ++i) {
-    if (i) os << ", ";
-    os << describe_tensor(flat.tensors[i]);
+    if (i) s += ", ";
+    s += describe_tensor(flat.tensors[i]);
   }
-  os << ")";
-  return os.str();
+  return s + ")";
 }
 
 py::object Runtime::call(py::args args, py::kwargs kwargs) {
