@@ -75,7 +75,7 @@ def capture_per_shape(case, chain: bool):
     tok, kv = case.tok0.clone(), case.kv0.clone()
     graphs = []
     for _ in range(case.steps):
-        if not chain:
+        if not chain:  # this shape's own static inputs
             tok, kv = torch.zeros_like(tok), torch.zeros_like(kv)
         stream.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(stream):
@@ -85,8 +85,7 @@ def capture_per_shape(case, chain: bool):
         with torch.cuda.graph(graph):
             out_tok, out_kv = step(tok, kv)
         graphs.append((graph, tok, kv, out_tok, out_kv))
-        if chain:
-            tok, kv = out_tok, out_kv
+        tok, kv = out_tok, out_kv  # the next shape
     return graphs
 
 

@@ -26,9 +26,11 @@ std::shared_ptr<GraphPool> GraphPool::create(c10::DeviceIndex device) {
 GraphPool::GraphPool(c10::DeviceIndex device)
     : device_(device),
       id_(at::cuda::graph_pool_handle()),
+      inputs_id_(at::cuda::graph_pool_handle()),
       capture_stream_(at::cuda::getCurrentCUDAStream(device)) {
   c10::cuda::CUDAGuard guard(device_);
   allocator::createOrIncrefPool(device_, id_);
+  allocator::createOrIncrefPool(device_, inputs_id_);
   C10_CUDA_CHECK(cudaStreamCreateWithFlags(&raw_stream_, cudaStreamNonBlocking));
   C10_CUDA_CHECK(cudaEventCreateWithFlags(&ready_event_, cudaEventDisableTiming));
   capture_stream_ = at::cuda::getStreamFromExternal(raw_stream_, device_);
@@ -39,6 +41,7 @@ GraphPool::~GraphPool() {
   try {
     c10::cuda::CUDAGuard guard(device_);
     allocator::releasePool(device_, id_);
+    allocator::releasePool(device_, inputs_id_);
     if (ready_event_ != nullptr) C10_CUDA_CHECK_WARN(cudaEventDestroy(ready_event_));
     if (raw_stream_ != nullptr) C10_CUDA_CHECK_WARN(cudaStreamDestroy(raw_stream_));
   } catch (const std::exception& e) {
@@ -51,13 +54,38 @@ void GraphPool::wait_for(const at::cuda::CUDAStream& stream) {
   C10_CUDA_CHECK(cudaStreamWaitEvent(raw_stream_, ready_event_, 0));
 }
 
-int GraphPool::allocator_use_count() const { return allocator::getPoolUseCount(device_, id_); }
+int GraphPool::allocator_use_count() const { return allocator_use_count(id_); }
+
+int GraphPool::allocator_use_count(c10::MempoolId_t id) const {
+  return allocator::getPoolUseCount(device_, id);
+}
+
+void GraphPool::release_to(c10::MempoolId_t id, int count) {
+  while (allocator_use_count(id) > count) allocator::releasePool(device_, id);
+}
+
+GraphPool::PlaceholderAllocation::PlaceholderAllocation(GraphPool& pool)
+    : pool_(pool), use_count_before_(pool.allocator_use_count(pool.inputs_id_)) {
+  cudaStream_t stream = pool.raw_stream_;
+  allocator::beginAllocateToPool(pool.device_, pool.inputs_id_,
+                                 [stream](cudaStream_t s) { return s == stream; });
+}
+
+GraphPool::PlaceholderAllocation::~PlaceholderAllocation() {
+  try {
+    allocator::endAllocateToPool(pool_.device_, pool_.inputs_id_);
+    pool_.release_to(pool_.inputs_id_, use_count_before_);
+  } catch (const std::exception& e) {
+    TORCH_WARN("grape: ending placeholder allocation failed: ", e.what());
+  }
+}
 
 void GraphPool::refresh_segments() {
   segments_.clear();
-  auto snapshot = allocator::snapshot(id_, /*include_traces=*/false);
+  auto snapshot = allocator::snapshot({0, 0}, /*include_traces=*/false);
   for (const auto& seg : snapshot.segments) {
-    if (seg.device != device_ || seg.owner_private_pool_id != id_) continue;
+    if (seg.device != device_) continue;
+    if (seg.owner_private_pool_id != id_ && seg.owner_private_pool_id != inputs_id_) continue;
     segments_.add({seg.address, seg.address + seg.total_size});
   }
 }

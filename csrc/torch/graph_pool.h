@@ -3,8 +3,11 @@
 // ~~~~~~~~~~~~~~~~~
 // One per compiled function. It owns
 //   - a private pool of PyTorch's caching allocator that every capture of the function allocates
-//     from, so graphs of all shapes share memory and the pool stays near the largest capture's
-//     working set instead of growing with the number of shapes;
+//     its temporaries and outputs from, so graphs of all shapes share memory and the pool stays
+//     near the largest capture's working set instead of growing with the number of shapes;
+//   - a second private pool for the graphs' input placeholders, shared by all shapes too. Keeping
+//     placeholders apart from outputs means an output fed back as the next call's input never
+//     overlaps that call's placeholder, so it can be moved in with one copy;
 //   - the stream captures run on: one stream for all captures, because the allocator reuses a
 //     pool's free blocks only on the stream that freed them;
 //   - the registry of storages handed to callers that point into the pool
@@ -31,12 +34,29 @@ class GraphPool : public std::enable_shared_from_this<GraphPool> {
   GraphPool& operator=(const GraphPool&) = delete;
 
   c10::MempoolId_t id() const { return id_; }
+  c10::MempoolId_t inputs_id() const { return inputs_id_; }
+  // Routes allocations made on the capture stream to the placeholder pool until the returned
+  // guard ends (outside of a stream capture).
+  class PlaceholderAllocation {
+   public:
+    explicit PlaceholderAllocation(GraphPool& pool);
+    ~PlaceholderAllocation();
+    PlaceholderAllocation(const PlaceholderAllocation&) = delete;
+    PlaceholderAllocation& operator=(const PlaceholderAllocation&) = delete;
+
+   private:
+    GraphPool& pool_;
+    int use_count_before_;
+  };
   c10::DeviceIndex device() const { return device_; }
   at::cuda::CUDAStream capture_stream() const { return capture_stream_; }
   // Makes the capture stream wait for the work queued so far on `stream`.
   void wait_for(const at::cuda::CUDAStream& stream);
-  // Reference count the caching allocator keeps for the pool (ours plus one per live graph).
+  // Reference count the caching allocator keeps for a pool (ours plus one per live graph).
   int allocator_use_count() const;
+  int allocator_use_count(c10::MempoolId_t id) const;
+  // Drops allocator references to pool `id` beyond `count` (begin/endAllocateToPool leave one).
+  void release_to(c10::MempoolId_t id, int count);
 
   // Re-reads the address ranges of the pool's segments (after a capture grew them).
   void refresh_segments();
@@ -66,6 +86,7 @@ class GraphPool : public std::enable_shared_from_this<GraphPool> {
 
   c10::DeviceIndex device_;
   c10::MempoolId_t id_;
+  c10::MempoolId_t inputs_id_;
   cudaStream_t raw_stream_ = nullptr;
   cudaEvent_t ready_event_ = nullptr;
   at::cuda::CUDAStream capture_stream_;

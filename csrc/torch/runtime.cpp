@@ -259,6 +259,19 @@ namespace {
 
 void check_copy(cudaError_t err) { C10_CUDA_CHECK(err); }
 
+class SyncDebugModeGuard {
+ public:
+  SyncDebugModeGuard() : previous_(c10::cuda::warning_state().get_sync_debug_mode()) {
+    c10::cuda::warning_state().set_sync_debug_mode(c10::cuda::SyncDebugMode::L_ERROR);
+  }
+  ~SyncDebugModeGuard() { c10::cuda::warning_state().set_sync_debug_mode(previous_); }
+  SyncDebugModeGuard(const SyncDebugModeGuard&) = delete;
+  SyncDebugModeGuard& operator=(const SyncDebugModeGuard&) = delete;
+
+ private:
+  c10::cuda::SyncDebugMode previous_;
+};
+
 // Ends a capture that failed part-way and puts the allocator's pool bookkeeping back where it was.
 // Torch versions differ in how much of this CUDAGraph::reset() does itself, so we compare the
 // pool's use count with its value before the capture rather than assume either.
@@ -281,12 +294,12 @@ void abort_capture(std::unique_ptr<at::cuda::CUDAGraph>& graph, GraphPool& pool,
   }
   (void)cudaGetLastError();  // capture errors are not sticky; clear the last one
   graph.reset();
-  while (pool.allocator_use_count() > use_count_before) {
+  if (pool.allocator_use_count() > use_count_before) {
     try {
       allocator::endAllocateToPool(pool.device(), pool.id());
     } catch (const std::exception&) {
     }
-    allocator::releasePool(pool.device(), pool.id());
+    pool.release_to(pool.id(), use_count_before);
   }
 }
 
@@ -317,14 +330,20 @@ bool Runtime::capture(Entry& entry, FlatCall& flat, std::string& reason, py::obj
     // The capture stream follows the caller's stream, as torch.cuda.graph does.
     pool.wait_for(at::cuda::getCurrentCUDAStream(pool.device()));
     at::cuda::CUDAStreamGuard stream_guard(pool.capture_stream());
-    try {
-      graph->capture_begin(pool.id(), cudaStreamCaptureModeGlobal);
-      std::vector<py::object> leaves;
+    std::vector<py::object> leaves;
+    {
+      GraphPool::PlaceholderAllocation in_placeholder_pool(pool);
       for (const auto& t : flat.tensors) {
         placeholders.push_back(at::empty_strided(t.sizes(), t.strides(), t.options()));
         versions.push_back(placeholders.back()._version());
         leaves.push_back(py::reinterpret_steal<py::object>(THPVariable_Wrap(placeholders.back())));
       }
+    }
+    // A host synchronization inside the function raises before it reaches CUDA (which would
+    // invalidate the capture and leave the RNG in capture mode on older torch).
+    SyncDebugModeGuard raise_on_sync;
+    try {
+      graph->capture_begin(pool.id(), cudaStreamCaptureModeGlobal);
       py::tuple call = unflatten(flat.spec, leaves);
       result = call_python(fn_, py::reinterpret_borrow<py::args>(call[0]),
                            py::reinterpret_borrow<py::kwargs>(call[1]));

@@ -229,7 +229,7 @@ def test_module_parameters_are_static_and_tracked():
         ref[2].weight.data = ref[2].weight.data * 2
         torch.testing.assert_close(model(x), ref(x), rtol=0, atol=0)
     s = grape.stats(model)
-    assert s["recaptures"] == 1 and s["captures"] == 2
+    assert s["recaptures"] == 1 and s["captures"] == 2, s["fallbacks"]
 
 
 def test_outputs_requiring_grad_fall_back():
@@ -273,17 +273,21 @@ def test_memory_stays_flat_across_100_shapes():
     step = grape.compile(fn, warmup=0)
     torch.cuda.synchronize()
     free_before = torch.cuda.mem_get_info()[0]
-    working_sets = 0
+    working_sets, pool_at_50 = [], None
     for n in range(1, 101):
         x = torch.randn(16 * n, 256, device=DEV)
         out = step(x)
-        working_sets += 4 * x.numel() * 4  # input placeholder, two temporaries, output
+        torch.testing.assert_close(out, fn(x), rtol=0, atol=0)
+        working_sets.append(4 * x.numel() * 4)  # placeholder, two temporaries, output
         del out
+        if n == 50:
+            pool_at_50 = grape.stats(step)["pool_bytes"]
     torch.cuda.synchronize()
     used = free_before - torch.cuda.mem_get_info()[0]
     pool = grape.stats(step)["pool_bytes"]
-    largest = 4 * 1600 * 256 * 4
-    # One pool shared by all shapes: near the largest working set, not the sum of all of them.
-    assert pool < 8 * largest, (pool, largest)
-    assert pool < working_sets / 10, (pool, working_sets)
-    assert used < working_sets / 4, (used, working_sets)
+    largest = max(working_sets)
+    # Per-shape pools would add every working set; one shared pool grows only as the largest
+    # shape grows (plus the allocator's segment granularity, 20 MB for blocks of 1-10 MB).
+    assert pool - pool_at_50 <= 2 * largest + (40 << 20), (pool_at_50, pool, largest)
+    assert pool < sum(working_sets) / 4, (pool, sum(working_sets))
+    assert used < sum(working_sets) / 2, (used, sum(working_sets))
