@@ -218,7 +218,8 @@ def main(argv=None):
         print(f"batch {batch}:", flush=True)
         cases.append(run_case(cfg, batch, args.steps, modes, args.reps))
         harness.print_table(cases[-1])
-    path = harness.write_results("gpt2_decode" + ("-quick" if args.quick else ""), cases, args.out)
+        # Written after every case, so a run cut short keeps what it measured.
+        path = harness.write_results("gpt2_decode" + ("-quick" if args.quick else ""), cases, args.out)
     print(f"\nwrote {path}")
     return cases
 
