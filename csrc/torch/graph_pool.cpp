@@ -64,6 +64,19 @@ void GraphPool::release_to(c10::MempoolId_t id, int count) {
   while (allocator_use_count(id) > count) allocator::releasePool(device_, id);
 }
 
+void GraphPool::hold_for_graph(int before) {
+  for (int count = allocator_use_count(); count < before + 1; ++count) {
+    allocator::createOrIncrefPool(device_, id_);
+  }
+}
+
+void GraphPool::destroy_graph(std::unique_ptr<at::cuda::CUDAGraph>& graph) {
+  if (!graph) return;
+  const int before = allocator_use_count();
+  graph.reset();
+  if (allocator_use_count() == before) allocator::releasePool(device_, id_);
+}
+
 GraphPool::PlaceholderAllocation::PlaceholderAllocation(GraphPool& pool)
     : pool_(pool), use_count_before_(pool.allocator_use_count(pool.inputs_id_)) {
   cudaStream_t stream = pool.raw_stream_;

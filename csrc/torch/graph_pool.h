@@ -57,6 +57,12 @@ class GraphPool : public std::enable_shared_from_this<GraphPool> {
   int allocator_use_count(c10::MempoolId_t id) const;
   // Drops allocator references to pool `id` beyond `count` (begin/endAllocateToPool leave one).
   void release_to(c10::MempoolId_t id, int count);
+  // Torch versions differ in whether a captured CUDAGraph keeps a reference to its pool until it
+  // is destroyed. These two make sure it does, so destroying a graph never takes ours:
+  // after a successful capture (`before`: the count before capture_begin)...
+  void hold_for_graph(int before);
+  // ...and to destroy a captured graph.
+  void destroy_graph(std::unique_ptr<at::cuda::CUDAGraph>& graph);
 
   // Re-reads the address ranges of the pool's segments (after a capture grew them).
   void refresh_segments();

@@ -63,7 +63,15 @@ struct CapturedGraph {
   };
 
 #ifdef GRAPE_WITH_CUDA
+  std::shared_ptr<GraphPool> pool;  // outlives the graph
   std::unique_ptr<at::cuda::CUDAGraph> graph;
+  ~CapturedGraph() {
+    try {
+      if (pool) pool->destroy_graph(graph);
+    } catch (const std::exception& e) {
+      TORCH_WARN("grape: destroying a graph failed: ", e.what());
+    }
+  }
 #endif
   std::vector<Placeholder> placeholders;
   TreeSpec output_spec;
@@ -367,7 +375,9 @@ bool Runtime::capture(Entry& entry, FlatCall& flat, std::string& reason, py::obj
     }
   }
 
+  pool.hold_for_graph(use_count_before);
   auto captured = std::make_unique<CapturedGraph>();
+  captured->pool = pool_;
   captured->graph = std::move(graph);
   for (size_t i = 0; i < placeholders.size(); ++i) {
     captured->placeholders.push_back({placeholders[i].data_ptr(), span_bytes(placeholders[i]),
