@@ -93,6 +93,7 @@ Runtime::Runtime(py::object fn, int warmup, py::object static_module)
 Runtime::~Runtime() {
   // Graphs before the pool they allocate from.
   cache_.clear();
+  retired_.clear();
 }
 
 FlatCall& Runtime::scratch() {
@@ -181,7 +182,7 @@ py::object Runtime::call(py::args args, py::kwargs kwargs) {
     }
     if (statics_moved) {
       ++stats_.recaptures;
-      entry.graph.reset();
+      retired_.push_back(std::move(entry.graph));
     } else {
       py::object result;
       std::string refusal;
@@ -652,6 +653,9 @@ py::list Runtime::entries() const {
 }
 
 void Runtime::reset() {
+  for (auto& kv : cache_) {
+    if (kv.second->graph) retired_.push_back(std::move(kv.second->graph));
+  }
   cache_.clear();
   checked_cuda_ = false;
   global_fallback_.clear();
@@ -665,6 +669,7 @@ int Runtime::traverse(visitproc visit, void* arg) {
 
 void Runtime::clear_references() {
   cache_.clear();
+  retired_.clear();
   fn_ = py::none();
   static_module_ = py::none();
 }

@@ -79,6 +79,10 @@ class Runtime {
   int warmup_;
   Flattener flattener_;
   std::unordered_map<core::Signature, std::unique_ptr<Entry>, core::SignatureHash> cache_;
+  // Graphs replaced while the function lives (static state moved, reset()). They are destroyed
+  // with the runtime: destroying a graph of a pool that is still capturing tripped the caching
+  // allocator's pool bookkeeping on torch 2.11.
+  std::vector<std::unique_ptr<CapturedGraph>> retired_;
   std::shared_ptr<GraphPool> pool_;
   RuntimeStats stats_;
   std::string global_fallback_;  // set when graphs are impossible for every call (no CUDA)
