@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Build and run everything on a machine with a GPU: C++ tests, Python tests (GPU tests included,
 # none may skip for want of a GPU), and a benchmark smoke run. Usage: bash tools/gpu_check.sh
-# With $OUT set, logs and the smoke results are written there.
+# With $OUT set, logs and the smoke results are written there. Set GRAPE_COMMIT where the tree
+# has no .git (the device copy), so results name the commit.
 set -uo pipefail
 export PYTHONFAULTHANDLER=1
 cd "$(dirname "$0")/.."
