@@ -7,6 +7,7 @@ Environment: GRAPE_CUDA=0 builds without CUDA; GRAPE_CUDA_ARCHS="80;90" picks GP
 GRAPE_BUILD_TESTS=0 skips the GoogleTest binary; MAX_JOBS limits parallel compile jobs.
 """
 
+import glob
 import os
 import shutil
 import subprocess
@@ -32,6 +33,23 @@ def find_nvcc():
     return None
 
 
+def cuda_library_includes(torch_dir, nvcc_path):
+    """Headers of the CUDA libraries torch's own headers include (cuBLAS, cuSPARSE, cuSOLVER).
+
+    A toolkit with only the compiler lacks them; pip-installed torch ships them in the nvidia
+    packages next to it. Listed after the toolkit's, so the toolkit's runtime headers win."""
+    toolkit = os.path.join(os.path.dirname(os.path.dirname(nvcc_path)), "include") if nvcc_path else None
+    if toolkit and os.path.isfile(os.path.join(toolkit, "cusparse.h")):
+        return []
+    site = os.path.dirname(torch_dir)
+    found = []
+    for pattern in ("nvidia/*/include", "nvidia/*/*/include"):
+        for d in sorted(glob.glob(os.path.join(site, pattern))):
+            if os.path.isfile(os.path.join(d, "cusparse.h")) or os.path.isfile(os.path.join(d, "cublas_v2.h")):
+                found.append(d)
+    return found
+
+
 class CMakeExtension(Extension):
     def __init__(self, name):
         super().__init__(name, sources=[])
@@ -46,6 +64,7 @@ class CMakeBuild(build_ext):
             includes = cpp.include_paths(device_type="cuda")
         except TypeError:  # older torch
             includes = cpp.include_paths(cuda=True)
+        includes = list(includes) + cuda_library_includes(os.path.dirname(torch.__file__), nvcc_path=find_nvcc())
         torch_lib = os.path.join(os.path.dirname(torch.__file__), "lib")
         ext_dir = os.path.dirname(os.path.abspath(self.get_ext_fullpath(ext.name)))
         build_dir = ROOT / "build" / "cmake"

@@ -23,7 +23,7 @@ from benchmarks.models import gpt2
 
 
 def modes_available() -> list[str]:
-    return ["eager", "ptgraph", "ideal", "torch_compile", "grape"]
+    return ["eager", "ptgraph", "ideal", "torch_compile", "grape", "grape_copy"]
 
 
 class Case:
@@ -138,8 +138,8 @@ def setup_torch_compile(case):
     return (lambda: case.generate(compiled)), lambda: {"first_pass_s": first_pass_s}
 
 
-def setup_grape(case):
-    step = grape.compile(case.step)
+def setup_grape(case, alias_prediction=True):
+    step = grape.compile(case.step, alias_prediction=alias_prediction)
     t0 = time.perf_counter()
     case.generate(step)  # warm-up: every shape runs eagerly once
     first_pass_s = time.perf_counter() - t0
@@ -160,8 +160,13 @@ def setup_grape(case):
             "first_pass_s": first_pass_s,
             "graphs": s["graphs"],
             "pool_bytes": s["pool_bytes"],
+            "arena_lane_bytes": s["arena_lane_bytes"],
             "capture_seconds": s["capture_seconds"],
             "bytes_copied_per_step": copied / case.steps,
+            "bytes_copied_per_generation": copied,
+            "alias_hits_per_generation": s["alias_hits"] - before["alias_hits"],
+            "alias_misses_per_generation": s["alias_misses"] - before["alias_misses"],
+            "bytes_avoided_per_step": (s["bytes_avoided"] - before["bytes_avoided"]) / case.steps,
             "evacuations": s["evacuations"],
             "fallbacks": s["fallbacks"],
         }
@@ -170,7 +175,9 @@ def setup_grape(case):
 
 
 SETUPS = {"eager": setup_eager, "ptgraph": setup_ptgraph, "ideal": setup_ideal,
-          "torch_compile": setup_torch_compile, "grape": setup_grape}
+          "torch_compile": setup_torch_compile, "grape": setup_grape,
+          # grape with every input copied into a placeholder (no alias prediction)
+          "grape_copy": lambda case: setup_grape(case, alias_prediction=False)}
 
 
 def run_case(cfg, batch, steps, modes, reps) -> dict:

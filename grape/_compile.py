@@ -70,8 +70,8 @@ class CompiledFunction(_C.Runtime):
     """
 
     def __init__(self, fn: Callable, *, warmup: int = 1, module: Optional[torch.nn.Module] = None,
-                 name: Optional[str] = None):
-        super().__init__(fn, warmup, module)
+                 name: Optional[str] = None, alias_prediction: bool = True):
+        super().__init__(fn, warmup, module, alias_prediction)
         self.__wrapped__ = fn
         self.__name__ = name or getattr(fn, "__name__", type(fn).__name__)
         self.__qualname__ = getattr(fn, "__qualname__", self.__name__)
@@ -117,7 +117,7 @@ class CompiledFunction(_C.Runtime):
         return s
 
 
-def compile(fn: Optional[Callable] = None, *, warmup: int = 1):
+def compile(fn: Optional[Callable] = None, *, warmup: int = 1, alias_prediction: bool = True):
     """Compiles ``fn`` (a function or an ``nn.Module``) into CUDA graphs, one per call signature.
 
     * ``grape.compile(fn)`` and ``@grape.compile`` return a :class:`CompiledFunction`;
@@ -129,13 +129,20 @@ def compile(fn: Optional[Callable] = None, *, warmup: int = 1):
 
     ``warmup``: eager calls of a new signature before it is captured (lazy initialization, such as
     cuBLAS handles, must not happen inside a capture).
+
+    ``alias_prediction``: when an argument is an output of an earlier replay that nothing else
+    references (a KV cache or a token fed back), capture the next graph to read it in place, so a
+    loop that feeds outputs back copies nothing. Off: every input is copied into a placeholder.
     """
     if isinstance(warmup, bool) or not isinstance(warmup, int):
         raise TypeError(f"grape.compile: warmup must be an int, got {type(warmup).__name__}")
     if warmup < 0:
         raise ValueError(f"grape.compile: warmup must be >= 0, got {warmup}")
+    if not isinstance(alias_prediction, bool):
+        raise TypeError("grape.compile: alias_prediction must be a bool, got "
+                        f"{type(alias_prediction).__name__}")
     if fn is None:
-        return functools.partial(compile, warmup=warmup)
+        return functools.partial(compile, warmup=warmup, alias_prediction=alias_prediction)
     if isinstance(fn, CompiledFunction):
         raise TypeError("grape.compile: this function is already compiled")
     if isinstance(fn, torch.nn.Module):
@@ -143,11 +150,12 @@ def compile(fn: Optional[Callable] = None, *, warmup: int = 1):
         if isinstance(module.__dict__.get("forward"), CompiledFunction):
             raise TypeError(f"grape.compile: {type(module).__name__} is already compiled")
         module.forward = CompiledFunction(module.forward, warmup=warmup, module=module,
-                                          name=f"{type(module).__name__}.forward")
+                                          name=f"{type(module).__name__}.forward",
+                                          alias_prediction=alias_prediction)
         return module
     if not callable(fn):
         raise TypeError(f"grape.compile expects a function or an nn.Module, got {type(fn).__name__}")
-    return CompiledFunction(fn, warmup=warmup)
+    return CompiledFunction(fn, warmup=warmup, alias_prediction=alias_prediction)
 
 
 def stats(fn: Any) -> dict:
@@ -156,7 +164,11 @@ def stats(fn: Any) -> dict:
     Keys: ``calls``, ``replays``, ``captures``, ``warmup_calls``, ``eager_calls``, ``graphs``,
     ``signatures``, ``capture_seconds``, ``bytes_copied_in`` / ``bytes_copied_back`` (input copies),
     ``bytes_evacuated`` and ``evacuations`` (live outputs moved out of the pool),
-    ``inputs_moved`` / ``inputs_in_place``, ``pool_bytes`` (memory of the shared pool),
+    ``inputs_moved`` / ``inputs_in_place``, ``pool_bytes`` (device memory of the shared pool:
+    ``arena_bytes`` of mapped arena lanes, per lane in ``arena_lane_bytes``, plus the private
+    pool), ``alias_prediction`` and its counters ``alias_predictions`` (placeholders chained to an
+    earlier output), ``alias_hits`` / ``alias_misses`` (replays that found a chained input in place,
+    or copied it) and ``bytes_avoided``,
     ``live_outputs``, ``fallbacks`` (signature, reason, call site) and ``entries`` (per signature).
     """
     target = fn

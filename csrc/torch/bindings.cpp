@@ -7,6 +7,10 @@
 #include "torch/pytree.h"
 #include "torch/runtime.h"
 
+#ifdef GRAPE_WITH_CUDA
+#include "torch/allocator_hook.h"
+#endif
+
 namespace py = pybind11;
 using grape::Runtime;
 
@@ -42,12 +46,28 @@ PYBIND11_MODULE(_C, m) {
 #endif
 
   py::class_<Runtime>(m, "Runtime", py::custom_type_setup(setup_gc))
-      .def(py::init<py::object, int, py::object>(), py::arg("fn"), py::arg("warmup"),
-           py::arg("static_module"))
+      .def(py::init<py::object, int, py::object, bool>(), py::arg("fn"), py::arg("warmup"),
+           py::arg("static_module"), py::arg("alias_prediction"))
       .def("__call__", &Runtime::call)
       .def("_runtime_stats", &Runtime::stats)
       .def("_entries", &Runtime::entries)
       .def("reset", &Runtime::reset, "Drops every captured graph; the next calls warm up again.");
+
+#ifdef GRAPE_WITH_CUDA
+  m.def(
+      "allocator_hook",
+      [](bool enable) {
+        if (enable) {
+          grape::install_allocator_hook();
+          return true;
+        }
+        return grape::uninstall_allocator_hook();
+      },
+      py::arg("enable"),
+      "Installs (True) or removes (False) grape's CUDA allocator hook; returns False when it "
+      "cannot be removed because a capture is running. Captures install it again.");
+  m.def("allocator_hook_installed", &grape::allocator_hook_installed);
+#endif
 
   // The signature words and tensors of a call, as the runtime computes them (for tests).
   m.def(

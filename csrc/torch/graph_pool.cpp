@@ -1,5 +1,8 @@
 #include "torch/graph_pool.h"
 
+#include "torch/allocator_hook.h"
+
+#include <ATen/cuda/CUDAContext.h>
 #include <c10/cuda/CUDACachingAllocator.h>
 #include <c10/cuda/CUDAException.h>
 #include <c10/cuda/CUDAGuard.h>
@@ -26,14 +29,19 @@ std::shared_ptr<GraphPool> GraphPool::create(c10::DeviceIndex device) {
 GraphPool::GraphPool(c10::DeviceIndex device)
     : device_(device),
       id_(at::cuda::graph_pool_handle()),
-      inputs_id_(at::cuda::graph_pool_handle()),
       capture_stream_(at::cuda::getCurrentCUDAStream(device)) {
   c10::cuda::CUDAGuard guard(device_);
+  install_allocator_hook();
+  arena_ = GraphArena::create(device_);
   allocator::createOrIncrefPool(device_, id_);
-  allocator::createOrIncrefPool(device_, inputs_id_);
   C10_CUDA_CHECK(cudaStreamCreateWithFlags(&raw_stream_, cudaStreamNonBlocking));
   C10_CUDA_CHECK(cudaEventCreateWithFlags(&ready_event_, cudaEventDisableTiming));
   capture_stream_ = at::cuda::getStreamFromExternal(raw_stream_, device_);
+  // cuBLAS keeps one workspace per (handle, stream) for the process's life. Create the capture
+  // stream's now, from PyTorch's allocator, rather than from the arena during the first capture.
+  at::cuda::CUDAStreamGuard on_capture_stream(capture_stream_);
+  (void)at::cuda::getCurrentCUDABlasHandle();
+  (void)at::cuda::getCUDABlasLtWorkspace();
 }
 
 GraphPool::~GraphPool() {
@@ -41,7 +49,7 @@ GraphPool::~GraphPool() {
   try {
     c10::cuda::CUDAGuard guard(device_);
     allocator::releasePool(device_, id_);
-    allocator::releasePool(device_, inputs_id_);
+    arena_->release_owner();
     if (ready_event_ != nullptr) C10_CUDA_CHECK_WARN(cudaEventDestroy(ready_event_));
     if (raw_stream_ != nullptr) C10_CUDA_CHECK_WARN(cudaStreamDestroy(raw_stream_));
   } catch (const std::exception& e) {
@@ -77,29 +85,18 @@ void GraphPool::destroy_graph(std::unique_ptr<at::cuda::CUDAGraph>& graph) {
   if (allocator_use_count() == before) allocator::releasePool(device_, id_);
 }
 
-GraphPool::PlaceholderAllocation::PlaceholderAllocation(GraphPool& pool)
-    : pool_(pool), use_count_before_(pool.allocator_use_count(pool.inputs_id_)) {
-  cudaStream_t stream = pool.raw_stream_;
-  allocator::beginAllocateToPool(pool.device_, pool.inputs_id_,
-                                 [stream](cudaStream_t s) { return s == stream; });
-}
-
-GraphPool::PlaceholderAllocation::~PlaceholderAllocation() {
-  try {
-    allocator::endAllocateToPool(pool_.device_, pool_.inputs_id_);
-    pool_.release_to(pool_.inputs_id_, use_count_before_);
-  } catch (const std::exception& e) {
-    TORCH_WARN("grape: ending placeholder allocation failed: ", e.what());
-  }
-}
-
 void GraphPool::refresh_segments() {
   segments_.clear();
+  private_pool_bytes_ = 0;
+  for (auto lane : {ArenaLane::kLarge, ArenaLane::kSmall, ArenaLane::kPlaceholder}) {
+    segments_.add(arena_->lane_range(lane));
+  }
   auto snapshot = allocator::snapshot({0, 0}, /*include_traces=*/false);
   for (const auto& seg : snapshot.segments) {
     if (seg.device != device_) continue;
-    if (seg.owner_private_pool_id != id_ && seg.owner_private_pool_id != inputs_id_) continue;
+    if (seg.owner_private_pool_id != id_) continue;
     segments_.add({seg.address, seg.address + seg.total_size});
+    private_pool_bytes_ += seg.total_size;
   }
 }
 

@@ -2,14 +2,16 @@
 // Note [Graph pool]
 // ~~~~~~~~~~~~~~~~~
 // One per compiled function. It owns
-//   - a private pool of PyTorch's caching allocator that every capture of the function allocates
-//     its temporaries and outputs from, so graphs of all shapes share memory and the pool stays
-//     near the largest capture's working set instead of growing with the number of shapes;
-//   - a second private pool for the graphs' input placeholders, shared by all shapes too. Keeping
-//     placeholders apart from outputs means an output fed back as the next call's input never
-//     overlaps that call's placeholder, so it can be moved in with one copy;
-//   - the stream captures run on: one stream for all captures, because the allocator reuses a
-//     pool's free blocks only on the stream that freed them;
+//   - the GraphArena that every capture of the function allocates from (through the allocator
+//     hook, Note [Allocator hook]): placeholders, temporaries and outputs of all shapes share its
+//     lanes, so memory stays near the largest capture's working set instead of growing with the
+//     number of shapes. Placeholders have a lane of their own, so an output fed back as the next
+//     call's input never overlaps that call's copied-in placeholder and can be moved in with one
+//     copy;
+//   - a private pool of PyTorch's caching allocator, which CUDAGraph needs for what the hook does
+//     not route (raw allocations, side streams of the capture);
+//   - the stream captures run on: one stream for all captures, so capture allocations are ordered
+//     by that stream;
 //   - the registry of storages handed to callers that point into the pool
 //     (see Note [Liveness of graph outputs] in core/replay_plan.h).
 // Every handed-out storage holds a reference to its GraphPool, so pool memory stays reserved while
@@ -23,6 +25,7 @@
 #include <vector>
 
 #include "core/address_ranges.h"
+#include "torch/graph_arena.h"
 
 namespace grape {
 
@@ -34,20 +37,7 @@ class GraphPool : public std::enable_shared_from_this<GraphPool> {
   GraphPool& operator=(const GraphPool&) = delete;
 
   c10::MempoolId_t id() const { return id_; }
-  c10::MempoolId_t inputs_id() const { return inputs_id_; }
-  // Routes allocations made on the capture stream to the placeholder pool until the returned
-  // guard ends (outside of a stream capture).
-  class PlaceholderAllocation {
-   public:
-    explicit PlaceholderAllocation(GraphPool& pool);
-    ~PlaceholderAllocation();
-    PlaceholderAllocation(const PlaceholderAllocation&) = delete;
-    PlaceholderAllocation& operator=(const PlaceholderAllocation&) = delete;
-
-   private:
-    GraphPool& pool_;
-    int use_count_before_;
-  };
+  GraphArena& arena() const { return *arena_; }
   c10::DeviceIndex device() const { return device_; }
   at::cuda::CUDAStream capture_stream() const { return capture_stream_; }
   // Makes the capture stream wait for the work queued so far on `stream`.
@@ -64,9 +54,13 @@ class GraphPool : public std::enable_shared_from_this<GraphPool> {
   // ...and to destroy a captured graph.
   void destroy_graph(std::unique_ptr<at::cuda::CUDAGraph>& graph);
 
-  // Re-reads the address ranges of the pool's segments (after a capture grew them).
+  // Re-reads the address ranges of the pool's memory: the arena's lanes and the private pool's
+  // segments (after a capture grew them).
   void refresh_segments();
   const core::AddressRangeSet& segments() const { return segments_; }
+  // Device memory the pool holds: the arena's mapped lanes and the private pool's segments, as of
+  // the last refresh_segments().
+  size_t device_bytes() const { return arena_->mapped_bytes() + private_pool_bytes_; }
 
   struct LiveStorage {
     c10::weak_intrusive_ptr<c10::StorageImpl> storage;
@@ -92,11 +86,12 @@ class GraphPool : public std::enable_shared_from_this<GraphPool> {
 
   c10::DeviceIndex device_;
   c10::MempoolId_t id_;
-  c10::MempoolId_t inputs_id_;
+  std::shared_ptr<GraphArena> arena_;
   cudaStream_t raw_stream_ = nullptr;
   cudaEvent_t ready_event_ = nullptr;
   at::cuda::CUDAStream capture_stream_;
   core::AddressRangeSet segments_;
+  size_t private_pool_bytes_ = 0;
   std::vector<LiveStorage> live_;
 };
 

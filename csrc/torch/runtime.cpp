@@ -16,6 +16,7 @@
 #include <c10/cuda/CUDAGuard.h>
 
 #include "cuda/batched_copy.h"
+#include "torch/allocator_hook.h"
 #include "torch/graph_pool.h"
 #endif
 
@@ -45,6 +46,7 @@ struct CapturedGraph {
     void* ptr = nullptr;
     size_t bytes = 0;
     bool mutated = false;
+    bool chained = false;  // predicted: an earlier replay's output, used in place
   };
   struct OutputStorage {
     enum class Source { kPool, kInput, kStatic };
@@ -83,8 +85,11 @@ struct CapturedGraph {
 Entry::Entry() = default;
 Entry::~Entry() = default;
 
-Runtime::Runtime(py::object fn, int warmup, py::object static_module)
-    : fn_(std::move(fn)), static_module_(std::move(static_module)), warmup_(warmup) {
+Runtime::Runtime(py::object fn, int warmup, py::object static_module, bool alias_prediction)
+    : fn_(std::move(fn)),
+      static_module_(std::move(static_module)),
+      warmup_(warmup),
+      alias_prediction_(alias_prediction) {
   TORCH_CHECK(PyCallable_Check(fn_.ptr()), "grape.compile expects a callable, got ",
               Py_TYPE(fn_.ptr())->tp_name);
   TORCH_CHECK(warmup_ >= 0, "grape.compile: warmup must be >= 0, got ", warmup_);
@@ -312,6 +317,21 @@ void abort_capture(std::unique_ptr<at::cuda::CUDAGraph>& graph, GraphPool& pool,
   }
 }
 
+// Whether input `i` can be its own placeholder (chain prediction): a live output of this pool's
+// arena, whole and laid out as a placeholder would be, and the only input that uses its storage.
+bool is_chainable(const GraphPool& pool, const FlatCall& flat, size_t i) {
+  const at::Tensor& t = flat.tensors[i];
+  const c10::StorageImpl* impl = t.storage().unsafeGetStorageImpl();
+  if (pool.find_live(impl) == nullptr || !pool.arena().contains(impl->data())) return false;
+  if (t.storage_offset() != 0 || impl->nbytes() != span_bytes(t) || span_bytes(t) == 0) {
+    return false;
+  }
+  for (size_t j = 0; j < flat.tensors.size(); ++j) {
+    if (j != i && flat.tensors[j].storage().unsafeGetStorageImpl() == impl) return false;
+  }
+  return true;
+}
+
 std::string python_error_text(const py::error_already_set& e) {
   std::string type = py::str(e.type().attr("__name__"));
   std::string text = py::str(e.value());
@@ -332,18 +352,40 @@ bool Runtime::capture(Entry& entry, FlatCall& flat, std::string& reason, py::obj
 
   auto graph = std::make_unique<at::cuda::CUDAGraph>();
   const int use_count_before = pool.allocator_use_count();
+  GraphArena& arena = pool.arena();
+  install_allocator_hook();  // again, in case it was removed since the pool was made
   std::vector<at::Tensor> placeholders;
   std::vector<int64_t> versions;
+  std::vector<bool> chained(flat.tensors.size(), false);
   py::object result;
   {
     // The capture stream follows the caller's stream, as torch.cuda.graph does.
     pool.wait_for(at::cuda::getCurrentCUDAStream(pool.device()));
     at::cuda::CUDAStreamGuard stream_guard(pool.capture_stream());
+    cudaStream_t stream = pool.capture_stream().stream();
+    // Memory that callers still hold is laid out around, never over (Note [Capture arena layout]).
+    pool.prune_live();
+    for (const auto& live : pool.live()) arena.pin(live.range);
+    struct Unpin {
+      GraphArena& arena;
+      ~Unpin() { arena.unpin_all(); }
+    } unpin{arena};
+
     std::vector<py::object> leaves;
     {
-      GraphPool::PlaceholderAllocation in_placeholder_pool(pool);
-      for (const auto& t : flat.tensors) {
-        placeholders.push_back(at::empty_strided(t.sizes(), t.strides(), t.options()));
+      AllocationRoute to_placeholder_lane(arena, stream, /*placeholders=*/true);
+      for (size_t i = 0; i < flat.tensors.size(); ++i) {
+        const at::Tensor& t = flat.tensors[i];
+        if (alias_prediction_ && is_chainable(pool, flat, i)) {
+          // Chain prediction: the input is an output of an earlier replay that nothing else
+          // references; it is this graph's placeholder, so a loop that feeds outputs back
+          // copies nothing.
+          chained[i] = true;
+          placeholders.push_back(
+              at::empty({0}, t.options()).set_(t.storage(), 0, t.sizes(), t.strides()));
+        } else {
+          placeholders.push_back(at::empty_strided(t.sizes(), t.strides(), t.options()));
+        }
         versions.push_back(placeholders.back()._version());
         leaves.push_back(py::reinterpret_steal<py::object>(THPVariable_Wrap(placeholders.back())));
       }
@@ -351,6 +393,7 @@ bool Runtime::capture(Entry& entry, FlatCall& flat, std::string& reason, py::obj
     // A host synchronization inside the function raises before it reaches CUDA (which would
     // invalidate the capture and leave the RNG in capture mode on older torch).
     SyncDebugModeGuard raise_on_sync;
+    AllocationRoute to_arena(arena, stream, /*placeholders=*/false);
     try {
       graph->capture_begin(pool.id(), cudaStreamCaptureModeGlobal);
       py::tuple call = unflatten(flat.spec, leaves);
@@ -382,7 +425,8 @@ bool Runtime::capture(Entry& entry, FlatCall& flat, std::string& reason, py::obj
   captured->graph = std::move(graph);
   for (size_t i = 0; i < placeholders.size(); ++i) {
     captured->placeholders.push_back({placeholders[i].data_ptr(), span_bytes(placeholders[i]),
-                                      placeholders[i]._version() != versions[i]});
+                                      placeholders[i]._version() != versions[i], chained[i]});
+    stats_.alias_predictions += chained[i] ? 1 : 0;
   }
 
   FlatCall out;
@@ -522,11 +566,19 @@ bool Runtime::replay(Entry& entry, FlatCall& flat, py::object& result, std::stri
   // 2. Feed the placeholders.
   for (size_t i = 0; i < n; ++i) {
     const auto action = plan.actions[i];
+    const auto& ph = g.placeholders[i];
+    if (ph.chained) {
+      if (action == core::InputAction::kNone) {
+        ++stats_.alias_hits;
+        stats_.bytes_avoided += static_cast<int64_t>(ph.bytes);
+      } else {
+        ++stats_.alias_misses;
+      }
+    }
     if (action == core::InputAction::kNone) {
       ++stats_.inputs_in_place;
       continue;
     }
-    const auto& ph = g.placeholders[i];
     if (ph.bytes == 0) continue;
     segments.push_back({flat.tensors[i].data_ptr(), ph.ptr, ph.bytes});
     stats_.bytes_copied_in += static_cast<int64_t>(ph.bytes);
@@ -616,6 +668,11 @@ py::dict Runtime::stats() {
   d["inputs_moved"] = stats_.inputs_moved;
   d["inputs_in_place"] = stats_.inputs_in_place;
   d["evacuations"] = stats_.evacuations;
+  d["alias_prediction"] = alias_prediction_;
+  d["alias_predictions"] = stats_.alias_predictions;
+  d["alias_hits"] = stats_.alias_hits;
+  d["alias_misses"] = stats_.alias_misses;
+  d["bytes_avoided"] = stats_.bytes_avoided;
   int64_t graphs = 0;
   for (const auto& kv : cache_) graphs += kv.second->graph ? 1 : 0;
   d["graphs"] = graphs;
@@ -624,14 +681,21 @@ py::dict Runtime::stats() {
   if (pool_) {
     pool_->refresh_segments();
     pool_->prune_live();
-    d["pool_bytes"] = static_cast<int64_t>(pool_->segments().total_bytes());
+    d["pool_bytes"] = static_cast<int64_t>(pool_->device_bytes());
+    d["arena_bytes"] = static_cast<int64_t>(pool_->arena().mapped_bytes());
+    d["arena_lane_bytes"] = py::dict(
+        py::arg("large") = pool_->arena().mapped_bytes(ArenaLane::kLarge),
+        py::arg("small") = pool_->arena().mapped_bytes(ArenaLane::kSmall),
+        py::arg("placeholder") = pool_->arena().mapped_bytes(ArenaLane::kPlaceholder));
     d["live_outputs"] = static_cast<int64_t>(pool_->live().size());
   } else {
     d["pool_bytes"] = 0;
+    d["arena_bytes"] = 0;
     d["live_outputs"] = 0;
   }
 #else
   d["pool_bytes"] = 0;
+  d["arena_bytes"] = 0;
   d["live_outputs"] = 0;
 #endif
   d["fallback"] = global_fallback_.empty() ? py::object(py::none()) : py::str(global_fallback_);

@@ -33,6 +33,10 @@ struct RuntimeStats {
   int64_t inputs_moved = 0;
   int64_t inputs_in_place = 0;
   int64_t evacuations = 0;
+  int64_t alias_predictions = 0;  // placeholders that are an earlier replay's output (chained)
+  int64_t alias_hits = 0;         // replays that found a chained input already in place
+  int64_t alias_misses = 0;       // replays that had to copy into a chained placeholder
+  int64_t bytes_avoided = 0;      // input bytes the hits did not copy
 };
 
 struct Entry {
@@ -49,7 +53,8 @@ struct Entry {
 class Runtime {
  public:
   // `static_module`: an nn.Module (or None) whose parameters and buffers the function reads.
-  Runtime(py::object fn, int warmup, py::object static_module);
+  // `alias_prediction`: feed an earlier replay's output to the next graph in place (chaining).
+  Runtime(py::object fn, int warmup, py::object static_module, bool alias_prediction);
   virtual ~Runtime();
   Runtime(const Runtime&) = delete;
   Runtime& operator=(const Runtime&) = delete;
@@ -77,6 +82,7 @@ class Runtime {
   py::object fn_;
   py::object static_module_;
   int warmup_;
+  bool alias_prediction_;
   Flattener flattener_;
   std::unordered_map<core::Signature, std::unique_ptr<Entry>, core::SignatureHash> cache_;
   // Graphs replaced while the function lives (static state moved, reset()). They are destroyed

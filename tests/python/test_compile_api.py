@@ -111,3 +111,9 @@ def test_compiled_module_is_garbage_collected():
     del model
     gc.collect()
     assert ref() is None
+
+
+def test_alias_prediction_must_be_a_bool():
+    with pytest.raises(TypeError, match="alias_prediction must be a bool"):
+        grape.compile(lambda x: x, alias_prediction="yes")
+    assert grape.stats(grape.compile(lambda x: x, alias_prediction=False))["alias_prediction"] is False

@@ -1,0 +1,306 @@
+#include "torch/graph_arena.h"
+
+#include <c10/cuda/CUDAException.h>
+#include <c10/cuda/CUDAFunctions.h>
+#include <c10/cuda/CUDAGraphsC10Utils.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <cuda.h>
+#include <c10/util/Exception.h>
+
+#include <algorithm>
+#include <type_traits>
+
+namespace grape {
+
+namespace {
+
+// The driver's virtual memory calls, looked up through the runtime so that the extension does not
+// link libcuda (it must load on machines without a driver).
+struct DriverVmm {
+#define GRAPE_DRIVER_MEMBER(name) decltype(&::name) name##_ = nullptr;
+  GRAPE_DRIVER_MEMBER(cuMemGetAllocationGranularity)
+  GRAPE_DRIVER_MEMBER(cuMemAddressReserve)
+  GRAPE_DRIVER_MEMBER(cuMemAddressFree)
+  GRAPE_DRIVER_MEMBER(cuMemCreate)
+  GRAPE_DRIVER_MEMBER(cuMemRelease)
+  GRAPE_DRIVER_MEMBER(cuMemMap)
+  GRAPE_DRIVER_MEMBER(cuMemUnmap)
+  GRAPE_DRIVER_MEMBER(cuMemSetAccess)
+  GRAPE_DRIVER_MEMBER(cuGetErrorString)
+#undef GRAPE_DRIVER_MEMBER
+};
+
+const DriverVmm& driver() {
+  static const DriverVmm api = [] {
+    DriverVmm d;
+    auto load = [](const char* symbol, auto& fn) {
+      void* ptr = nullptr;
+      cudaDriverEntryPointQueryResult found = cudaDriverEntryPointSymbolNotFound;
+      C10_CUDA_CHECK(cudaGetDriverEntryPointByVersion(symbol, &ptr, 12000, cudaEnableDefault, &found));
+      TORCH_CHECK(found == cudaDriverEntryPointSuccess && ptr != nullptr,
+                  "grape: the CUDA driver lacks ", symbol);
+      fn = reinterpret_cast<std::remove_reference_t<decltype(fn)>>(ptr);
+    };
+    load("cuMemGetAllocationGranularity", d.cuMemGetAllocationGranularity_);
+    load("cuMemAddressReserve", d.cuMemAddressReserve_);
+    load("cuMemAddressFree", d.cuMemAddressFree_);
+    load("cuMemCreate", d.cuMemCreate_);
+    load("cuMemRelease", d.cuMemRelease_);
+    load("cuMemMap", d.cuMemMap_);
+    load("cuMemUnmap", d.cuMemUnmap_);
+    load("cuMemSetAccess", d.cuMemSetAccess_);
+    load("cuGetErrorString", d.cuGetErrorString_);
+    return d;
+  }();
+  return api;
+}
+
+void check_driver(CUresult status, const char* what) {
+  if (status == CUDA_SUCCESS) return;
+  const char* text = nullptr;
+  if (driver().cuGetErrorString_(status, &text) != CUDA_SUCCESS) text = "unknown error";
+  TORCH_CHECK(false, "grape: ", what, " failed: ", text);
+}
+
+size_t round_up(size_t v, size_t a) { return (v + a - 1) / a * a; }
+
+// Every live arena, for the deleter of its blocks. Arenas leave it with their last block after
+// their owner released them.
+struct Registry {
+  std::mutex mutex;
+  std::vector<std::shared_ptr<GraphArena>> arenas;
+};
+Registry& registry() {
+  static auto* r = new Registry();  // never destroyed: blocks may be freed during exit
+  return *r;
+}
+
+}  // namespace
+
+std::shared_ptr<GraphArena> GraphArena::create(c10::DeviceIndex device) {
+  std::shared_ptr<GraphArena> arena(new GraphArena(device));
+  std::lock_guard<std::mutex> lock(registry().mutex);
+  registry().arenas.push_back(arena);
+  return arena;
+}
+
+GraphArena::GraphArena(c10::DeviceIndex device) : device_(device) {
+  c10::cuda::CUDAGuard guard(device_);
+  CUmemAllocationProp prop = {};
+  prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
+  prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+  prop.location.id = device_;
+  check_driver(driver().cuMemGetAllocationGranularity_(
+      &granularity_, &prop, CU_MEM_ALLOC_GRANULARITY_MINIMUM), "cuMemGetAllocationGranularity");
+  size_t free_bytes = 0, total_bytes = 0;
+  C10_CUDA_CHECK(cudaMemGetInfo(&free_bytes, &total_bytes));
+  // Address space is cheap; a lane never needs more than the device holds.
+  const size_t reserve = round_up(total_bytes, granularity_);
+  for (int i = 0; i < kLanes; ++i) {
+    CUdeviceptr base = 0;
+    check_driver(driver().cuMemAddressReserve_(&base, reserve, granularity_, 0, 0), "cuMemAddressReserve");
+    lanes_[i].base = static_cast<uintptr_t>(base);
+    lanes_[i].reserved = reserve;
+    lanes_[i].layout = std::make_unique<core::ArenaLayout>(reserve);
+  }
+}
+
+GraphArena::~GraphArena() {
+  try {
+    c10::cuda::CUDAGuard guard(device_);
+    // Replays that use this memory may still be queued.
+    C10_CUDA_CHECK_WARN(cudaDeviceSynchronize());
+    for (auto& lane : lanes_) {
+      if (lane.base == 0) continue;
+      if (lane.mapped > 0) {
+        (void)driver().cuMemUnmap_(static_cast<CUdeviceptr>(lane.base), lane.mapped);
+      }
+      for (auto handle : lane.handles) {
+        (void)driver().cuMemRelease_(static_cast<CUmemGenericAllocationHandle>(handle));
+      }
+      (void)driver().cuMemAddressFree_(static_cast<CUdeviceptr>(lane.base), lane.reserved);
+    }
+  } catch (const std::exception& e) {
+    TORCH_WARN("grape: releasing a graph arena failed: ", e.what());
+  }
+}
+
+void GraphArena::map_up_to(int index, size_t extent) {
+  Lane& lane = lanes_[static_cast<size_t>(index)];
+  if (extent <= lane.mapped) return;
+  const size_t bytes = round_up(extent - lane.mapped, granularity_);
+  // Mapping is not a stream operation; allow it while the thread captures, as the caching
+  // allocator does for cudaMalloc.
+  c10::cuda::CUDAStreamCaptureModeGuard relaxed(cudaStreamCaptureModeRelaxed);
+  CUmemAllocationProp prop = {};
+  prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
+  prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+  prop.location.id = device_;
+  CUmemGenericAllocationHandle handle = 0;
+  CUresult status = driver().cuMemCreate_(&handle, bytes, &prop, 0);
+  if (status == CUDA_ERROR_OUT_OF_MEMORY) {
+    size_t free_bytes = 0, total_bytes = 0;
+    (void)cudaMemGetInfo(&free_bytes, &total_bytes);
+    TORCH_CHECK_WITH(OutOfMemoryError, false, "grape: out of memory growing a graph arena by ",
+                     bytes, " bytes on cuda:", static_cast<int>(device_), " (", free_bytes,
+                     " bytes free of ", total_bytes, ")");
+  }
+  check_driver(status, "cuMemCreate");
+  const auto at = static_cast<CUdeviceptr>(lane.base + lane.mapped);
+  status = driver().cuMemMap_(at, bytes, 0, handle, 0);
+  if (status != CUDA_SUCCESS) {
+    (void)driver().cuMemRelease_(handle);
+    check_driver(status, "cuMemMap");
+  }
+  CUmemAccessDesc access = {};
+  access.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+  access.location.id = device_;
+  access.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+  status = driver().cuMemSetAccess_(at, bytes, &access, 1);
+  if (status != CUDA_SUCCESS) {
+    (void)driver().cuMemUnmap_(at, bytes);
+    (void)driver().cuMemRelease_(handle);
+    check_driver(status, "cuMemSetAccess");
+  }
+  lane.handles.push_back(static_cast<unsigned long long>(handle));
+  lane.mapped += bytes;
+}
+
+c10::DataPtr GraphArena::allocate(ArenaLane which, size_t bytes) {
+  const c10::Device device(c10::DeviceType::CUDA, device_);
+  if (bytes == 0) return c10::DataPtr(nullptr, nullptr, &GraphArena::free_block, device);
+  const int index = static_cast<int>(which);
+  Lane& lane = lanes_[static_cast<size_t>(index)];
+  std::lock_guard<std::mutex> lock(mutex_);
+  auto offset = lane.layout->allocate(bytes);
+  TORCH_CHECK_WITH(OutOfMemoryError, offset.has_value(), "grape: a graph arena lane is full (",
+                   lane.reserved, " bytes of address space)");
+  try {
+    map_up_to(index, lane.layout->extent());
+  } catch (...) {
+    lane.layout->free(*offset);
+    throw;
+  }
+  void* ptr = reinterpret_cast<void*>(lane.base + *offset);
+  return c10::DataPtr(ptr, ptr, &GraphArena::free_block, device);
+}
+
+void GraphArena::pin(core::AddressRange range) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  for (auto& lane : lanes_) {
+    const core::AddressRange r{lane.base, lane.base + lane.reserved};
+    if (!r.overlaps(range)) continue;
+    const uintptr_t begin = std::max(range.begin, r.begin);
+    const uintptr_t end = std::min(range.end, r.end);
+    lane.layout->pin(begin - lane.base, end - begin);
+  }
+}
+
+void GraphArena::unpin_all() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  for (auto& lane : lanes_) {
+    lane.layout->unpin_all();
+    for (size_t offset : lane.held) lane.layout->free(offset);
+    lane.held.clear();
+  }
+  holds_.clear();
+}
+
+void GraphArena::hold_until_unpin(const void* ptr) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  holds_.push_back(ptr);
+}
+
+bool GraphArena::contains(const void* ptr) const {
+  const auto p = reinterpret_cast<uintptr_t>(ptr);
+  for (const auto& lane : lanes_) {
+    if (p >= lane.base && p < lane.base + lane.reserved) return true;
+  }
+  return false;
+}
+
+core::AddressRange GraphArena::lane_range(ArenaLane which) const {
+  const Lane& lane = lanes_[static_cast<size_t>(which)];
+  return {lane.base, lane.base + lane.reserved};
+}
+
+size_t GraphArena::mapped_bytes(ArenaLane which) const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return lanes_[static_cast<size_t>(which)].mapped;
+}
+
+size_t GraphArena::mapped_bytes() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  size_t total = 0;
+  for (const auto& lane : lanes_) total += lane.mapped;
+  return total;
+}
+
+size_t GraphArena::allocated_bytes() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  size_t total = 0;
+  for (const auto& lane : lanes_) total += lane.layout->allocated_bytes();
+  return total;
+}
+
+void GraphArena::free_local(void* ptr) {
+  const auto p = reinterpret_cast<uintptr_t>(ptr);
+  std::lock_guard<std::mutex> lock(mutex_);
+  for (auto& lane : lanes_) {
+    if (p < lane.base || p >= lane.base + lane.reserved) continue;
+    const size_t offset = p - lane.base;
+    auto held = std::find(holds_.begin(), holds_.end(), ptr);
+    if (held != holds_.end()) {
+      holds_.erase(held);
+      lane.held.push_back(offset);
+      return;
+    }
+    lane.layout->free(offset);
+    return;
+  }
+}
+
+std::shared_ptr<GraphArena> GraphArena::find(const void* ptr) {
+  std::lock_guard<std::mutex> lock(registry().mutex);
+  for (const auto& arena : registry().arenas) {
+    if (arena->contains(ptr)) return arena;
+  }
+  return nullptr;
+}
+
+void GraphArena::release_owner() {
+  std::shared_ptr<GraphArena> self;  // destroyed outside the registry's lock
+  std::lock_guard<std::mutex> lock(registry().mutex);
+  {
+    std::lock_guard<std::mutex> own(mutex_);
+    owner_released_ = true;
+    for (const auto& lane : lanes_) {
+      if (lane.layout->blocks() > 0) return;
+    }
+  }
+  auto& arenas = registry().arenas;
+  auto it = std::find_if(arenas.begin(), arenas.end(),
+                         [this](const std::shared_ptr<GraphArena>& a) { return a.get() == this; });
+  if (it != arenas.end()) {
+    self = std::move(*it);
+    arenas.erase(it);
+  }
+}
+
+void GraphArena::free_block(void* ptr) {
+  if (ptr == nullptr) return;
+  auto arena = find(ptr);
+  TORCH_INTERNAL_ASSERT(arena, "grape: freeing a pointer no graph arena holds");
+  arena->free_local(ptr);
+  bool orphaned_and_empty = false;
+  {
+    std::lock_guard<std::mutex> own(arena->mutex_);
+    orphaned_and_empty = arena->owner_released_;
+    for (const auto& lane : arena->lanes_) {
+      if (lane.layout->blocks() > 0) orphaned_and_empty = false;
+    }
+  }
+  if (orphaned_and_empty) arena->release_owner();
+}
+
+}  // namespace grape

@@ -1,0 +1,95 @@
+#pragma once
+// The device memory that a compiled function's captures allocate from: three lanes of reserved
+// virtual address space, each backed by physical memory mapped on demand from its start up to its
+// extent (see Note [Capture arena layout] in core/arena_layout.h):
+//   - kLarge:       capture allocations above kSmallLimit (caches, activations of big batches);
+//   - kSmall:       capture allocations up to kSmallLimit, kept apart so that small outputs a
+//                   caller holds do not split the large lane's free space;
+//   - kPlaceholder: the graphs' input placeholders, allocated before each capture begins.
+// The lanes are shared by every graph of the function: any replay may write anywhere in them, and
+// the runtime's liveness rules (Note [Liveness of graph outputs]) protect what callers hold.
+//
+// Blocks are handed out as DataPtrs whose context is the data pointer itself (like the caching
+// allocator's), freed through a process-wide registry of arenas. An arena whose owner is gone stays
+// alive, memory mapped, until its last block is freed: a library may keep a block allocated during
+// a capture (a workspace) beyond the function's life.
+
+#include <c10/core/Allocator.h>
+#include <c10/core/Device.h>
+
+#include <array>
+#include <memory>
+#include <mutex>
+#include <vector>
+
+#include "core/address_ranges.h"
+#include "core/arena_layout.h"
+
+namespace grape {
+
+enum class ArenaLane { kLarge = 0, kSmall = 1, kPlaceholder = 2 };
+
+class GraphArena : public std::enable_shared_from_this<GraphArena> {
+ public:
+  static constexpr size_t kSmallLimit = size_t{1} << 20;
+  static constexpr int kLanes = 3;
+
+  // Reserves the lanes' address space on `device` and registers the arena.
+  static std::shared_ptr<GraphArena> create(c10::DeviceIndex device);
+  ~GraphArena();
+  GraphArena(const GraphArena&) = delete;
+  GraphArena& operator=(const GraphArena&) = delete;
+
+  // A block in `lane`, mapping memory as needed. Throws c10::OutOfMemoryError when the device has
+  // no memory left for it.
+  c10::DataPtr allocate(ArenaLane lane, size_t bytes);
+  // The lane for a capture allocation of `bytes`.
+  static ArenaLane lane_for(size_t bytes) {
+    return bytes > kSmallLimit ? ArenaLane::kLarge : ArenaLane::kSmall;
+  }
+
+  // Keeps memory out of reach of allocate() until unpin_all() (ranges outside the arena are
+  // ignored).
+  void pin(core::AddressRange range);
+  void unpin_all();
+  // A block must not be reused before the end of the current capture: it was used on another
+  // stream, whose work the capture does not order against ours.
+  void hold_until_unpin(const void* ptr);
+
+  bool contains(const void* ptr) const;
+  core::AddressRange lane_range(ArenaLane lane) const;
+  // Device memory mapped by each lane, and in all.
+  size_t mapped_bytes(ArenaLane lane) const;
+  size_t mapped_bytes() const;
+  size_t allocated_bytes() const;
+  c10::DeviceIndex device() const { return device_; }
+
+  // Called by the owner when it no longer needs the arena: it goes away with its last block.
+  void release_owner();
+  // The deleter of every arena block; frees `ptr` in whichever arena holds it.
+  static void free_block(void* ptr);
+  // The arena holding `ptr`, if any.
+  static std::shared_ptr<GraphArena> find(const void* ptr);
+
+ private:
+  explicit GraphArena(c10::DeviceIndex device);
+  void free_local(void* ptr);
+  void map_up_to(int lane, size_t extent);  // requires mutex_
+
+  struct Lane {
+    uintptr_t base = 0;
+    size_t reserved = 0;
+    size_t mapped = 0;
+    std::unique_ptr<core::ArenaLayout> layout;
+    std::vector<unsigned long long> handles;  // CUmemGenericAllocationHandle of each mapping
+    std::vector<size_t> held;                 // block offsets freed while held
+  };
+  c10::DeviceIndex device_;
+  size_t granularity_ = 0;
+  mutable std::mutex mutex_;
+  std::array<Lane, kLanes> lanes_;
+  std::vector<const void*> holds_;  // blocks held until unpin_all()
+  bool owner_released_ = false;
+};
+
+}  // namespace grape
