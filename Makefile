@@ -1,6 +1,8 @@
 # Entry points. `make demo` and `make test` do all set-up on a fresh machine (see README.md).
 PYTHON ?= python3
 export PYTHONUNBUFFERED := 1
+# grape imports from the checkout too where an editable install is impossible (see build).
+export PYTHONPATH := $(CURDIR)$(if $(PYTHONPATH),:$(PYTHONPATH))
 
 .PHONY: setup build demo test test-cpp test-python gpu-check bench clean
 
@@ -12,9 +14,11 @@ setup:
 	@test -f /usr/include/gtest/gtest.h || test -f /usr/local/include/gtest/gtest.h || \
 		{ apt-get update -qq && apt-get install -y -qq libgtest-dev; }
 
-# Builds grape/_C and the GoogleTest binary (build/cmake) through setup.py -> CMake.
+# Builds grape/_C and the GoogleTest binary (build/cmake) through setup.py -> CMake. Without a pip
+# that can make editable installs (old pip, no network), it builds in place instead.
 build: setup
-	$(PYTHON) -m pip install --no-build-isolation --no-deps -q -e .
+	$(PYTHON) -m pip install --no-build-isolation --no-deps -q -e . || \
+		$(PYTHON) setup.py -q build_ext --inplace
 
 demo: build
 	$(PYTHON) -m benchmarks.demo_gpt2
