@@ -121,6 +121,7 @@ void Runtime::report(const std::string& description, const std::string& reason,
 void Runtime::set_fallback(Entry& entry, std::string reason, const py::object& error) {
   entry.fallback_reason = std::move(reason);
   entry.graph.reset();
+  entry.chain_variants.clear();
   report(entry.description, entry.fallback_reason, error);
 }
 
@@ -188,10 +189,13 @@ py::object Runtime::call(py::args args, py::kwargs kwargs) {
     if (statics_moved) {
       ++stats_.recaptures;
       retired_.push_back(std::move(entry.graph));
+      for (auto& variant : entry.chain_variants) retired_.push_back(std::move(variant));
+      entry.chain_variants.clear();
     } else {
+      CapturedGraph& graph = select_graph(entry, flat, args, kwargs);
       py::object result;
       std::string refusal;
-      if (replay(entry, flat, result, refusal)) return result;
+      if (replay(entry, graph, flat, result, refusal)) return result;
       ++stats_.eager_calls;
       if (!entry.reported_refusal) {
         entry.reported_refusal = true;
@@ -231,7 +235,7 @@ py::object Runtime::call(py::args args, py::kwargs kwargs) {
   flattener_.flatten_call(args, kwargs, flat, /*with_spec=*/true, /*with_paths=*/false);
   std::string reason;
   py::object error = py::none();
-  if (!capture(entry, flat, reason, error)) {
+  if (!capture(flat, entry.graph, reason, error)) {
     ++stats_.capture_failures;
     set_fallback(entry, reason, error);
     ++stats_.eager_calls;
@@ -239,7 +243,7 @@ py::object Runtime::call(py::args args, py::kwargs kwargs) {
   }
   py::object result;
   std::string refusal;
-  if (replay(entry, flat, result, refusal)) return result;
+  if (replay(entry, *entry.graph, flat, result, refusal)) return result;
   ++stats_.eager_calls;
   entry.reported_refusal = true;
   report(entry.description, "replay refused, this call ran eagerly: " + refusal, py::none());
@@ -342,7 +346,8 @@ std::string python_error_text(const py::error_already_set& e) {
 
 }  // namespace
 
-bool Runtime::capture(Entry& entry, FlatCall& flat, std::string& reason, py::object& error) {
+bool Runtime::capture(FlatCall& flat, std::unique_ptr<CapturedGraph>& into, std::string& reason,
+                      py::object& error) {
   const auto start = std::chrono::steady_clock::now();
   const c10::DeviceIndex device = flat.tensors.empty() ? c10::cuda::current_device()
                                                        : flat.tensors.front().device().index();
@@ -489,7 +494,7 @@ bool Runtime::capture(Entry& entry, FlatCall& flat, std::string& reason, py::obj
   }
   captured->output_spec = std::move(out.spec);
   captured->static_tensors = gather_static_tensors(flat);
-  entry.graph = std::move(captured);
+  into = std::move(captured);
   ++stats_.captures;
   stats_.capture_ns +=
       std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - start)
@@ -499,9 +504,48 @@ bool Runtime::capture(Entry& entry, FlatCall& flat, std::string& reason, py::obj
   return true;
 }
 
-bool Runtime::replay(Entry& entry, FlatCall& flat, py::object& result, std::string& refusal) {
+// A graph fits a call perfectly when every input it chained is in place and it copies no input
+// that a capture could chain.
+bool Runtime::fits(const CapturedGraph& g, const FlatCall& flat) const {
+  for (size_t i = 0; i < flat.tensors.size(); ++i) {
+    const at::Tensor& t = flat.tensors[i];
+    const auto& ph = g.placeholders[i];
+    const bool in_place = t.data_ptr() == ph.ptr && t.storage_offset() == 0 &&
+                          t.storage().nbytes() == ph.bytes;
+    if (in_place) continue;
+    if (ph.chained || is_chainable(*pool_, flat, i)) return false;
+  }
+  return true;
+}
+
+CapturedGraph& Runtime::select_graph(Entry& entry, FlatCall& flat, const py::args& args,
+                                     const py::kwargs& kwargs) {
+  CapturedGraph& base = *entry.graph;
+  if (!alias_prediction_ || fits(base, flat)) return base;
+  for (auto& variant : entry.chain_variants) {
+    if (fits(*variant, flat)) return *variant;
+  }
+  bool chainable = false;
+  for (size_t i = 0; i < flat.tensors.size(); ++i) chainable |= is_chainable(*pool_, flat, i);
+  if (!chainable || entry.chain_variants.size() >= kMaxChainVariants) return base;
+  // Capture a variant that reads these outputs in place. A loop over one shape settles on two
+  // variants that feed each other (each lays out its output around the other's input).
+  flattener_.flatten_call(args, kwargs, flat, /*with_spec=*/true, /*with_paths=*/false);
+  std::unique_ptr<CapturedGraph> variant;
+  std::string reason;
+  py::object error = py::none();
+  if (!capture(flat, variant, reason, error)) {
+    ++stats_.capture_failures;
+    return base;
+  }
+  ++stats_.chain_variants;
+  entry.chain_variants.push_back(std::move(variant));
+  return *entry.chain_variants.back();
+}
+
+bool Runtime::replay(Entry& entry, CapturedGraph& g, FlatCall& flat, py::object& result,
+                     std::string& refusal) {
   GraphPool& pool = *pool_;
-  CapturedGraph& g = *entry.graph;
   const size_t n = flat.tensors.size();
   pool.prune_live();
 
@@ -641,11 +685,12 @@ bool Runtime::replay(Entry& entry, FlatCall& flat, py::object& result, std::stri
 
 #else  // GRAPE_WITH_CUDA
 
-bool Runtime::capture(Entry&, FlatCall&, std::string& reason, py::object&) {
+bool Runtime::capture(FlatCall&, std::unique_ptr<CapturedGraph>&, std::string& reason,
+                      py::object&) {
   reason = "grape was built without CUDA";
   return false;
 }
-bool Runtime::replay(Entry&, FlatCall&, py::object&, std::string& refusal) {
+bool Runtime::replay(Entry&, CapturedGraph&, FlatCall&, py::object&, std::string& refusal) {
   refusal = "grape was built without CUDA";
   return false;
 }
@@ -673,6 +718,7 @@ py::dict Runtime::stats() {
   d["alias_hits"] = stats_.alias_hits;
   d["alias_misses"] = stats_.alias_misses;
   d["bytes_avoided"] = stats_.bytes_avoided;
+  d["chain_variants"] = stats_.chain_variants;
   int64_t graphs = 0;
   for (const auto& kv : cache_) graphs += kv.second->graph ? 1 : 0;
   d["graphs"] = graphs;
@@ -719,6 +765,7 @@ py::list Runtime::entries() const {
 void Runtime::reset() {
   for (auto& kv : cache_) {
     if (kv.second->graph) retired_.push_back(std::move(kv.second->graph));
+    for (auto& variant : kv.second->chain_variants) retired_.push_back(std::move(variant));
   }
   cache_.clear();
   checked_cuda_ = false;

@@ -37,12 +37,16 @@ struct RuntimeStats {
   int64_t alias_hits = 0;         // replays that found a chained input already in place
   int64_t alias_misses = 0;       // replays that had to copy into a chained placeholder
   int64_t bytes_avoided = 0;      // input bytes the hits did not copy
+  int64_t chain_variants = 0;     // extra graphs captured to chain a signature's inputs
 };
 
 struct Entry {
   std::string description;
   int warmup_runs = 0;
   std::unique_ptr<CapturedGraph> graph;
+  // Graphs of the same signature whose placeholders are other graphs' outputs (chain prediction
+  // for a signature first captured with a caller's tensors).
+  std::vector<std::unique_ptr<CapturedGraph>> chain_variants;
   std::string fallback_reason;  // non-empty: this signature always runs eagerly
   int64_t replays = 0;
   bool reported_refusal = false;
@@ -71,8 +75,16 @@ class Runtime {
  private:
   py::object run_eager(const py::args& args, const py::kwargs& kwargs);
   // Returns false (with the reason) when this call must run eagerly instead.
-  bool replay(Entry& entry, FlatCall& flat, py::object& result, std::string& refusal);
-  bool capture(Entry& entry, FlatCall& flat, std::string& reason, py::object& error);
+  bool replay(Entry& entry, CapturedGraph& graph, FlatCall& flat, py::object& result,
+              std::string& refusal);
+  bool capture(FlatCall& flat, std::unique_ptr<CapturedGraph>& into, std::string& reason,
+               py::object& error);
+  // The graph of `entry` that serves this call: the one whose chained inputs are in place,
+  // capturing a chained variant when none is and one could be.
+  CapturedGraph& select_graph(Entry& entry, FlatCall& flat, const py::args& args,
+                              const py::kwargs& kwargs);
+  bool fits(const CapturedGraph& graph, const FlatCall& flat) const;
+  static constexpr size_t kMaxChainVariants = 3;
   void set_fallback(Entry& entry, std::string reason, const py::object& error);
   void report(const std::string& description, const std::string& reason, const py::object& error);
   std::string describe(const FlatCall& flat) const;
