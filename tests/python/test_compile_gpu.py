@@ -81,23 +81,25 @@ def test_views_of_held_outputs_survive():
     assert torch.equal(b, torch.full((16,), 2.0, device=DEV))
 
 
+def feed_back(step, fn, x, calls):
+    """x = step(x), `calls` times, checked against eager; returns the last output."""
+    ref = x.clone()
+    for _ in range(calls):
+        x = step(x)
+        ref = fn(ref)
+    torch.testing.assert_close(x, ref, rtol=0, atol=0)
+    return x
+
+
 def test_output_fed_back_at_one_shape_chains_into_variants():
     fn = make_mlp(mlp_weights())
     step = grape.compile(fn, warmup=0)
-    x = torch.randn(8, 64, device=DEV)
-    y_ref = x.clone()
-    for _ in range(20):
-        x = step(x)
-        y_ref = fn(y_ref)
-    torch.testing.assert_close(x, y_ref, rtol=0, atol=0)
+    x = feed_back(step, fn, torch.randn(8, 64, device=DEV), 20)
     s = grape.stats(step)
     # The first graph reads a copy of the caller's tensor; chained variants then feed each other.
     assert 1 <= s["chain_variants"] <= 3 and s["evacuations"] == 0
     before = s["bytes_copied_in"]
-    for _ in range(10):
-        x = step(x)
-        y_ref = fn(y_ref)
-    torch.testing.assert_close(x, y_ref, rtol=0, atol=0)
+    feed_back(step, fn, x, 10)
     s = grape.stats(step)
     assert s["bytes_copied_in"] == before and s["alias_misses"] == 0
 
@@ -105,12 +107,7 @@ def test_output_fed_back_at_one_shape_chains_into_variants():
 def test_output_fed_back_without_prediction_is_moved_not_copied_twice():
     fn = make_mlp(mlp_weights())
     step = grape.compile(fn, warmup=0, alias_prediction=False)
-    x = torch.randn(8, 64, device=DEV)
-    y_ref = x.clone()
-    for _ in range(20):
-        x = step(x)
-        y_ref = fn(y_ref)
-    torch.testing.assert_close(x, y_ref, rtol=0, atol=0)
+    feed_back(step, fn, torch.randn(8, 64, device=DEV), 20)
     s = grape.stats(step)
     assert s["inputs_moved"] >= 18 and s["evacuations"] == 0 and s["chain_variants"] == 0
 
