@@ -191,11 +191,7 @@ std::mutex install_mutex;
 HookedAllocator* hook = nullptr;  // kept for the process's life: DataPtrs may name it
 
 void delete_any(void* ptr) {
-  if (ptr == nullptr) return;
-  if (GraphArena::find(ptr)) {
-    GraphArena::free_block(ptr);
-    return;
-  }
+  if (ptr == nullptr || GraphArena::free_if_owned(ptr)) return;
   cca::CUDAAllocator* inner = hook != nullptr ? hook->inner() : cca::get();
   inner->raw_delete(ptr);
 }

@@ -243,7 +243,7 @@ size_t GraphArena::allocated_bytes() const {
   return total;
 }
 
-void GraphArena::free_local(void* ptr) {
+bool GraphArena::free_local(void* ptr) {
   const auto p = reinterpret_cast<uintptr_t>(ptr);
   std::lock_guard<std::mutex> lock(mutex_);
   for (auto& lane : lanes_) {
@@ -253,11 +253,16 @@ void GraphArena::free_local(void* ptr) {
     if (held != holds_.end()) {
       holds_.erase(held);
       lane.held.push_back(offset);
-      return;
+    } else {
+      lane.layout->free(offset);
     }
-    lane.layout->free(offset);
-    return;
+    break;
   }
+  if (!owner_released_) return false;
+  for (const auto& lane : lanes_) {
+    if (lane.layout->blocks() > 0) return false;
+  }
+  return true;
 }
 
 std::shared_ptr<GraphArena> GraphArena::find(const void* ptr) {
@@ -287,20 +292,17 @@ void GraphArena::release_owner() {
   }
 }
 
+bool GraphArena::free_if_owned(void* ptr) {
+  auto arena = find(ptr);
+  if (!arena) return false;
+  if (arena->free_local(ptr)) arena->release_owner();
+  return true;
+}
+
 void GraphArena::free_block(void* ptr) {
   if (ptr == nullptr) return;
-  auto arena = find(ptr);
-  TORCH_INTERNAL_ASSERT(arena, "grape: freeing a pointer no graph arena holds");
-  arena->free_local(ptr);
-  bool orphaned_and_empty = false;
-  {
-    std::lock_guard<std::mutex> own(arena->mutex_);
-    orphaned_and_empty = arena->owner_released_;
-    for (const auto& lane : arena->lanes_) {
-      if (lane.layout->blocks() > 0) orphaned_and_empty = false;
-    }
-  }
-  if (orphaned_and_empty) arena->release_owner();
+  const bool owned = free_if_owned(ptr);
+  TORCH_INTERNAL_ASSERT(owned, "grape: freeing a pointer no graph arena holds");
 }
 
 }  // namespace grape

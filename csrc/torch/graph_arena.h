@@ -68,12 +68,15 @@ class GraphArena : public std::enable_shared_from_this<GraphArena> {
   void release_owner();
   // The deleter of every arena block; frees `ptr` in whichever arena holds it.
   static void free_block(void* ptr);
+  // Frees `ptr` if an arena holds it; false (nothing done) otherwise.
+  static bool free_if_owned(void* ptr);
   // The arena holding `ptr`, if any.
   static std::shared_ptr<GraphArena> find(const void* ptr);
 
  private:
   explicit GraphArena(c10::DeviceIndex device);
-  void free_local(void* ptr);
+  // Frees `ptr` here; returns whether the arena is now empty and its owner gone.
+  bool free_local(void* ptr);
   void map_up_to(int lane, size_t extent);  // requires mutex_
 
   struct Lane {

@@ -1,7 +1,5 @@
 #include "torch/graph_pool.h"
 
-#include "torch/allocator_hook.h"
-
 #include <ATen/cuda/CUDAContext.h>
 #include <c10/cuda/CUDACachingAllocator.h>
 #include <c10/cuda/CUDAException.h>
@@ -31,7 +29,6 @@ GraphPool::GraphPool(c10::DeviceIndex device)
       id_(at::cuda::graph_pool_handle()),
       capture_stream_(at::cuda::getCurrentCUDAStream(device)) {
   c10::cuda::CUDAGuard guard(device_);
-  install_allocator_hook();
   arena_ = GraphArena::create(device_);
   allocator::createOrIncrefPool(device_, id_);
   C10_CUDA_CHECK(cudaStreamCreateWithFlags(&raw_stream_, cudaStreamNonBlocking));
@@ -62,14 +59,10 @@ void GraphPool::wait_for(const at::cuda::CUDAStream& stream) {
   C10_CUDA_CHECK(cudaStreamWaitEvent(raw_stream_, ready_event_, 0));
 }
 
-int GraphPool::allocator_use_count() const { return allocator_use_count(id_); }
+int GraphPool::allocator_use_count() const { return allocator::getPoolUseCount(device_, id_); }
 
-int GraphPool::allocator_use_count(c10::MempoolId_t id) const {
-  return allocator::getPoolUseCount(device_, id);
-}
-
-void GraphPool::release_to(c10::MempoolId_t id, int count) {
-  while (allocator_use_count(id) > count) allocator::releasePool(device_, id);
+void GraphPool::release_to(int count) {
+  while (allocator_use_count() > count) allocator::releasePool(device_, id_);
 }
 
 void GraphPool::hold_for_graph(int before) {
@@ -91,10 +84,9 @@ void GraphPool::refresh_segments() {
   for (auto lane : {ArenaLane::kLarge, ArenaLane::kSmall, ArenaLane::kPlaceholder}) {
     segments_.add(arena_->lane_range(lane));
   }
-  auto snapshot = allocator::snapshot({0, 0}, /*include_traces=*/false);
+  auto snapshot = allocator::snapshot(id_, /*include_traces=*/false);
   for (const auto& seg : snapshot.segments) {
-    if (seg.device != device_) continue;
-    if (seg.owner_private_pool_id != id_) continue;
+    if (seg.device != device_ || seg.owner_private_pool_id != id_) continue;
     segments_.add({seg.address, seg.address + seg.total_size});
     private_pool_bytes_ += seg.total_size;
   }

@@ -42,11 +42,12 @@ class GraphPool : public std::enable_shared_from_this<GraphPool> {
   at::cuda::CUDAStream capture_stream() const { return capture_stream_; }
   // Makes the capture stream wait for the work queued so far on `stream`.
   void wait_for(const at::cuda::CUDAStream& stream);
-  // Reference count the caching allocator keeps for a pool (ours plus one per live graph).
+  // Reference count the caching allocator keeps for the private pool (ours plus one per live
+  // graph).
   int allocator_use_count() const;
-  int allocator_use_count(c10::MempoolId_t id) const;
-  // Drops allocator references to pool `id` beyond `count` (begin/endAllocateToPool leave one).
-  void release_to(c10::MempoolId_t id, int count);
+  // Drops allocator references to the private pool beyond `count` (begin/endAllocateToPool leave
+  // one).
+  void release_to(int count);
   // Torch versions differ in whether a captured CUDAGraph keeps a reference to its pool until it
   // is destroyed. These two make sure it does, so destroying a graph never takes ours:
   // after a successful capture (`before`: the count before capture_begin)...

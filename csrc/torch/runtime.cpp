@@ -32,6 +32,12 @@ size_t span_bytes(const at::Tensor& t) {
   return static_cast<size_t>(last + 1) * t.element_size();
 }
 
+// Whether `t` is its whole storage of `bytes` bytes, laid out from the storage's start: what a
+// placeholder of `t`'s sizes and strides would be.
+bool is_whole_storage(const at::Tensor& t, size_t bytes) {
+  return t.storage_offset() == 0 && t.storage().nbytes() == bytes;
+}
+
 py::object call_python(const py::object& fn, const py::args& args, const py::kwargs& kwargs) {
   PyObject* result = PyObject_Call(fn.ptr(), args.ptr(), kwargs.ptr());
   if (result == nullptr) throw py::error_already_set();
@@ -317,7 +323,7 @@ void abort_capture(std::unique_ptr<at::cuda::CUDAGraph>& graph, GraphPool& pool,
       allocator::endAllocateToPool(pool.device(), pool.id());
     } catch (const std::exception&) {
     }
-    pool.release_to(pool.id(), use_count_before);
+    pool.release_to(use_count_before);
   }
 }
 
@@ -327,9 +333,8 @@ bool is_chainable(const GraphPool& pool, const FlatCall& flat, size_t i) {
   const at::Tensor& t = flat.tensors[i];
   const c10::StorageImpl* impl = t.storage().unsafeGetStorageImpl();
   if (pool.find_live(impl) == nullptr || !pool.arena().contains(impl->data())) return false;
-  if (t.storage_offset() != 0 || impl->nbytes() != span_bytes(t) || span_bytes(t) == 0) {
-    return false;
-  }
+  const size_t bytes = span_bytes(t);
+  if (bytes == 0 || !is_whole_storage(t, bytes)) return false;
   for (size_t j = 0; j < flat.tensors.size(); ++j) {
     if (j != i && flat.tensors[j].storage().unsafeGetStorageImpl() == impl) return false;
   }
@@ -510,9 +515,7 @@ bool Runtime::fits(const CapturedGraph& g, const FlatCall& flat) const {
   for (size_t i = 0; i < flat.tensors.size(); ++i) {
     const at::Tensor& t = flat.tensors[i];
     const auto& ph = g.placeholders[i];
-    const bool in_place = t.data_ptr() == ph.ptr && t.storage_offset() == 0 &&
-                          t.storage().nbytes() == ph.bytes;
-    if (in_place) continue;
+    if (t.data_ptr() == ph.ptr && is_whole_storage(t, ph.bytes)) continue;  // in place
     if (ph.chained || is_chainable(*pool_, flat, i)) return false;
   }
   return true;
@@ -568,8 +571,7 @@ bool Runtime::replay(Entry& entry, CapturedGraph& g, FlatCall& flat, py::object&
                           pool.find_live(impl) != nullptr});
     }
     const size_t bytes = g.placeholders[i].bytes;
-    inputs[i] = {s, core::make_range(t.data_ptr(), bytes),
-                 t.storage_offset() == 0 && impl->nbytes() == bytes};
+    inputs[i] = {s, core::make_range(t.data_ptr(), bytes), is_whole_storage(t, bytes)};
     placeholders[i] = {core::make_range(g.placeholders[i].ptr, bytes), g.placeholders[i].mutated};
   }
   const core::ReplayPlan plan = core::plan_replay(storages, inputs, placeholders);
