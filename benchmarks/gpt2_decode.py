@@ -15,7 +15,6 @@ release.
 
 from __future__ import annotations
 
-import argparse
 import time
 
 import torch
@@ -117,7 +116,7 @@ def setup_ptgraph(case):
 
 def setup_ideal(case):
     graphs = capture_per_shape(case, chain=True)
-    first_tok, first_kv = graphs[0][1], graphs[0][2]
+    first_tok = graphs[0][1]
 
     def generate():
         first_tok.copy_(case.tok0)  # once per generation, not per step
@@ -217,24 +216,14 @@ def run_case(cfg, batch, steps, modes, reps) -> dict:
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = harness.argument_parser(__doc__, modes_available(), "smoke run: 16 steps, 2 reps, no torch.compile")
     parser.add_argument("--batch", type=int, nargs="+", default=[1, 8])
     parser.add_argument("--steps", type=int, default=128)
-    parser.add_argument("--reps", type=int, default=5)
-    parser.add_argument("--modes", default=",".join(modes_available()))
-    parser.add_argument("--quick", action="store_true", help="smoke run: 16 steps, 2 reps, no torch.compile")
-    parser.add_argument("--tiny", action="store_true", help="a 2-layer model instead of GPT-2 small")
-    parser.add_argument("--out", default=None, help="results directory (default benchmarks/results)")
-    args = parser.parse_args(argv)
-    if not torch.cuda.is_available():
-        raise SystemExit("gpt2_decode needs a CUDA device (benchmarks/demo_gpt2.py runs anywhere)")
-    modes = args.modes.split(",")
+    args, modes = harness.parse(parser, argv, modes_available(),
+                                "gpt2_decode needs a CUDA device (benchmarks/demo_gpt2.py runs anywhere)")
     if args.quick:
         args.steps, args.reps = 16, 2
         modes = [m for m in modes if m != "torch_compile"]
-    unknown = set(modes) - set(SETUPS)
-    if unknown:
-        parser.error(f"unknown modes {sorted(unknown)}; choose from {modes_available()}")
     cfg = gpt2.GPT2Config.tiny() if args.tiny else gpt2.GPT2Config()
     cases = []
     for batch in args.batch:

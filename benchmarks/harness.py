@@ -7,6 +7,7 @@ Results format (one JSON file per run, benchmarks/results/<benchmark>-<gpu>-<dat
 
 from __future__ import annotations
 
+import argparse
 import datetime
 import gc
 import json
@@ -39,6 +40,29 @@ def commit() -> str:
                                        stderr=subprocess.DEVNULL, cwd=Path(__file__).parent).strip()
     except (OSError, subprocess.CalledProcessError):
         return "unknown"
+
+
+def argument_parser(doc: str, modes: list[str], quick_help: str) -> argparse.ArgumentParser:
+    """The options every benchmark takes; a script adds its own."""
+    parser = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--reps", type=int, default=5)
+    parser.add_argument("--modes", default=",".join(modes), help="comma-separated, from: " + ", ".join(modes))
+    parser.add_argument("--quick", action="store_true", help=quick_help)
+    parser.add_argument("--tiny", action="store_true", help="a 2-layer GPT-2 instead of GPT-2 small")
+    parser.add_argument("--out", default=None, help="results directory (default benchmarks/results)")
+    return parser
+
+
+def parse(parser: argparse.ArgumentParser, argv, modes: list[str], needs: str):
+    """Parsed arguments and the chosen modes; exits with `needs` where there is no CUDA device."""
+    args = parser.parse_args(argv)
+    if not torch.cuda.is_available():
+        raise SystemExit(needs)
+    chosen = args.modes.split(",")
+    unknown = set(chosen) - set(modes)
+    if unknown:
+        parser.error(f"unknown modes {sorted(unknown)}; choose from {modes}")
+    return args, chosen
 
 
 def clear_memory() -> None:

@@ -132,7 +132,10 @@ def compile(fn: Optional[Callable] = None, *, warmup: int = 1, alias_prediction:
 
     ``alias_prediction``: when an argument is an output of an earlier replay that nothing else
     references (a KV cache or a token fed back), capture the next graph to read it in place, so a
-    loop that feeds outputs back copies nothing. Off: every input is copied into a placeholder.
+    loop that feeds outputs back copies nothing; and when your code allocates an argument between
+    calls at a code position that allocated an earlier call's argument (``torch.cat``, ``.to("cuda")``),
+    hand that allocation memory the graphs read in place. Off: every input is copied into a
+    placeholder. See docs/semantics.md, "Liveness of outputs".
     """
     if isinstance(warmup, bool) or not isinstance(warmup, int):
         raise TypeError(f"grape.compile: warmup must be an int, got {type(warmup).__name__}")
@@ -166,9 +169,12 @@ def stats(fn: Any) -> dict:
     ``bytes_evacuated`` and ``evacuations`` (live outputs moved out of the pool),
     ``inputs_moved`` / ``inputs_in_place``, ``pool_bytes`` (device memory of the shared pool:
     ``arena_bytes`` of mapped arena lanes, per lane in ``arena_lane_bytes``, plus the private
-    pool), ``alias_prediction`` and its counters ``alias_predictions`` (placeholders chained to an
-    earlier output), ``alias_hits`` / ``alias_misses`` (replays that found a chained input in place,
-    or copied it) and ``bytes_avoided``,
+    pool), ``alias_prediction`` and its counters ``alias_predictions`` (placeholders that are an
+    earlier output or an input buffer), ``alias_hits`` / ``alias_misses`` (predicted inputs found in
+    place at a replay, or copied), ``bytes_avoided`` and ``chain_variants``; allocation-site
+    prediction's ``input_sites`` (code positions learned), ``site_allocations`` (allocations served
+    from input buffers), ``site_buffers_busy`` (served by PyTorch because both buffers were held)
+    and ``input_buffer_bytes``;
     ``live_outputs``, ``fallbacks`` (signature, reason, call site) and ``entries`` (per signature).
     """
     target = fn

@@ -60,11 +60,14 @@ def empty_cache(cfg: GPT2Config, batch: int, device, dtype=torch.float16) -> tor
 
 
 def make_decode_step(cfg: GPT2Config, w: dict):
-    """step(tok [B, 1] int64, kv [2, L, B, H, T, Dh]) -> (next_tok [B, 1], kv with T + 1 positions)."""
+    """step(tok [B, 1] int64, kv [2, L, B, H, T, Dh], attention_mask [B, T + 1] or None)
+    -> (next_tok [B, 1], kv with T + 1 positions)."""
     d, nh = cfg.n_embd, cfg.n_head
     dh = d // nh
 
-    def step(tok: torch.Tensor, kv: torch.Tensor):
+    def step(tok: torch.Tensor, kv: torch.Tensor, attention_mask: torch.Tensor | None = None):
+        # Masked positions are left out of attention, as in Hugging Face's GPT-2.
+        mask = None if attention_mask is None else attention_mask[:, None, None, :].bool()
         batch, t = tok.shape[0], kv.shape[-2]
         new_kv = torch.empty(*kv.shape[:-2], t + 1, dh, device=kv.device, dtype=kv.dtype)
         new_kv[..., :t, :] = kv
@@ -76,7 +79,7 @@ def make_decode_step(cfg: GPT2Config, w: dict):
             q = q.view(batch, 1, nh, dh).transpose(1, 2)
             new_kv[0, i, :, :, t] = k.view(batch, nh, dh)
             new_kv[1, i, :, :, t] = v.view(batch, nh, dh)
-            a = F.scaled_dot_product_attention(q, new_kv[0, i], new_kv[1, i])
+            a = F.scaled_dot_product_attention(q, new_kv[0, i], new_kv[1, i], attn_mask=mask)
             a = a.transpose(1, 2).reshape(batch, 1, d)
             x = x + F.linear(a, w[p + "proj.w"], w[p + "proj.b"])
             h = F.layer_norm(x, (d,), w[p + "ln2.w"], w[p + "ln2.b"])
@@ -96,3 +99,16 @@ def generate(step, tok: torch.Tensor, kv: torch.Tensor, steps: int) -> torch.Ten
         tok, kv = step(tok, kv)
         tokens[:, i : i + 1].copy_(tok)
     return tokens
+
+
+def generate_with_cat(step, prompt: torch.Tensor, kv: torch.Tensor, steps: int) -> torch.Tensor:
+    """Greedy decoding the way Hugging Face's generate loop feeds a model: every step gets the whole
+    input_ids and attention_mask, each grown by torch.cat outside the step;
+    step(input_ids, attention_mask, kv) -> (next_tok, kv). Returns the generated tokens [B, steps]."""
+    input_ids = prompt.clone()
+    attention_mask = torch.ones_like(input_ids)
+    for _ in range(steps):
+        tok, kv = step(input_ids, attention_mask, kv)
+        input_ids = torch.cat([input_ids, tok], dim=1)
+        attention_mask = torch.cat([attention_mask, attention_mask.new_ones(tok.shape)], dim=1)
+    return input_ids[:, prompt.shape[1]:]

@@ -1,5 +1,7 @@
 #include "torch/allocator_hook.h"
 
+#include "torch/site_predictor.h"
+
 #include <c10/cuda/CUDACachingAllocator.h>
 #include <c10/cuda/CUDAStream.h>
 #include <torch/version.h>
@@ -36,6 +38,7 @@ class HookedAllocator final : public cca::CUDAAllocator {
           route->placeholders() ? ArenaLane::kPlaceholder : GraphArena::lane_for(n);
       return route->arena().allocate(lane, n);
     }
+    if (site_prediction_wanted()) return allocate_at_site(*inner_, n);
     return inner_->allocate(n);
   }
   c10::DeleterFnPtr raw_deleter() const override { return &delete_any; }
@@ -88,6 +91,10 @@ class HookedAllocator final : public cca::CUDAAllocator {
     if (ptr.get_deleter() == &GraphArena::free_block) {
       // Used on another stream during a capture: not reused before the capture ends.
       if (auto arena = GraphArena::find(ptr.get())) arena->hold_until_unpin(ptr.get());
+      return;
+    }
+    if (ptr.get_deleter() == &release_hand_out) {
+      retire_hand_out(ptr);  // its buffer could be reused while the other stream reads it
       return;
     }
     inner_->recordStream(ptr, stream);

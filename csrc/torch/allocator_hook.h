@@ -7,7 +7,10 @@
 // a CUDAAllocator that delegates every call to the allocator that was current before it, and
 // intercepts one case only: `allocate()` on the thread and stream of an active AllocationRoute.
 // Everything else (tensors made outside captures, raw_alloc, other streams, statistics, pools,
-// IPC, snapshots) is PyTorch's, unchanged. Off a route the cost is one thread-local read.
+// IPC, snapshots) is PyTorch's, unchanged. Off a route the cost is one thread-local read, plus one
+// atomic read once some function predicts where its inputs are allocated (Note [Allocation-site
+// prediction]): then allocations of the size classes those sites serve, made by a thread that
+// calls compiled functions, are looked up by their Python code position.
 //
 // The hook is installed by the first capture and can be removed at run time when no route is
 // active; blocks already handed out keep their own deleters either way.

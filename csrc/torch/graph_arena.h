@@ -1,13 +1,16 @@
 #pragma once
-// The device memory that a compiled function's captures allocate from: three lanes of reserved
+// The device memory that a compiled function's captures allocate from: four lanes of reserved
 // virtual address space, each backed by physical memory mapped on demand from its start up to its
 // extent (see Note [Capture arena layout] in core/arena_layout.h):
 //   - kLarge:       capture allocations above kSmallLimit (caches, activations of big batches);
 //   - kSmall:       capture allocations up to kSmallLimit, kept apart so that small outputs a
 //                   caller holds do not split the large lane's free space;
-//   - kPlaceholder: the graphs' input placeholders, allocated before each capture begins.
-// The lanes are shared by every graph of the function: any replay may write anywhere in them, and
-// the runtime's liveness rules (Note [Liveness of graph outputs]) protect what callers hold.
+//   - kPlaceholder: the graphs' input placeholders, allocated before each capture begins;
+//   - kInput:       buffers handed to the caller's allocations at predicted sites (Note
+//                   [Allocation-site prediction]); a graph writes one only as its own placeholder.
+// The first three lanes are shared by every graph of the function: any replay may write anywhere
+// in them, and the runtime's liveness rules (Note [Liveness of graph outputs]) protect what
+// callers hold.
 //
 // Blocks are handed out as DataPtrs whose context is the data pointer itself (like the caching
 // allocator's), freed through a process-wide registry of arenas. An arena whose owner is gone stays
@@ -27,12 +30,12 @@
 
 namespace grape {
 
-enum class ArenaLane { kLarge = 0, kSmall = 1, kPlaceholder = 2 };
+enum class ArenaLane { kLarge = 0, kSmall = 1, kPlaceholder = 2, kInput = 3 };
 
 class GraphArena : public std::enable_shared_from_this<GraphArena> {
  public:
   static constexpr size_t kSmallLimit = size_t{1} << 20;
-  static constexpr int kLanes = 3;
+  static constexpr int kLanes = 4;
 
   // Reserves the lanes' address space on `device` and registers the arena.
   static std::shared_ptr<GraphArena> create(c10::DeviceIndex device);

@@ -6,6 +6,7 @@
 
 #include <chrono>
 
+#include "core/alias_sites.h"
 #include "core/replay_plan.h"
 
 #ifdef GRAPE_WITH_CUDA
@@ -18,6 +19,11 @@
 #include "cuda/batched_copy.h"
 #include "torch/allocator_hook.h"
 #include "torch/graph_pool.h"
+#include "torch/site_predictor.h"
+#else
+namespace grape {
+class InputSites {};
+}  // namespace grape
 #endif
 
 namespace grape {
@@ -53,6 +59,9 @@ struct CapturedGraph {
     size_t bytes = 0;
     bool mutated = false;
     bool chained = false;  // predicted: an earlier replay's output, used in place
+#ifdef GRAPE_WITH_CUDA
+    std::shared_ptr<InputBuffer> buffer;  // predicted: a site's input buffer, used in place
+#endif
   };
   struct OutputStorage {
     enum class Source { kPool, kInput, kStatic };
@@ -99,6 +108,9 @@ Runtime::Runtime(py::object fn, int warmup, py::object static_module, bool alias
   TORCH_CHECK(PyCallable_Check(fn_.ptr()), "grape.compile expects a callable, got ",
               Py_TYPE(fn_.ptr())->tp_name);
   TORCH_CHECK(warmup_ >= 0, "grape.compile: warmup must be >= 0, got ", warmup_);
+#ifdef GRAPE_WITH_CUDA
+  if (alias_prediction_) sites_ = std::make_unique<InputSites>();
+#endif
 }
 
 Runtime::~Runtime() {
@@ -163,6 +175,7 @@ py::object Runtime::call(py::args args, py::kwargs kwargs) {
     return run_eager(args, kwargs);
   }
 
+  CallScope call_scope;  // the caller's allocations from here on are not predicted
   struct DepthGuard {
     size_t& depth;
     explicit DepthGuard(size_t& d) : depth(d) { ++depth; }
@@ -179,6 +192,12 @@ py::object Runtime::call(py::args args, py::kwargs kwargs) {
     it = cache_.emplace(flat.signature, std::move(entry)).first;
   }
   Entry& entry = *it->second;
+  if (sites_) {
+    sites_->begin_call();
+    if (entry.fallback_reason.empty()) {
+      learn_sites(flat, /*warm_up=*/!entry.graph && entry.warmup_runs < warmup_);
+    }
+  }
   if (!entry.fallback_reason.empty()) {
     ++stats_.eager_calls;
     return run_eager(args, kwargs);
@@ -327,18 +346,25 @@ void abort_capture(std::unique_ptr<at::cuda::CUDAGraph>& graph, GraphPool& pool,
   }
 }
 
-// Whether input `i` can be its own placeholder (chain prediction): a live output of this pool's
-// arena, whole and laid out as a placeholder would be, and the only input that uses its storage.
-bool is_chainable(const GraphPool& pool, const FlatCall& flat, size_t i) {
+// Whether input `i` is its whole storage, laid out as a placeholder would be, and the only input
+// that uses that storage: what an input must be to serve as its own placeholder.
+bool is_sole_whole_input(const FlatCall& flat, size_t i) {
   const at::Tensor& t = flat.tensors[i];
-  const c10::StorageImpl* impl = t.storage().unsafeGetStorageImpl();
-  if (pool.find_live(impl) == nullptr || !pool.arena().contains(impl->data())) return false;
   const size_t bytes = span_bytes(t);
   if (bytes == 0 || !is_whole_storage(t, bytes)) return false;
+  const c10::StorageImpl* impl = t.storage().unsafeGetStorageImpl();
   for (size_t j = 0; j < flat.tensors.size(); ++j) {
     if (j != i && flat.tensors[j].storage().unsafeGetStorageImpl() == impl) return false;
   }
   return true;
+}
+
+// Whether input `i` can be its own placeholder by chain prediction: a live output of this pool's
+// arena that is a sole whole input.
+bool is_chainable(const GraphPool& pool, const FlatCall& flat, size_t i) {
+  const c10::StorageImpl* impl = flat.tensors[i].storage().unsafeGetStorageImpl();
+  if (pool.find_live(impl) == nullptr || !pool.arena().contains(impl->data())) return false;
+  return is_sole_whole_input(flat, i);
 }
 
 std::string python_error_text(const py::error_already_set& e) {
@@ -351,13 +377,45 @@ std::string python_error_text(const py::error_already_set& e) {
 
 }  // namespace
 
+GraphPool& Runtime::pool_for(c10::DeviceIndex device) {
+  if (!pool_) {
+    pool_ = GraphPool::create(device);
+    if (sites_) sites_->attach(pool_);
+  }
+  return *pool_;
+}
+
+bool Runtime::can_alias(const FlatCall& flat, size_t i,
+                        std::shared_ptr<InputBuffer>* buffer) const {
+  if (!alias_prediction_ || !pool_) return false;
+  if (is_chainable(*pool_, flat, i)) return true;
+  auto found = sites_->buffer_of(flat.tensors[i]);
+  if (!found || !is_sole_whole_input(flat, i)) return false;
+  if (buffer != nullptr) *buffer = std::move(found);
+  return true;
+}
+
+void Runtime::learn_sites(const FlatCall& flat, bool warm_up) {
+  if (!sites_->learning() || flat.tensors.empty()) return;
+  install_allocator_hook();  // it records the allocations (already there once a capture ran)
+  std::vector<bool> explained(flat.tensors.size());
+  for (size_t i = 0; i < flat.tensors.size(); ++i) explained[i] = can_alias(flat, i, nullptr);
+  if (sites_->learn(flat.tensors, explained, warm_up) && !sites_->attached()) {
+    for (const auto& t : flat.tensors) {
+      if (t.is_cuda()) {
+        pool_for(t.device().index());  // the buffers live in its arena
+        break;
+      }
+    }
+  }
+}
+
 bool Runtime::capture(FlatCall& flat, std::unique_ptr<CapturedGraph>& into, std::string& reason,
                       py::object& error) {
   const auto start = std::chrono::steady_clock::now();
   const c10::DeviceIndex device = flat.tensors.empty() ? c10::cuda::current_device()
                                                        : flat.tensors.front().device().index();
-  if (!pool_) pool_ = GraphPool::create(device);
-  GraphPool& pool = *pool_;
+  GraphPool& pool = pool_for(device);
   c10::cuda::CUDAGuard device_guard(pool.device());
 
   auto graph = std::make_unique<at::cuda::CUDAGraph>();
@@ -367,6 +425,7 @@ bool Runtime::capture(FlatCall& flat, std::unique_ptr<CapturedGraph>& into, std:
   std::vector<at::Tensor> placeholders;
   std::vector<int64_t> versions;
   std::vector<bool> chained(flat.tensors.size(), false);
+  std::vector<std::shared_ptr<InputBuffer>> buffers(flat.tensors.size());
   py::object result;
   {
     // The capture stream follows the caller's stream, as torch.cuda.graph does.
@@ -386,11 +445,11 @@ bool Runtime::capture(FlatCall& flat, std::unique_ptr<CapturedGraph>& into, std:
       AllocationRoute to_placeholder_lane(arena, stream, /*placeholders=*/true);
       for (size_t i = 0; i < flat.tensors.size(); ++i) {
         const at::Tensor& t = flat.tensors[i];
-        if (alias_prediction_ && is_chainable(pool, flat, i)) {
-          // Chain prediction: the input is an output of an earlier replay that nothing else
-          // references; it is this graph's placeholder, so a loop that feeds outputs back
-          // copies nothing.
-          chained[i] = true;
+        if (can_alias(flat, i, &buffers[i])) {
+          // The input is an output of an earlier replay that nothing else references (chain
+          // prediction), or a buffer a predicted allocation site handed out (site prediction):
+          // it is this graph's placeholder, so calls that bring it again copy nothing.
+          chained[i] = buffers[i] == nullptr;
           placeholders.push_back(
               at::empty({0}, t.options()).set_(t.storage(), 0, t.sizes(), t.strides()));
         } else {
@@ -435,8 +494,9 @@ bool Runtime::capture(FlatCall& flat, std::unique_ptr<CapturedGraph>& into, std:
   captured->graph = std::move(graph);
   for (size_t i = 0; i < placeholders.size(); ++i) {
     captured->placeholders.push_back({placeholders[i].data_ptr(), span_bytes(placeholders[i]),
-                                      placeholders[i]._version() != versions[i], chained[i]});
-    stats_.alias_predictions += chained[i] ? 1 : 0;
+                                      placeholders[i]._version() != versions[i], chained[i],
+                                      buffers[i]});
+    stats_.alias_predictions += chained[i] || buffers[i] ? 1 : 0;
   }
 
   FlatCall out;
@@ -516,7 +576,7 @@ bool Runtime::fits(const CapturedGraph& g, const FlatCall& flat) const {
     const at::Tensor& t = flat.tensors[i];
     const auto& ph = g.placeholders[i];
     if (t.data_ptr() == ph.ptr && is_whole_storage(t, ph.bytes)) continue;  // in place
-    if (ph.chained || is_chainable(*pool_, flat, i)) return false;
+    if (ph.chained || ph.buffer || can_alias(flat, i, nullptr)) return false;
   }
   return true;
 }
@@ -529,7 +589,7 @@ CapturedGraph& Runtime::select_graph(Entry& entry, FlatCall& flat, const py::arg
     if (fits(*variant, flat)) return *variant;
   }
   bool chainable = false;
-  for (size_t i = 0; i < flat.tensors.size(); ++i) chainable |= is_chainable(*pool_, flat, i);
+  for (size_t i = 0; i < flat.tensors.size(); ++i) chainable |= can_alias(flat, i, nullptr);
   if (!chainable || entry.chain_variants.size() >= kMaxChainVariants) return base;
   // Capture a variant that reads these outputs in place. A loop over one shape settles on two
   // variants that feed each other (each lays out its output around the other's input).
@@ -579,6 +639,14 @@ bool Runtime::replay(Entry& entry, CapturedGraph& g, FlatCall& flat, py::object&
     refusal = plan.unsafe_reason;
     return false;
   }
+  for (size_t i = 0; i < n; ++i) {
+    const auto& buffer = g.placeholders[i].buffer;
+    if (buffer && plan.actions[i] != core::InputAction::kNone && buffer->in_use.load()) {
+      refusal = "the graph's input buffer for argument " + std::to_string(i) +
+                " is held by another tensor";
+      return false;
+    }
+  }
 
   c10::cuda::CUDAGuard device_guard(pool.device());
   cudaStream_t stream = at::cuda::getCurrentCUDAStream(pool.device()).stream();
@@ -613,7 +681,7 @@ bool Runtime::replay(Entry& entry, CapturedGraph& g, FlatCall& flat, py::object&
   for (size_t i = 0; i < n; ++i) {
     const auto action = plan.actions[i];
     const auto& ph = g.placeholders[i];
-    if (ph.chained) {
+    if (ph.chained || ph.buffer) {
       if (action == core::InputAction::kNone) {
         ++stats_.alias_hits;
         stats_.bytes_avoided += static_cast<int64_t>(ph.bytes);
@@ -626,6 +694,7 @@ bool Runtime::replay(Entry& entry, CapturedGraph& g, FlatCall& flat, py::object&
       continue;
     }
     if (ph.bytes == 0) continue;
+    if (sites_ && action == core::InputAction::kCopyIn) sites_->resume_learning();
     segments.push_back({flat.tensors[i].data_ptr(), ph.ptr, ph.bytes});
     stats_.bytes_copied_in += static_cast<int64_t>(ph.bytes);
   }
@@ -721,6 +790,14 @@ py::dict Runtime::stats() {
   d["alias_misses"] = stats_.alias_misses;
   d["bytes_avoided"] = stats_.bytes_avoided;
   d["chain_variants"] = stats_.chain_variants;
+  core::SiteStats sites;
+#ifdef GRAPE_WITH_CUDA
+  if (sites_) sites = sites_->stats();
+#endif
+  d["input_sites"] = sites.sites;
+  d["site_allocations"] = sites.site_allocations;
+  d["site_buffers_busy"] = sites.site_buffers_busy;
+  d["input_buffer_bytes"] = sites.buffer_bytes;
   int64_t graphs = 0;
   for (const auto& kv : cache_) graphs += kv.second->graph ? 1 : 0;
   d["graphs"] = graphs;
@@ -734,7 +811,8 @@ py::dict Runtime::stats() {
     d["arena_lane_bytes"] = py::dict(
         py::arg("large") = pool_->arena().mapped_bytes(ArenaLane::kLarge),
         py::arg("small") = pool_->arena().mapped_bytes(ArenaLane::kSmall),
-        py::arg("placeholder") = pool_->arena().mapped_bytes(ArenaLane::kPlaceholder));
+        py::arg("placeholder") = pool_->arena().mapped_bytes(ArenaLane::kPlaceholder),
+        py::arg("input") = pool_->arena().mapped_bytes(ArenaLane::kInput));
     d["live_outputs"] = static_cast<int64_t>(pool_->live().size());
   } else {
     d["pool_bytes"] = 0;
@@ -772,6 +850,9 @@ void Runtime::reset() {
   cache_.clear();
   checked_cuda_ = false;
   global_fallback_.clear();
+#ifdef GRAPE_WITH_CUDA
+  if (sites_) sites_->restart_learning();
+#endif
 }
 
 int Runtime::traverse(visitproc visit, void* arg) {

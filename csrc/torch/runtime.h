@@ -16,7 +16,9 @@
 namespace grape {
 
 class GraphPool;
+class InputSites;
 struct CapturedGraph;
+struct InputBuffer;
 
 struct RuntimeStats {
   int64_t calls = 0;
@@ -33,9 +35,10 @@ struct RuntimeStats {
   int64_t inputs_moved = 0;
   int64_t inputs_in_place = 0;
   int64_t evacuations = 0;
-  int64_t alias_predictions = 0;  // placeholders that are an earlier replay's output (chained)
-  int64_t alias_hits = 0;         // replays that found a chained input already in place
-  int64_t alias_misses = 0;       // replays that had to copy into a chained placeholder
+  int64_t alias_predictions = 0;  // placeholders used in place: an earlier replay's output
+                                  // (chained) or a buffer of a predicted allocation site
+  int64_t alias_hits = 0;         // predicted inputs found in place at replay
+  int64_t alias_misses = 0;       // predicted placeholders that had to be copied into
   int64_t bytes_avoided = 0;      // input bytes the hits did not copy
   int64_t chain_variants = 0;     // extra graphs captured to chain a signature's inputs
 };
@@ -57,7 +60,8 @@ struct Entry {
 class Runtime {
  public:
   // `static_module`: an nn.Module (or None) whose parameters and buffers the function reads.
-  // `alias_prediction`: feed an earlier replay's output to the next graph in place (chaining).
+  // `alias_prediction`: feed an earlier replay's output to the next graph in place (chaining), and
+  // hand the caller's allocations at predicted code positions the graphs' input buffers.
   Runtime(py::object fn, int warmup, py::object static_module, bool alias_prediction);
   virtual ~Runtime();
   Runtime(const Runtime&) = delete;
@@ -84,6 +88,12 @@ class Runtime {
   CapturedGraph& select_graph(Entry& entry, FlatCall& flat, const py::args& args,
                               const py::kwargs& kwargs);
   bool fits(const CapturedGraph& graph, const FlatCall& flat) const;
+  // Whether input i can be its graph's placeholder in place: a live output of an earlier replay,
+  // or a buffer of a predicted allocation site (`buffer`, when not null, receives it).
+  bool can_alias(const FlatCall& flat, size_t i, std::shared_ptr<InputBuffer>* buffer) const;
+  // Learns where the inputs of unknown origin were allocated (Note [Allocation-site prediction]).
+  void learn_sites(const FlatCall& flat, bool warm_up);
+  GraphPool& pool_for(c10::DeviceIndex device);
   static constexpr size_t kMaxChainVariants = 3;
   void set_fallback(Entry& entry, std::string reason, const py::object& error);
   void report(const std::string& description, const std::string& reason, const py::object& error);
@@ -102,6 +112,7 @@ class Runtime {
   // allocator's pool bookkeeping on torch 2.11.
   std::vector<std::unique_ptr<CapturedGraph>> retired_;
   std::shared_ptr<GraphPool> pool_;
+  std::unique_ptr<InputSites> sites_;  // null when alias prediction is off
   RuntimeStats stats_;
   std::string global_fallback_;  // set when graphs are impossible for every call (no CUDA)
   bool checked_cuda_ = false;

@@ -1,5 +1,9 @@
+import warnings
+
 import pytest
 import torch
+
+import grape
 
 
 def pytest_configure(config):
@@ -13,3 +17,11 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip)
+
+
+@pytest.fixture
+def quiet_fallbacks():
+    """Fallback warnings are expected where a test exercises a fallback; it asserts on stats."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", grape.FallbackWarning)
+        yield

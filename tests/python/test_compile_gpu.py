@@ -8,16 +8,9 @@ import torch
 
 import grape
 
-pytestmark = pytest.mark.gpu
+pytestmark = [pytest.mark.gpu, pytest.mark.usefixtures("quiet_fallbacks")]
 
 DEV = "cuda"
-
-
-@pytest.fixture(autouse=True)
-def _quiet_fallbacks():
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", grape.FallbackWarning)
-        yield
 
 
 def mlp_weights(d=64, seed=0):
@@ -41,8 +34,10 @@ def test_static_shape_replays_match_eager():
         x = torch.randn(8, 64, device=DEV)
         torch.testing.assert_close(step(x), fn(x), rtol=0, atol=0)
     s = grape.stats(step)
-    assert s["warmup_calls"] == 1 and s["captures"] == 1 and s["replays"] == 4
-    assert s["graphs"] == 1 and s["eager_calls"] == 0
+    # One graph for the shape; the site that allocates x gets chain variants that read it in
+    # place (allocation-site prediction).
+    assert s["warmup_calls"] == 1 and s["captures"] - s["chain_variants"] == 1
+    assert s["replays"] == 4 and s["graphs"] == 1 and s["eager_calls"] == 0
 
 
 def test_changing_shapes_in_random_order_match_eager():
@@ -414,10 +409,13 @@ def test_growing_state_memory_stays_near_the_largest_working_set():
     steps = 120
     torch.cuda.synchronize()
     free_before = torch.cuda.mem_get_info()[0]
-    for _ in range(2):
+    copied = []
+    for _ in range(3):
+        before = grape.stats(compiled)["bytes_copied_in"]
         state = torch.zeros(1, width, device=DEV)
         for _ in range(steps):
             state = compiled(state)
+        copied.append(grape.stats(compiled)["bytes_copied_in"] - before)
     torch.cuda.synchronize()
     used = free_before - torch.cuda.mem_get_info()[0]
     assert state.shape[0] == steps + 1 and state[-1, 0].item() == steps
@@ -428,7 +426,9 @@ def test_growing_state_memory_stays_near_the_largest_working_set():
     # (Note [Capture arena layout]); lanes map 2 MB granules.
     assert s["arena_lane_bytes"]["large"] <= 3 * largest + (4 << 20), s["arena_lane_bytes"]
     assert used < per_shape_sum / 8, (used, per_shape_sum)
-    assert s["bytes_copied_in"] == 2 * width * 4  # only the caller's first state, once per pass
+    # Only the caller's first state is copied, until the torch.zeros line is a predicted site
+    # whose buffer the first graph reads in place.
+    assert all(c <= width * 4 for c in copied) and copied[-1] == 0, copied
 
 
 def test_allocator_hook_can_be_removed_and_captures_reinstall_it():
