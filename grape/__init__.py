@@ -3,9 +3,12 @@
     step = grape.compile(step_fn)      # or @grape.compile, or grape.compile(model)
     out = step(*inputs)                # new signature: eager warm-up, then capture; later: replay
     grape.stats(step)                  # graphs, replays, fallbacks with reasons, bytes copied...
+    with grape.Predicate(flag): ...    # a body the GPU skips where flag is false, inside graphs
+    grape.while_loop(cond_fn, body_fn, carried)  # a loop the GPU ends, inside one graph
 """
 
 from grape._compile import CompiledFunction, FallbackWarning, compile, stats
+from grape._predicate import Predicate, while_loop
 
-__all__ = ["CompiledFunction", "FallbackWarning", "compile", "stats"]
+__all__ = ["CompiledFunction", "FallbackWarning", "Predicate", "compile", "stats", "while_loop"]
 __version__ = "0.1.0"

@@ -231,6 +231,8 @@ bool allocator_hook_installed() {
   return hook != nullptr && cca::get() == hook;
 }
 
+AllocationRoute* current_allocation_route() { return current_route; }
+
 AllocationRoute::AllocationRoute(GraphArena& arena, cudaStream_t stream, bool placeholders)
     : arena_(arena), stream_(stream), placeholders_(placeholders), previous_(current_route) {
   TORCH_CHECK(allocator_hook_installed(),

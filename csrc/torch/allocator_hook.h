@@ -46,4 +46,7 @@ class AllocationRoute {
   AllocationRoute* previous_;
 };
 
+// The innermost route of this thread, or null.
+AllocationRoute* current_allocation_route();
+
 }  // namespace grape

@@ -8,7 +8,10 @@
 #include "torch/runtime.h"
 
 #ifdef GRAPE_WITH_CUDA
+#include <torch/csrc/utils/pybind.h>  // at::Tensor arguments
+
 #include "torch/allocator_hook.h"
+#include "torch/conditional.h"
 #endif
 
 namespace py = pybind11;
@@ -67,6 +70,20 @@ PYBIND11_MODULE(_C, m) {
       "Installs (True) or removes (False) grape's CUDA allocator hook; returns False when it "
       "cannot be removed because a capture is running. Captures install it again.");
   m.def("allocator_hook_installed", &grape::allocator_hook_installed);
+
+  py::class_<grape::ConditionalBranch>(m, "ConditionalBranch",
+                                       "A conditional node in the graph being captured (see "
+                                       "grape.Predicate and grape.while_loop).")
+      .def(py::init<const at::Tensor&, const std::string&>(), py::arg("condition"),
+           py::arg("kind"))
+      .def("begin_body", &grape::ConditionalBranch::begin_body, py::arg("index"))
+      .def("end_body", &grape::ConditionalBranch::end_body)
+      .def("set_condition", &grape::ConditionalBranch::set_condition, py::arg("condition"))
+      .def_property_readonly("bodies", &grape::ConditionalBranch::bodies);
+  m.def("stream_is_capturing", &grape::current_stream_is_capturing,
+        "Whether the current CUDA stream is capturing a graph.");
+  m.def("conditional_unsupported_reason", &grape::conditional_unsupported_reason, py::arg("kind"),
+        "Why conditional nodes of `kind` cannot be captured here, or '' when they can.");
 #endif
 
   // The signature words and tensors of a call, as the runtime computes them (for tests).

@@ -1,0 +1,204 @@
+"""Data-dependent control flow inside CUDA graphs: grape.Predicate and grape.while_loop.
+
+Under capture (inside a function grape.compile is capturing, or any CUDA graph capture) they add
+CUDA conditional nodes: the condition is read on the GPU at every replay and the skipped body's
+kernels do not run (csrc/cuda/conditional.h, Note [Conditional capture]). Outside capture they
+read the condition on the host (a synchronization) and behave like ``if`` and ``while``.
+See docs/semantics.md, "Predication".
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import Callable, Sequence
+
+import torch
+
+from grape import _C
+
+__all__ = ["Predicate", "while_loop"]
+
+
+def _check_condition(condition, what: str) -> None:
+    if not isinstance(condition, torch.Tensor):
+        raise TypeError(f"{what} needs a one-element CUDA bool tensor as its condition, got "
+                        f"{type(condition).__name__} (a Python bool needs no predication: use if)")
+    if not condition.is_cuda:
+        raise TypeError(f"{what} needs a one-element CUDA bool tensor as its condition, got a "
+                        f"tensor on {condition.device}")
+    if condition.dtype != torch.bool:
+        raise TypeError(f"{what} needs a one-element CUDA bool tensor as its condition, got dtype "
+                        f"{condition.dtype} (compare it, e.g. x > 0)")
+    if condition.numel() != 1:
+        raise ValueError(f"{what} needs a one-element CUDA bool tensor as its condition, got "
+                         f"{condition.numel()} elements (reduce it, e.g. x.any() or x.all())")
+
+
+def _capturing() -> bool:
+    return bool(getattr(_C, "built_with_cuda", False)) and torch.cuda.is_available() and \
+        _C.stream_is_capturing()
+
+
+class _SkipBody(Exception):
+    """Raised at the first line of a with-block whose branch is not taken; its __exit__ swallows it."""
+
+
+class _HostBranch:
+    """A with-block that runs only when `taken`: Python has no way to skip a with-block's body, so
+    __enter__ sets a trace function on the caller's frame that raises _SkipBody at the body's
+    first line, and __exit__ swallows it and restores tracing. (A body written on the same line as
+    its ``with`` runs regardless; write it on its own lines.)"""
+
+    def __init__(self, taken: bool):
+        self.taken = taken
+        self._frame = None
+        self._previous_trace = None
+
+    def __enter__(self):
+        return self.enter(sys._getframe(1))
+
+    def enter(self, frame):
+        """__enter__ for the with-statement that `frame` runs."""
+        if not self.taken:
+            self._frame = frame
+            self._previous_trace = sys.gettrace()
+            sys.settrace(lambda *_: None)  # tracing on, so that the frame's own tracer runs
+
+            def skip(frame, event, arg):
+                raise _SkipBody
+
+            self._frame.f_trace = skip
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> bool:
+        if self._frame is None:
+            return False
+        self._frame.f_trace = None
+        sys.settrace(self._previous_trace)
+        self._frame = None
+        return exc_type is _SkipBody
+
+
+class Predicate:
+    """``with grape.Predicate(x):`` runs its body only where ``x`` is true.
+
+    ``x`` is a one-element CUDA bool tensor. Under capture the body becomes the body of a CUDA
+    conditional node: every replay reads ``x`` on the GPU and skips the body's kernels when it is
+    false. Outside capture ``x`` is read on the host and the body runs or not, as under ``if``.
+    ``otherwise()`` gives the else block; it must directly follow the Predicate block::
+
+        branch = grape.Predicate(done)
+        with branch:
+            out.copy_(a)
+        with branch.otherwise():
+            out.copy_(b)
+
+    Tensors created inside a body that a replay skips hold unspecified values: read them only
+    under the same predicate (or merge them with torch.where). Predicates nest.
+    """
+
+    def __init__(self, condition: torch.Tensor):
+        _check_condition(condition, "grape.Predicate")
+        self._condition = condition
+        self._branch = None  # the conditional node, under capture
+        self._host = None  # the host branch, outside capture
+        self._state = "new"
+
+    def __enter__(self) -> "Predicate":
+        if self._state != "new":
+            raise RuntimeError("a grape.Predicate is entered once; make a new one for another block")
+        self._state = "if"
+        if _capturing():
+            kind = "if_else" if not _C.conditional_unsupported_reason("if_else") else "if"
+            self._branch = _C.ConditionalBranch(self._condition, kind)
+            self._branch.begin_body(0)
+            return self
+        self._host = _HostBranch(bool(self._condition.item()))
+        self._host.enter(sys._getframe(1))
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> bool:
+        self._state = "if done"
+        if self._branch is not None:
+            self._branch.end_body()
+            return False
+        return self._host.__exit__(exc_type, exc, tb)
+
+    def otherwise(self) -> "_Otherwise":
+        """The else block of this predicate: runs where the condition is false."""
+        if self._state != "if done":
+            raise RuntimeError("otherwise() follows its Predicate's own with-block")
+        self._state = "else"
+        return _Otherwise(self)
+
+
+class _Otherwise:
+    def __init__(self, predicate: Predicate):
+        self._predicate = predicate
+        self._host = None
+
+    def __enter__(self) -> "_Otherwise":
+        p = self._predicate
+        if p._branch is not None:
+            if p._branch.bodies < 2:
+                raise RuntimeError("grape: otherwise() under capture needs CUDA conditional "
+                                   "IF/ELSE nodes: " + _C.conditional_unsupported_reason("if_else"))
+            p._branch.begin_body(1)
+            return self
+        self._host = _HostBranch(not p._host.taken)
+        self._host.enter(sys._getframe(1))
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> bool:
+        if self._host is None:
+            self._predicate._branch.end_body()
+            return False
+        return self._host.__exit__(exc_type, exc, tb)
+
+
+def while_loop(cond_fn: Callable[..., torch.Tensor], body_fn: Callable[..., Sequence[torch.Tensor]],
+               carried: Sequence[torch.Tensor]) -> tuple:
+    """``while cond_fn(*carried): carried = body_fn(*carried)``, returning the final ``carried``.
+
+    The signature of ``torch._higher_order_ops.while_loop``: ``carried`` is a tuple of tensors,
+    ``body_fn`` returns tensors of the same shapes and dtypes, ``cond_fn`` a one-element CUDA bool
+    tensor. Under capture the loop is a CUDA WHILE node: the whole loop replays in one graph launch,
+    the GPU deciding when it ends. Outside capture it is a Python loop that reads the condition on
+    the host every iteration. The tensors passed in are not modified.
+    """
+    carried = tuple(carried)
+    for t in carried:
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"grape.while_loop carries tensors, got {type(t).__name__}")
+    if not _capturing():
+        while True:
+            condition = cond_fn(*carried)
+            _check_condition(condition, "grape.while_loop's cond_fn")
+            if not bool(condition.item()):
+                return carried
+            carried = _checked_step(body_fn(*carried), carried)
+    state = tuple(t.clone() for t in carried)
+    branch = _C.ConditionalBranch(cond_fn(*state), "while")
+    branch.begin_body(0)
+    try:
+        new = _checked_step(body_fn(*state), state)
+        for s, n in zip(state, new):
+            if n is not s:
+                s.copy_(n)
+        branch.set_condition(cond_fn(*state))
+    finally:
+        branch.end_body()
+    return state
+
+
+def _checked_step(new, carried: tuple) -> tuple:
+    new = tuple(new) if isinstance(new, (tuple, list)) else (new,)
+    if len(new) != len(carried):
+        raise ValueError(f"grape.while_loop: body_fn returned {len(new)} values for "
+                         f"{len(carried)} carried tensors")
+    for i, (n, c) in enumerate(zip(new, carried)):
+        if not isinstance(n, torch.Tensor) or n.shape != c.shape or n.dtype != c.dtype:
+            got = f"{tuple(n.shape)} {n.dtype}" if isinstance(n, torch.Tensor) else type(n).__name__
+            raise ValueError(f"grape.while_loop: body_fn's value {i} must keep the carried "
+                             f"tensor's shape {tuple(c.shape)} and dtype {c.dtype}, got {got}")
+    return new
