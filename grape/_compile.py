@@ -16,7 +16,10 @@ from typing import Any, Callable, Optional
 
 import torch
 
-from grape import _C
+from grape import _C, _rewrite
+
+# A branch the rewriter cannot predicate is the user's to fix: the error reaches the caller.
+_C._set_propagated_errors((_rewrite.RewriteError,))
 
 __all__ = ["CompiledFunction", "FallbackWarning", "compile", "stats"]
 
@@ -70,8 +73,13 @@ class CompiledFunction(_C.Runtime):
     """
 
     def __init__(self, fn: Callable, *, warmup: int = 1, module: Optional[torch.nn.Module] = None,
-                 name: Optional[str] = None, alias_prediction: bool = True):
-        super().__init__(fn, warmup, module, alias_prediction)
+                 name: Optional[str] = None, alias_prediction: bool = True, rewrite: bool = True,
+                 on_unsupported: str = "error"):
+        run, why = _rewrite.rewrite(fn, on_unsupported) if rewrite else (fn, "rewrite=False")
+        super().__init__(run, warmup, module, alias_prediction)
+        # Whether tensor-dependent control flow in fn is predicated (docs/semantics.md); else why not.
+        self.rewritten = run is not fn
+        self.rewrite_note = why
         self.__wrapped__ = fn
         self.__name__ = name or getattr(fn, "__name__", type(fn).__name__)
         self.__qualname__ = getattr(fn, "__qualname__", self.__name__)
@@ -117,7 +125,8 @@ class CompiledFunction(_C.Runtime):
         return s
 
 
-def compile(fn: Optional[Callable] = None, *, warmup: int = 1, alias_prediction: bool = True):
+def compile(fn: Optional[Callable] = None, *, warmup: int = 1, alias_prediction: bool = True,
+            rewrite: bool = True, on_unsupported: str = "error"):
     """Compiles ``fn`` (a function or an ``nn.Module``) into CUDA graphs, one per call signature.
 
     * ``grape.compile(fn)`` and ``@grape.compile`` return a :class:`CompiledFunction`;
@@ -136,6 +145,14 @@ def compile(fn: Optional[Callable] = None, *, warmup: int = 1, alias_prediction:
     calls at a code position that allocated an earlier call's argument (``torch.cat``, ``.to("cuda")``),
     hand that allocation memory the graphs read in place. Off: every input is copied into a
     placeholder. See docs/semantics.md, "Liveness of outputs".
+
+    ``rewrite``: turn ``if``/``elif``/``else``, ``break`` and ``continue`` whose condition is a CUDA
+    tensor into predication (grape.Predicate blocks whose rebound names are merged with
+    torch.where), so such functions capture without host syncs; Python conditions keep Python
+    semantics. Needs the function's source. ``on_unsupported``: what a branch that cannot be
+    predicated (a ``return`` inside it, say) does under capture: ``"error"`` raises
+    ``grape.RewriteError`` naming the file and line; ``"sync"`` warns and reads the condition on
+    the host, so that signature runs eagerly. See docs/semantics.md, "The predication rewriter".
     """
     if isinstance(warmup, bool) or not isinstance(warmup, int):
         raise TypeError(f"grape.compile: warmup must be an int, got {type(warmup).__name__}")
@@ -144,21 +161,26 @@ def compile(fn: Optional[Callable] = None, *, warmup: int = 1, alias_prediction:
     if not isinstance(alias_prediction, bool):
         raise TypeError("grape.compile: alias_prediction must be a bool, got "
                         f"{type(alias_prediction).__name__}")
+    if not isinstance(rewrite, bool):
+        raise TypeError(f"grape.compile: rewrite must be a bool, got {type(rewrite).__name__}")
+    if on_unsupported not in ("error", "sync"):
+        raise ValueError(f"grape.compile: on_unsupported must be 'error' or 'sync', got {on_unsupported!r}")
+    options = dict(warmup=warmup, alias_prediction=alias_prediction, rewrite=rewrite,
+                   on_unsupported=on_unsupported)
     if fn is None:
-        return functools.partial(compile, warmup=warmup, alias_prediction=alias_prediction)
+        return functools.partial(compile, **options)
     if isinstance(fn, CompiledFunction):
         raise TypeError("grape.compile: this function is already compiled")
     if isinstance(fn, torch.nn.Module):
         module = fn
         if isinstance(module.__dict__.get("forward"), CompiledFunction):
             raise TypeError(f"grape.compile: {type(module).__name__} is already compiled")
-        module.forward = CompiledFunction(module.forward, warmup=warmup, module=module,
-                                          name=f"{type(module).__name__}.forward",
-                                          alias_prediction=alias_prediction)
+        module.forward = CompiledFunction(module.forward, module=module,
+                                          name=f"{type(module).__name__}.forward", **options)
         return module
     if not callable(fn):
         raise TypeError(f"grape.compile expects a function or an nn.Module, got {type(fn).__name__}")
-    return CompiledFunction(fn, warmup=warmup, alias_prediction=alias_prediction)
+    return CompiledFunction(fn, **options)
 
 
 def stats(fn: Any) -> dict:

@@ -55,6 +55,8 @@ PYBIND11_MODULE(_C, m) {
       .def("_runtime_stats", &Runtime::stats)
       .def("_entries", &Runtime::entries)
       .def("reset", &Runtime::reset, "Drops every captured graph; the next calls warm up again.");
+  m.def("_set_propagated_errors", &grape::set_propagated_errors, py::arg("types"),
+        "Exception types a capture raises to the caller instead of falling back to eager.");
 
 #ifdef GRAPE_WITH_CUDA
   m.def(

@@ -44,6 +44,16 @@ bool is_whole_storage(const at::Tensor& t, size_t bytes) {
   return t.storage_offset() == 0 && t.storage().nbytes() == bytes;
 }
 
+// Errors the user must see rather than a fallback (grape.RewriteError): registered by Python.
+py::object& propagated_error_types() {
+  static auto* types = new py::object(py::tuple());  // never destroyed: a Python object
+  return *types;
+}
+
+bool propagates(const py::error_already_set& e) {
+  return py::len(propagated_error_types()) > 0 && e.matches(propagated_error_types());
+}
+
 py::object call_python(const py::object& fn, const py::args& args, const py::kwargs& kwargs) {
   PyObject* result = PyObject_Call(fn.ptr(), args.ptr(), kwargs.ptr());
   if (result == nullptr) throw py::error_already_set();
@@ -96,6 +106,8 @@ struct CapturedGraph {
   std::vector<OutputTensor> output_tensors;
   std::vector<std::pair<at::Tensor, const void*>> static_tensors;
 };
+
+void set_propagated_errors(py::tuple types) { propagated_error_types() = std::move(types); }
 
 Entry::Entry() = default;
 Entry::~Entry() = default;
@@ -470,7 +482,7 @@ bool Runtime::capture(FlatCall& flat, std::unique_ptr<CapturedGraph>& into, std:
                            py::reinterpret_borrow<py::kwargs>(call[1]));
       graph->capture_end();
     } catch (py::error_already_set& e) {
-      if (!e.matches(PyExc_Exception)) {  // KeyboardInterrupt, SystemExit: not a capture problem
+      if (!e.matches(PyExc_Exception) || propagates(e)) {  // not a reason to run eagerly
         result = py::none();
         abort_capture(graph, pool, use_count_before);
         throw;

@@ -57,6 +57,9 @@ struct Entry {
   ~Entry();
 };
 
+// Exception types that a capture lets through to the caller instead of falling back to eager.
+void set_propagated_errors(py::tuple types);
+
 class Runtime {
  public:
   // `static_module`: an nn.Module (or None) whose parameters and buffers the function reads.

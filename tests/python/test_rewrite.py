@@ -1,0 +1,219 @@
+"""The predication rewriter without a GPU: Python semantics are kept for Python conditions, and a
+simulated capture (both branches run, names merged with torch.where, as under CUDA graph capture)
+gives the results of eager execution on tensors; refusals name the file and line."""
+
+import inspect
+
+import pytest
+import torch
+
+import grape
+from grape import _rewrite
+from grape._rewrite import RewriteError, rewrite
+
+
+class _BothBranches:
+    """Stands in for a grape.Predicate under capture: Python runs both blocks (as when capturing
+    them into a conditional node); the rewriter's merge selects the values."""
+
+    def __init__(self, condition):
+        self._condition = condition
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+    def otherwise(self):
+        return self
+
+
+@pytest.fixture
+def simulated_capture(monkeypatch):
+    """CPU bool tensors take the predicated path."""
+    monkeypatch.setattr(_rewrite._Runtime, "predicated",
+                        staticmethod(lambda c: isinstance(c, torch.Tensor)))
+    monkeypatch.setattr(_rewrite._Runtime, "branch",
+                        staticmethod(lambda c, where: _BothBranches((c != 0).reshape(()))))
+
+
+def clamp_and_count(x, limit):
+    count = 0
+    if x.sum() > limit:
+        x = x * 0.5
+        count = count + 1
+    elif x.sum() < -limit:
+        x = -x
+        count = count + 2
+    else:
+        x = x + 1
+    return x, count
+
+
+def first_over(xs, limit):
+    total = torch.zeros(())
+    found = torch.zeros(())
+    for x in xs:
+        if x > limit:
+            found = x
+            break
+        if x < 0:
+            continue
+        total = total + x
+    return total, found
+
+
+def nested_loops(rows):
+    out = torch.zeros(())
+    for row in rows:
+        for v in row:
+            if v < 0:
+                break
+            out = out + v
+        else:
+            out = out + 100
+    return out
+
+
+def temporaries(x):
+    if x.sum() > 0:
+        tmp = x * 2
+        x = tmp + 1
+    return x
+
+
+@pytest.mark.parametrize("fn, cases", [
+    (clamp_and_count, [(torch.tensor([3.0, 4.0]), 5.0), (torch.tensor([-3.0, -4.0]), 5.0),
+                       (torch.tensor([1.0, 1.0]), 5.0)]),
+    (first_over, [([torch.tensor(v) for v in (1.0, -2.0, 3.0, 9.0, 4.0)], 5.0),
+                  ([torch.tensor(v) for v in (1.0, 2.0)], 5.0), ([1, -2, 3, 9, 4], 5)]),
+    (nested_loops, [([[torch.tensor(1.0), torch.tensor(-1.0), torch.tensor(5.0)],
+                      [torch.tensor(2.0)]],)]),
+    (temporaries, [(torch.tensor([1.0, 2.0]),), (torch.tensor([-1.0, -2.0]),)]),
+])
+def test_rewritten_functions_keep_python_semantics(fn, cases):
+    rewritten, why = rewrite(fn)
+    assert why is None and rewritten is not fn
+    for args in cases:
+        assert _same(rewritten(*args), fn(*args))
+
+
+@pytest.mark.parametrize("fn, cases", [
+    (clamp_and_count, [(torch.tensor([3.0, 4.0]), 5.0), (torch.tensor([-3.0, -4.0]), 5.0),
+                       (torch.tensor([1.0, 1.0]), 5.0)]),
+    (first_over, [([torch.tensor(v) for v in (1.0, -2.0, 3.0, 9.0, 4.0)], 5.0),
+                  ([torch.tensor(v) for v in (1.0, 2.0)], 5.0),
+                  ([torch.tensor(v) for v in (7.0, 2.0)], 5.0)]),
+    (temporaries, [(torch.tensor([1.0, 2.0]),), (torch.tensor([-1.0, -2.0]),)]),
+])
+def test_predicated_execution_gives_eager_results(fn, cases, simulated_capture):
+    rewritten, _ = rewrite(fn)
+    for args in cases:
+        assert _same(rewritten(*args), fn(*args))
+
+
+def _same(a, b) -> bool:
+    if isinstance(a, (tuple, list)):
+        return len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b))
+    if isinstance(a, torch.Tensor) or isinstance(b, torch.Tensor):
+        return torch.equal(torch.as_tensor(a, dtype=torch.float32), torch.as_tensor(b, dtype=torch.float32))
+    return a == b
+
+
+def early_return(x):
+    if x.sum() > 0:
+        return x
+    return -x
+
+
+def one_branch_name(x):
+    if x.sum() > 0:
+        y = x
+    return y
+
+
+def prints(x):
+    if x.sum() > 0:
+        print("positive")
+    return x
+
+
+@pytest.mark.parametrize("fn, words", [
+    (early_return, "a return inside a branch on a CUDA tensor cannot be predicated; assign"),
+    (one_branch_name, "'y' is assigned in one branch only"),
+    (prints, "a call of print"),
+])
+def test_what_cannot_be_predicated_is_refused_with_file_and_line(fn, words, simulated_capture):
+    rewritten, _ = rewrite(fn)
+    line = inspect.getsourcelines(fn)[1] + 1  # the if
+    with pytest.raises(RewriteError, match=words) as caught:
+        rewritten(torch.tensor([1.0]))
+    assert f"{__file__}:{line}" in str(caught.value)
+
+
+def test_sync_mode_warns_and_synchronizes_instead(simulated_capture):
+    rewritten, _ = rewrite(early_return, on_unsupported="sync")
+    with pytest.warns(UserWarning, match="synchronizing"):
+        assert torch.equal(rewritten(torch.tensor([1.0])), torch.tensor([1.0]))
+    with pytest.raises(ValueError, match="on_unsupported"):
+        rewrite(early_return, on_unsupported="ignore")
+
+
+def test_python_conditions_in_refused_constructs_still_work():
+    rewritten, _ = rewrite(early_return)
+    assert torch.equal(rewritten(torch.tensor([3.0])), torch.tensor([3.0]))
+    assert torch.equal(rewritten(torch.tensor([-3.0])), torch.tensor([3.0]))
+
+
+def test_closures_defaults_and_methods_are_kept():
+    scale = torch.tensor(3.0)
+
+    def scaled(x, offset=1.0, *, sign=1):
+        if x > 0:
+            x = x * scale
+        return sign * (x + offset)
+
+    rewritten, _ = rewrite(scaled)
+    assert rewritten(torch.tensor(2.0)) == scaled(torch.tensor(2.0))
+    assert rewritten(torch.tensor(-2.0), sign=-1) == scaled(torch.tensor(-2.0), sign=-1)
+
+    class Gate(torch.nn.Module):
+        def forward(self, x):
+            if x.sum() > 0:
+                x = x + 1
+            return super().forward.__name__, x
+
+    gate = Gate()
+    method, _ = rewrite(gate.forward)
+    assert method(torch.ones(1))[1].item() == 2.0 and method.__self__ is gate
+
+
+def test_functions_without_branches_or_source_are_left_alone():
+    def plain(x):
+        return x + 1
+
+    assert rewrite(plain) == (plain, None)
+    lam = lambda x: x  # noqa: E731
+    assert rewrite(lam)[0] is lam
+    assert rewrite(len)[0] is len
+    namespace = {}
+    exec("def generated(x):\n    if x:\n        return 1\n    return 0", namespace)
+    fn, why = rewrite(namespace["generated"])
+    assert fn is namespace["generated"] and "source" in why
+
+
+def test_rewritten_code_predicates_each_branch_and_flags_break():
+    names = set(rewrite(first_over)[0].__code__.co_varnames)
+    # The two ifs, and the guard of what follows each (a break, a continue).
+    assert sum(n.startswith("__grape_branch") for n in names) == 4
+    assert {"__grape_break1", "__grape_continue2"} <= names
+
+
+def test_compile_rewrites_by_default_and_can_be_told_not_to():
+    step = grape.compile(clamp_and_count)
+    assert step.__wrapped__ is clamp_and_count
+    assert step.rewritten is True
+    assert grape.compile(clamp_and_count, rewrite=False).rewritten is False
+    with pytest.raises(TypeError, match="rewrite must be a bool"):
+        grape.compile(clamp_and_count, rewrite="yes")
