@@ -61,11 +61,23 @@ def empty_cache(cfg: GPT2Config, batch: int, device, dtype=torch.float16) -> tor
 
 def make_decode_step(cfg: GPT2Config, w: dict):
     """step(tok [B, 1] int64, kv [2, L, B, H, T, Dh], attention_mask [B, T + 1] or None)
-    -> (next_tok [B, 1], kv with T + 1 positions)."""
+    -> (next_tok [B, 1], kv with T + 1 positions): greedy."""
+    forward = make_forward(cfg, w)
+
+    def step(tok: torch.Tensor, kv: torch.Tensor, attention_mask: torch.Tensor | None = None):
+        logits, new_kv = forward(tok, kv, attention_mask)
+        return logits.argmax(-1, keepdim=True), new_kv
+
+    return step
+
+
+def make_forward(cfg: GPT2Config, w: dict):
+    """forward(tok [B, 1] int64, kv [2, L, B, H, T, Dh], attention_mask [B, T + 1] or None)
+    -> (logits [B, vocab] of the next token, kv with T + 1 positions)."""
     d, nh = cfg.n_embd, cfg.n_head
     dh = d // nh
 
-    def step(tok: torch.Tensor, kv: torch.Tensor, attention_mask: torch.Tensor | None = None):
+    def forward(tok: torch.Tensor, kv: torch.Tensor, attention_mask: torch.Tensor | None = None):
         # Masked positions are left out of attention, as in Hugging Face's GPT-2.
         mask = None if attention_mask is None else attention_mask[:, None, None, :].bool()
         batch, t = tok.shape[0], kv.shape[-2]
@@ -86,10 +98,9 @@ def make_decode_step(cfg: GPT2Config, w: dict):
             h = F.gelu(F.linear(h, w[p + "fc.w"], w[p + "fc.b"]), approximate="tanh")
             x = x + F.linear(h, w[p + "fc2.w"], w[p + "fc2.b"])
         x = F.layer_norm(x, (d,), w["ln_f.w"], w["ln_f.b"])
-        logits = F.linear(x[:, -1], w["wte"])
-        return logits.argmax(-1, keepdim=True), new_kv
+        return F.linear(x[:, -1], w["wte"]), new_kv
 
-    return step
+    return forward
 
 
 def generate(step, tok: torch.Tensor, kv: torch.Tensor, steps: int) -> torch.Tensor:
