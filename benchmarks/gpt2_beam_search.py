@@ -83,8 +83,9 @@ class Case:
 
     def start(self):
         d = self.prompt.device
-        scores = torch.full((self.beams,), float("-inf"), device=d)
-        scores[0] = 0.0  # every beam starts as the prompt: expand beam 0 only
+        # Every beam starts as the prompt: expand beam 0 only. (No indexed store: from a Python
+        # scalar it is a host-to-device copy, which the steady-state check refuses.)
+        scores = torch.where(torch.arange(self.beams, device=d) == 0, 0.0, float("-inf"))
         return (self.prompt.expand(self.beams, 1).contiguous(),
                 gpt2.empty_cache(self.cfg, self.beams, d), self.prompt.expand(self.beams, 1).contiguous(),
                 scores, torch.full((self.beams,), float("-inf"), device=d),
@@ -113,16 +114,20 @@ def run(case: Case, reps: int, modes) -> dict:
             setup_s = time.perf_counter() - t0
             extra = {}
             if mode == "grape":
-                before = grape.stats(step)
+                first = grape.stats(step)
                 torch.cuda.set_sync_debug_mode("error")  # steady state: any host sync raises
                 try:
                     out = case.generate(step)
+                    before = grape.stats(step)
                     times = harness.time_ms(lambda: case.generate(step), reps)
                 finally:
                     torch.cuda.set_sync_debug_mode("default")
                 s = grape.stats(step)
-                extra = {"host_syncs_checked": True, "replays_per_generation":
-                         (s["replays"] - before["replays"]) // (reps + 1),
+                extra = {"host_syncs_checked": True,
+                         "replays_per_generation": (s["replays"] - before["replays"]) // reps,
+                         # The first generation after the captures reads the caller's first inputs
+                         # from allocation-site buffers: one chain variant per step.
+                         "captures_in_first_steady_generation": before["captures"] - first["captures"],
                          "captures_during_timing": s["captures"] - before["captures"],
                          "eager_calls": s["eager_calls"], "fallbacks": s["fallbacks"],
                          "rewritten": step.rewritten, "graphs": s["graphs"] + s["chain_variants"],

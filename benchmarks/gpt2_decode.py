@@ -3,6 +3,7 @@
 
     python -m benchmarks.gpt2_decode                 # batch 1 and 8, 128 steps, every mode
     python -m benchmarks.gpt2_decode --quick         # smoke run: few steps, no torch.compile
+    python -m benchmarks.gpt2_decode --while-loop    # a whole generation in one graph launch
 
 All modes run in one process on the same weights and inputs; each is checked against eager's
 tokens. Times are medians of --reps whole generations after a warm-up generation (and after every
@@ -215,10 +216,86 @@ def run_case(cfg, batch, steps, modes, reps) -> dict:
     return {"name": f"b{batch}", "config": config, "modes": results}
 
 
+def while_loop_case(cfg, batch, steps, reps) -> dict:
+    """N greedy tokens on a static KV cache: one graph per step replayed N times (the best a per-step
+    replay can do: one torch.cuda.CUDAGraph whose outputs land in its own inputs) against one
+    grape.while_loop graph for the whole generation."""
+    device = "cuda"
+    forward = gpt2.make_static_forward(cfg, gpt2.init_weights(cfg, device))
+
+    def step(tok, kv, pos, tokens):
+        nxt = forward(tok, kv, pos).argmax(-1, keepdim=True)  # writes kv at pos
+        return nxt, kv, pos + 1, tokens.index_copy(1, pos.view(1), nxt)
+
+    def generate_in_one_graph(tok, kv, pos, tokens):
+        return grape.while_loop(lambda tok, kv, pos, tokens: pos < steps, step, (tok, kv, pos, tokens))[3]
+
+    g = torch.Generator(device="cpu").manual_seed(1)
+    tok0 = torch.randint(0, cfg.vocab_size, (batch, 1), generator=g).to(device)
+    kv_shape = (2, cfg.n_layer, batch, cfg.n_head, steps, cfg.n_embd // cfg.n_head)
+
+    def fresh():
+        return (tok0.clone(), torch.zeros(kv_shape, device=device, dtype=torch.float16),
+                torch.zeros((), dtype=torch.long, device=device),
+                torch.zeros(batch, steps, dtype=torch.long, device=device))
+
+    def eager():
+        state = fresh()
+        for _ in range(steps):
+            state = step(*state)
+        return state[3]
+
+    static = fresh()
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        step(*fresh())  # warm-up, as torch.cuda.graph's documentation asks
+    torch.cuda.current_stream().wait_stream(stream)
+    step_graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(step_graph):
+        outputs = step(*static)
+        for buffer, value in zip(static, outputs):
+            if value is not buffer:
+                buffer.copy_(value)  # the next replay reads this step's outputs
+
+    def per_step_replays():
+        for buffer, value in zip(static, fresh()):
+            buffer.copy_(value)
+        for _ in range(steps):
+            step_graph.replay()
+        return static[3].clone()
+
+    whole = grape.compile(generate_in_one_graph)
+    start = fresh()
+    runs = {"eager": eager, "step_graph": per_step_replays, "grape_while_loop": lambda: whole(*start)}
+    results = {}
+    with torch.no_grad():
+        for mode, run in runs.items():
+            print(f"  {mode} ...", flush=True)
+            tokens = [run() for _ in range(2)][-1]  # grape: warm-up, then capture
+            times = harness.time_ms(run, reps)
+            results[mode] = {"ms_per_step": harness.median(times) / steps,
+                             "ms_per_step_runs": [t / steps for t in times], "tokens": tokens}
+    s = grape.stats(whole)
+    results["grape_while_loop"].update({"graphs": s["graphs"], "replays": s["replays"],
+                                        "eager_calls": s["eager_calls"], "fallbacks": s["fallbacks"]})
+    reference = results["eager"]["tokens"]
+    for r in results.values():
+        r["correct"] = bool(torch.equal(r.pop("tokens"), reference))
+        r["speedup_vs_eager"] = results["eager"]["ms_per_step"] / r["ms_per_step"]
+    results["grape_while_loop"]["speedup_vs_step_graph"] = (
+        results["step_graph"]["ms_per_step"] / results["grape_while_loop"]["ms_per_step"])
+    config = {"model": "gpt2-small" if cfg.n_layer == 12 else "gpt2-tiny", "dtype": "float16",
+              "batch": batch, "steps": steps, "kv_cache": "static", "reps": reps}
+    return {"name": f"b{batch}-while-loop", "config": config, "modes": results}
+
+
 def main(argv=None):
     parser = harness.argument_parser(__doc__, modes_available(), "smoke run: 16 steps, 2 reps, no torch.compile")
     parser.add_argument("--batch", type=int, nargs="+", default=[1, 8])
     parser.add_argument("--steps", type=int, default=128)
+    parser.add_argument("--while-loop", action="store_true",
+                        help="only the whole-generation case: one grape.while_loop graph vs per-step replays")
     args, modes = harness.parse(parser, argv, modes_available(),
                                 "gpt2_decode needs a CUDA device (benchmarks/demo_gpt2.py runs anywhere)")
     if args.quick:
@@ -226,6 +303,15 @@ def main(argv=None):
         modes = [m for m in modes if m != "torch_compile"]
     cfg = gpt2.GPT2Config.tiny() if args.tiny else gpt2.GPT2Config()
     cases = []
+    if args.while_loop:
+        for batch in args.batch:
+            print(f"batch {batch}, while loop:", flush=True)
+            cases.append(while_loop_case(cfg, batch, args.steps, args.reps))
+            harness.print_table(cases[-1])
+            path = harness.write_results("gpt2_decode-while-loop" + ("-quick" if args.quick else ""),
+                                         cases, args.out)
+        print(f"\nwrote {path}")
+        return cases
     for batch in args.batch:
         print(f"batch {batch}:", flush=True)
         cases.append(run_case(cfg, batch, args.steps, modes, args.reps))

@@ -74,33 +74,63 @@ def make_decode_step(cfg: GPT2Config, w: dict):
 def make_forward(cfg: GPT2Config, w: dict):
     """forward(tok [B, 1] int64, kv [2, L, B, H, T, Dh], attention_mask [B, T + 1] or None)
     -> (logits [B, vocab] of the next token, kv with T + 1 positions)."""
-    d, nh = cfg.n_embd, cfg.n_head
-    dh = d // nh
 
     def forward(tok: torch.Tensor, kv: torch.Tensor, attention_mask: torch.Tensor | None = None):
         # Masked positions are left out of attention, as in Hugging Face's GPT-2.
         mask = None if attention_mask is None else attention_mask[:, None, None, :].bool()
-        batch, t = tok.shape[0], kv.shape[-2]
-        new_kv = torch.empty(*kv.shape[:-2], t + 1, dh, device=kv.device, dtype=kv.dtype)
+        t = kv.shape[-2]
+        new_kv = torch.empty(*kv.shape[:-2], t + 1, kv.shape[-1], device=kv.device, dtype=kv.dtype)
         new_kv[..., :t, :] = kv
-        x = F.embedding(tok, w["wte"]) + w["wpe"][t]
-        for i in range(cfg.n_layer):
-            p = f"h{i}."
-            h = F.layer_norm(x, (d,), w[p + "ln1.w"], w[p + "ln1.b"])
-            q, k, v = F.linear(h, w[p + "attn.w"], w[p + "attn.b"]).split(d, dim=-1)
-            q = q.view(batch, 1, nh, dh).transpose(1, 2)
-            new_kv[0, i, :, :, t] = k.view(batch, nh, dh)
-            new_kv[1, i, :, :, t] = v.view(batch, nh, dh)
-            a = F.scaled_dot_product_attention(q, new_kv[0, i], new_kv[1, i], attn_mask=mask)
-            a = a.transpose(1, 2).reshape(batch, 1, d)
-            x = x + F.linear(a, w[p + "proj.w"], w[p + "proj.b"])
-            h = F.layer_norm(x, (d,), w[p + "ln2.w"], w[p + "ln2.b"])
-            h = F.gelu(F.linear(h, w[p + "fc.w"], w[p + "fc.b"]), approximate="tanh")
-            x = x + F.linear(h, w[p + "fc2.w"], w[p + "fc2.b"])
-        x = F.layer_norm(x, (d,), w["ln_f.w"], w["ln_f.b"])
-        return F.linear(x[:, -1], w["wte"]), new_kv
+
+        def attend(i, q, k, v):
+            new_kv[0, i, :, :, t] = k
+            new_kv[1, i, :, :, t] = v
+            return F.scaled_dot_product_attention(q, new_kv[0, i], new_kv[1, i], attn_mask=mask)
+
+        return _transformer(cfg, w, F.embedding(tok, w["wte"]) + w["wpe"][t], attend), new_kv
 
     return forward
+
+
+def make_static_forward(cfg: GPT2Config, w: dict):
+    """forward(tok [B, 1] int64, kv [2, L, B, H, T_max, Dh], pos [] int64) -> logits [B, vocab]:
+    a static KV cache, written in place at position `pos`; one shape for every step, so a whole
+    generation fits one graph (grape.while_loop)."""
+
+    def forward(tok: torch.Tensor, kv: torch.Tensor, pos: torch.Tensor):
+        at = pos.view(1)
+        visible = (torch.arange(kv.shape[-2], device=kv.device) <= pos)[None, None, None, :]
+
+        def attend(i, q, k, v):
+            kv[0, i].index_copy_(2, at, k[:, :, None, :])
+            kv[1, i].index_copy_(2, at, v[:, :, None, :])
+            return F.scaled_dot_product_attention(q, kv[0, i], kv[1, i], attn_mask=visible)
+
+        x = F.embedding(tok, w["wte"]) + w["wpe"].index_select(0, at)
+        return _transformer(cfg, w, x, attend)
+
+    return forward
+
+
+def _transformer(cfg: GPT2Config, w: dict, x: torch.Tensor, attend) -> torch.Tensor:
+    """The blocks and the head for one new position x [B, 1, d]; attend(layer, q [B, H, 1, Dh],
+    k [B, H, Dh], v [B, H, Dh]) stores k and v and attends over the cache."""
+    d, nh = cfg.n_embd, cfg.n_head
+    dh = d // nh
+    batch = x.shape[0]
+    for i in range(cfg.n_layer):
+        p = f"h{i}."
+        h = F.layer_norm(x, (d,), w[p + "ln1.w"], w[p + "ln1.b"])
+        q, k, v = F.linear(h, w[p + "attn.w"], w[p + "attn.b"]).split(d, dim=-1)
+        q = q.view(batch, 1, nh, dh).transpose(1, 2)
+        a = attend(i, q, k.view(batch, nh, dh), v.view(batch, nh, dh))
+        a = a.transpose(1, 2).reshape(batch, 1, d)
+        x = x + F.linear(a, w[p + "proj.w"], w[p + "proj.b"])
+        h = F.layer_norm(x, (d,), w[p + "ln2.w"], w[p + "ln2.b"])
+        h = F.gelu(F.linear(h, w[p + "fc.w"], w[p + "fc.b"]), approximate="tanh")
+        x = x + F.linear(h, w[p + "fc2.w"], w[p + "fc2.b"])
+    x = F.layer_norm(x, (d,), w["ln_f.w"], w["ln_f.b"])
+    return F.linear(x[:, -1], w["wte"])
 
 
 def generate(step, tok: torch.Tensor, kv: torch.Tensor, steps: int) -> torch.Tensor:
