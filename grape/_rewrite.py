@@ -217,8 +217,10 @@ def _parse(code: str) -> list[ast.stmt]:
 
 
 class _Rewriter(ast.NodeTransformer):
-    def __init__(self, filename: str, first_line: int, on_unsupported: str, loads: set):
+    def __init__(self, filename: str, first_line: int, on_unsupported: str, loads: set,
+                 outer_names: set):
         self.loads = loads  # every name the function reads
+        self.outer_names = outer_names  # names it declares global or nonlocal
         self.filename = filename
         self.line_offset = first_line - 1  # the parsed source starts at line 1
         self.on_unsupported = on_unsupported
@@ -287,6 +289,9 @@ class _Rewriter(ast.NodeTransformer):
     # --- if -> predicated if ---------------------------------------------------------------------
     def visit_If(self, node):
         what = _unsupported_in(node.body + node.orelse)  # in the user's code, not what we generate
+        shared = [n for n in _stores(node.body + node.orelse) if n in self.outer_names]
+        if what is None and shared:
+            what = f"an assignment to the global or nonlocal '{shared[0]}'"
         node.body = self._block(node.body)
         node.orelse = self._block(node.orelse)
         where = self.where(node)
@@ -372,8 +377,10 @@ def rewrite(fn: Callable, on_unsupported: str = "error") -> tuple[Callable, Opti
     if not any(isinstance(n, (ast.If, ast.Break, ast.Continue)) for n in ast.walk(definition)):
         return fn, None
     definition.decorator_list = []
+    outer_names = {name for node in ast.walk(definition) if isinstance(node, (ast.Global, ast.Nonlocal))
+                   for name in node.names}
     rewriter = _Rewriter(filename, target.__code__.co_firstlineno, on_unsupported,
-                         _loads(definition))
+                         _loads(definition), outer_names)
     definition.body = rewriter._block(definition.body)
     # A factory whose closure holds the runtime helpers, then the function's own free variables.
     factory = ast.FunctionDef(

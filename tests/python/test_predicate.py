@@ -63,6 +63,18 @@ def test_bad_conditions_are_refused_with_the_reason(condition, error, words):
         grape.while_loop(lambda x: condition, lambda x: (x,), (torch.zeros(1),))
 
 
+@pytest.mark.skipif(not grape._C.built_with_cuda, reason="grape was built without CUDA")
+def test_feature_detection_names_the_versions_it_needs():
+    for kind, needs in (("if", "12.4"), ("while", "12.4"), ("if_else", "12.8")):
+        reason = grape._C.conditional_unsupported_reason(kind)
+        if torch.cuda.is_available():
+            assert reason == "", reason  # the GPU machine: CUDA 13 runtime and driver
+        else:
+            assert f"CUDA {needs} runtime and driver" in reason and "driver 0" in reason
+    with pytest.raises(RuntimeError, match="unknown conditional kind"):
+        grape._C.conditional_unsupported_reason("switch")
+
+
 def test_while_loop_carries_tensors_only():
     with pytest.raises(TypeError, match="carries tensors"):
         grape.while_loop(lambda x: x, lambda x: x, (1,))

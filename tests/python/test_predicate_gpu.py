@@ -15,6 +15,17 @@ def flag(value: bool) -> torch.Tensor:
     return torch.tensor(value, device=DEV)
 
 
+@pytest.mark.parametrize("condition, error, words", [
+    (lambda: torch.ones(1, device=DEV), TypeError, "got dtype torch.float32 \\(compare it"),
+    (lambda: torch.ones(2, dtype=torch.bool, device=DEV), ValueError, "got 2 elements \\(reduce it"),
+])
+def test_conditions_of_the_wrong_dtype_or_size_are_refused(condition, error, words):
+    with pytest.raises(error, match=words):
+        grape.Predicate(condition())
+    with pytest.raises(error, match=words):
+        grape.while_loop(lambda x: condition(), lambda x: (x,), (torch.zeros(1, device=DEV),))
+
+
 def test_eager_predicate_runs_the_taken_block_only():
     out = torch.zeros(2, device=DEV)
     for value in (True, False):

@@ -139,17 +139,79 @@ def prints(x):
     return x
 
 
+def raises(x):
+    if x.sum() > 0:
+        raise ValueError("positive")
+    return x
+
+
+COUNTER = 0
+
+
+def bumps_a_global(x):
+    global COUNTER
+    if x.sum() > 0:
+        COUNTER += 1
+    return x
+
+
+def tries(x):
+    if x.sum() > 0:
+        try:
+            x = x + 1
+        except RuntimeError:
+            pass
+    return x
+
+
+def breaks_in_for_else(xs):
+    total = torch.zeros(())
+    for x in xs:
+        if x > 0:
+            break
+        total = total + x
+    else:
+        total = total - 1
+    return total
+
+
+def reshapes(x):
+    if x.sum() > 0:
+        x = x.reshape(-1, 1)
+    return x
+
+
+def python_values_differ(x):
+    mode = "small"
+    if x.sum() > 0:
+        mode = "large"
+    return x, mode
+
+
 @pytest.mark.parametrize("fn, words", [
     (early_return, "a return inside a branch on a CUDA tensor cannot be predicated; assign"),
     (one_branch_name, "'y' is assigned in one branch only"),
     (prints, "a call of print"),
+    (raises, "a raise inside a branch"),
+    (bumps_a_global, "an assignment to the global or nonlocal 'COUNTER'"),
+    (tries, "a try statement"),
+    (reshapes, "'x' has shape"),
+    (python_values_differ, "'mode' takes different Python values"),
 ])
 def test_what_cannot_be_predicated_is_refused_with_file_and_line(fn, words, simulated_capture):
     rewritten, _ = rewrite(fn)
-    line = inspect.getsourcelines(fn)[1] + 1  # the if
+    lines, first = inspect.getsourcelines(fn)
+    line = first + next(i for i, text in enumerate(lines) if text.strip().startswith("if "))
     with pytest.raises(RewriteError, match=words) as caught:
         rewritten(torch.tensor([1.0]))
     assert f"{__file__}:{line}" in str(caught.value)
+
+
+def test_a_break_in_a_loop_with_an_else_clause_is_refused(simulated_capture):
+    rewritten, _ = rewrite(breaks_in_for_else)
+    with pytest.raises(RewriteError, match="a break or continue inside a branch"):
+        rewritten([torch.tensor(-1.0), torch.tensor(2.0)])
+    assert rewritten([-1.0, 2.0]) == breaks_in_for_else([-1.0, 2.0])  # Python values: Python's loop
 
 
 def test_sync_mode_warns_and_synchronizes_instead(simulated_capture):
