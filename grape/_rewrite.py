@@ -37,7 +37,7 @@ import torch
 
 from grape import _predicate
 
-__all__ = ["RewriteError", "rewrite"]
+__all__ = ["RewriteError", "rewrite", "rewritten_source"]
 
 _PREFIX = "__grape_"
 _RT = _PREFIX + "rt"
@@ -355,33 +355,50 @@ class _Rewriter(ast.NodeTransformer):
         return out
 
 
-def rewrite(fn: Callable, on_unsupported: str = "error") -> tuple[Callable, Optional[str]]:
-    """(the rewritten function, None), or (fn, why it was left as is)."""
+def rewritten_source(fn: Callable, on_unsupported: str = "error") -> Optional[str]:
+    """The source of what grape runs for `fn` (its definition after the rewrite), or None when it
+    is left as is: to see how a branch was predicated."""
+    tree = _transform(fn, on_unsupported)
+    return None if isinstance(tree, str) or tree is None else ast.unparse(tree[1])
+
+
+def _transform(fn: Callable, on_unsupported: str):
+    """(target function, rewritten definition), None when there is nothing to rewrite, or a string
+    saying why it cannot be rewritten."""
     if on_unsupported not in ("error", "sync"):
         raise ValueError(f"grape.compile: on_unsupported must be 'error' or 'sync', got {on_unsupported!r}")
     target = fn.__func__ if isinstance(fn, types.MethodType) else fn
     if not isinstance(target, types.FunctionType):
-        return fn, f"{type(fn).__name__} is not a Python function"
+        return f"{type(fn).__name__} is not a Python function"
     if target.__name__ == "<lambda>":
-        return fn, "a lambda has no statements to rewrite"
+        return "a lambda has no statements to rewrite"
     try:
         source = textwrap.dedent(inspect.getsource(target))
         filename = inspect.getsourcefile(target) or target.__code__.co_filename
     except (OSError, TypeError):
-        return fn, "its source is not available"
-    tree = ast.parse(source)
-    definition = tree.body[0]
+        return "its source is not available"
+    definition = ast.parse(source).body[0]
     if not isinstance(definition, (ast.FunctionDef, ast.AsyncFunctionDef)) or \
             definition.name != target.__name__:
-        return fn, "its source is not a plain function definition"
+        return "its source is not a plain function definition"
     if not any(isinstance(n, (ast.If, ast.Break, ast.Continue)) for n in ast.walk(definition)):
-        return fn, None
+        return None
     definition.decorator_list = []
     outer_names = {name for node in ast.walk(definition) if isinstance(node, (ast.Global, ast.Nonlocal))
                    for name in node.names}
     rewriter = _Rewriter(filename, target.__code__.co_firstlineno, on_unsupported,
                          _loads(definition), outer_names)
     definition.body = rewriter._block(definition.body)
+    ast.fix_missing_locations(definition)
+    return target, definition, filename
+
+
+def rewrite(fn: Callable, on_unsupported: str = "error") -> tuple[Callable, Optional[str]]:
+    """(the rewritten function, None), or (fn, why it was left as is)."""
+    transformed = _transform(fn, on_unsupported)
+    if transformed is None or isinstance(transformed, str):
+        return fn, transformed
+    target, definition, filename = transformed
     # A factory whose closure holds the runtime helpers, then the function's own free variables.
     factory = ast.FunctionDef(
         name=_PREFIX + "factory",

@@ -279,3 +279,18 @@ def test_compile_rewrites_by_default_and_can_be_told_not_to():
     assert grape.compile(clamp_and_count, rewrite=False).rewritten is False
     with pytest.raises(TypeError, match="rewrite must be a bool"):
         grape.compile(clamp_and_count, rewrite="yes")
+
+
+def test_rewritten_source_shows_the_predicated_form_next_to_the_original():
+    source = _rewrite.rewritten_source(temporaries)
+    # The condition is evaluated once; the original if stays for Python values and eager calls.
+    assert "__grape_cond1 = x.sum() > 0" in source
+    assert "if __grape_rt.predicated(__grape_cond1):" in source
+    assert "with __grape_branch2:" in source and "tmp = x * 2" in source
+    assert "x = __grape_rt.merge(__grape_branch2," in source
+    assert "elif __grape_cond1:" in source or "if __grape_cond1:" in source
+    loop = _rewrite.rewritten_source(first_over)
+    assert "__grape_break1 = True" in loop and "__grape_continue2 = True" in loop
+    assert "= __grape_rt.live(__grape_break1, __grape_continue2)" in loop  # a guard, predicated too
+    assert "if __grape_rt.is_true(__grape_break1):\n            break" in loop
+    assert _rewrite.rewritten_source(len) is None
