@@ -9,8 +9,8 @@
 
 from grape._compile import CompiledFunction, FallbackWarning, compile, stats
 from grape._predicate import Predicate, while_loop
-from grape._rewrite import RewriteError
+from grape._rewrite import RewriteError, rewritten_source
 
-__all__ = ["CompiledFunction", "FallbackWarning", "Predicate", "RewriteError", "compile", "stats",
-           "while_loop"]
+__all__ = ["CompiledFunction", "FallbackWarning", "Predicate", "RewriteError", "compile",
+           "rewritten_source", "stats", "while_loop"]
 __version__ = "0.1.0"

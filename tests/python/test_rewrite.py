@@ -282,7 +282,7 @@ def test_compile_rewrites_by_default_and_can_be_told_not_to():
 
 
 def test_rewritten_source_shows_the_predicated_form_next_to_the_original():
-    source = _rewrite.rewritten_source(temporaries)
+    source = grape.rewritten_source(temporaries)
     # The condition is evaluated once; the original if stays for Python values and eager calls.
     assert "__grape_cond1 = x.sum() > 0" in source
     assert "if __grape_rt.predicated(__grape_cond1):" in source
