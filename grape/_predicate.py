@@ -53,6 +53,7 @@ class _HostBranch:
         self.taken = taken
         self._frame = None
         self._previous_trace = None
+        self._previous_frame_trace = None
 
     def __enter__(self):
         return self.enter(sys._getframe(1))
@@ -62,6 +63,7 @@ class _HostBranch:
         if not self.taken:
             self._frame = frame
             self._previous_trace = sys.gettrace()
+            self._previous_frame_trace = frame.f_trace  # a debugger's or coverage's
             sys.settrace(lambda *_: None)  # tracing on, so that the frame's own tracer runs
 
             def skip(frame, event, arg):
@@ -73,7 +75,7 @@ class _HostBranch:
     def __exit__(self, exc_type, exc, tb) -> bool:
         if self._frame is None:
             return False
-        self._frame.f_trace = None
+        self._frame.f_trace = self._previous_frame_trace
         sys.settrace(self._previous_trace)
         self._frame = None
         return exc_type is _SkipBody
@@ -164,25 +166,30 @@ def while_loop(cond_fn: Callable[..., torch.Tensor], body_fn: Callable[..., Sequ
     ``body_fn`` returns tensors of the same shapes and dtypes, ``cond_fn`` a one-element CUDA bool
     tensor. Under capture the loop is a CUDA WHILE node: the whole loop replays in one graph launch,
     the GPU deciding when it ends. Outside capture it is a Python loop that reads the condition on
-    the host every iteration. The tensors passed in are not modified.
+    the host every iteration. The tensors passed in are not modified; the result is new tensors.
     """
     carried = tuple(carried)
     for t in carried:
         if not isinstance(t, torch.Tensor):
             raise TypeError(f"grape.while_loop carries tensors, got {type(t).__name__}")
+    state = tuple(t.clone() for t in carried)  # new tensors, whatever the number of iterations
     if not _capturing():
         while True:
-            condition = cond_fn(*carried)
+            condition = cond_fn(*state)
             _check_condition(condition, "grape.while_loop's cond_fn")
             if not bool(condition.item()):
-                return carried
-            carried = _checked_step(body_fn(*carried), carried)
-    state = tuple(t.clone() for t in carried)
+                return state
+            state = _checked_step(body_fn(*state), state)
     branch = _C.ConditionalBranch(cond_fn(*state), "while")
     branch.begin_body(0)
     try:
         new = _checked_step(body_fn(*state), state)
-        for s, n in zip(state, new):
+        # A value that shares memory with another carried tensor is read before anything is
+        # written back: (b, a) swaps, (x + 1, x) shifts.
+        storages = {s.untyped_storage().data_ptr() for s in state}
+        staged = [n if n is s or n.untyped_storage().data_ptr() not in storages else n.clone()
+                  for s, n in zip(state, new)]
+        for s, n in zip(state, staged):
             if n is not s:
                 s.copy_(n)
         branch.set_condition(cond_fn(*state))

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import ast
 import inspect
+from collections import Counter
 import textwrap
 import types
 import warnings
@@ -67,6 +68,8 @@ _UNSUPPORTED = {
 _ADVICE = {
     "a return": "assign the result to a variable in both branches and return it after the if",
     "a break or continue": "keep it directly in if/else blocks of a loop without an else clause",
+    "an assignment to an attribute": "compute the value with torch.where, or update a tensor "
+                                     "attribute in place (self.t.copy_(...))",
 }
 
 
@@ -125,19 +128,41 @@ class _Runtime:
                                    f"in one branch and {tuple(not_taken.shape)} {not_taken.dtype} in "
                                    "the other; a graph needs one")
             return torch.where(condition, taken, not_taken)
-        if type(taken) is type(not_taken) and isinstance(taken, (bool, int, float)):
+        numbers = (bool, int, float)
+        if isinstance(taken, numbers) and isinstance(not_taken, numbers):
+            if taken == not_taken and type(taken) is type(not_taken):
+                return taken
             full = [torch.full((), v, device=condition.device) for v in (taken, not_taken)]
             return torch.where(condition, full[0], full[1])
+        if isinstance(taken, (tuple, list)) and type(taken) is type(not_taken) and \
+                len(taken) == len(not_taken):
+            return type(taken)(_Runtime.merge(branch, a, b, f"{name}[{i}]", where)
+                               for i, (a, b) in enumerate(zip(taken, not_taken)))
         if taken == not_taken:
             return taken
         raise RewriteError(f"{where}: '{name}' takes different Python values in the two branches "
                            "of a branch on a CUDA tensor; make it a tensor or keep it the same")
 
     @staticmethod
-    def is_true(flag) -> bool:
+    def is_true(flag, where: str = "") -> bool:
         """A break flag: True stops a Python loop; a tensor flag never does (later iterations run,
         predicated off)."""
         return flag is True
+
+    @staticmethod
+    def while_break(flag, where: str) -> bool:
+        if isinstance(flag, torch.Tensor):
+            raise RewriteError(f"{where}: a break on a CUDA tensor inside a while loop cannot be "
+                               "predicated (the Python loop would never end); use "
+                               "grape.while_loop(cond_fn, body_fn, carried)")
+        return flag is True
+
+    @staticmethod
+    def check_loop_target(flag, name: str, where: str) -> None:
+        if isinstance(flag, torch.Tensor):
+            raise RewriteError(f"{where}: the loop variable '{name}' is read after a loop left by a "
+                               "break on a CUDA tensor; after predication it holds the last item. "
+                               "Record what you need in a tensor inside the loop")
 
     @staticmethod
     def live(broken, continued):
@@ -176,8 +201,14 @@ def _stores(statements) -> list[str]:
     return names
 
 
-def _loads(node) -> set:
-    return {n.id for n in ast.walk(node) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load)}
+def _attribute_store(statements) -> bool:
+    """Whether a block assigns an attribute (a Python side effect a merge cannot undo)."""
+    return any(isinstance(n, ast.Attribute) and isinstance(n.ctx, ast.Store)
+               for s in statements for n in ast.walk(s))
+
+
+def _load_counts(node) -> Counter:
+    return Counter(n.id for n in ast.walk(node) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load))
 
 
 def _unsupported_in(statements) -> Optional[str]:
@@ -217,19 +248,23 @@ def _parse(code: str) -> list[ast.stmt]:
 
 
 class _Rewriter(ast.NodeTransformer):
-    def __init__(self, filename: str, first_line: int, on_unsupported: str, loads: set,
+    def __init__(self, filename: str, first_line: int, on_unsupported: str, loads: Counter,
                  outer_names: set):
-        self.loads = loads  # every name the function reads
+        self.loads = loads  # how many times the function reads each name
         self.outer_names = outer_names  # names it declares global or nonlocal
         self.filename = filename
         self.line_offset = first_line - 1  # the parsed source starts at line 1
         self.on_unsupported = on_unsupported
         self.counter = 0
-        self.loop_flags: list[tuple[str, str]] = []
 
     def fresh(self, kind: str) -> str:
         self.counter += 1
         return f"{_PREFIX}{kind}{self.counter}"
+
+    def reads_outside(self, node, name: str, inside: Counter | None = None) -> bool:
+        """Whether the function reads `name` outside `node` (`inside`: node's reads before its
+        children were rewritten, which duplicates them)."""
+        return self.loads[name] > (inside if inside is not None else _load_counts(node))[name]
 
     def where(self, node) -> str:
         return f"{self.filename}:{node.lineno + self.line_offset}"
@@ -249,17 +284,25 @@ class _Rewriter(ast.NodeTransformer):
 
     def _loop(self, node):
         if node.orelse or not _loops_control(node.body):
-            self.loop_flags.append(None)
             node.body = self._block(node.body)
-            self.loop_flags.pop()
+            node.orelse = self._block(node.orelse)
             return node
+        where = self.where(node)
+        targets = [n.id for n in ast.walk(node.target) if isinstance(n, ast.Name)] \
+            if isinstance(node, ast.For) else []
+        read_later = [t for t in targets if self.reads_outside(node, t)]  # before the rewrite
         broken, continued = self.fresh("break"), self.fresh("continue")
-        self.loop_flags.append((broken, continued))
-        body = self._eliminate(node.body, broken, continued)
-        self.loop_flags.pop()
-        node.body = self._block(_parse(f"{continued} = False") + body) + _parse(
-            f"if {_RT}.is_true({broken}):\n    break")  # a Python True: leave before the next item
-        return _parse(f"{broken} = False") + [node]
+        # Once a break on a tensor may have happened, every later iteration runs predicated off.
+        guard = _parse(f"if {_RT}.live({broken}, False):\n    pass")[0]
+        guard.body = self._eliminate(node.body, broken, continued)
+        ast.copy_location(guard, node)
+        leave = "is_true" if isinstance(node, ast.For) else "while_break"
+        node.body = self._block(_parse(f"{continued} = False") + [guard]) + _parse(
+            f"if {_RT}.{leave}({broken}, {where!r}):\n    break")  # before the next item
+        after = []
+        if read_later:  # its value after a predicated break would be the last item's
+            after = _parse(f"{_RT}.check_loop_target({broken}, {read_later[0]!r}, {where!r})")
+        return _parse(f"{broken} = False") + [node] + after
 
     def _eliminate(self, statements, broken: str, continued: str) -> list[ast.stmt]:
         """The block with its break/continue replaced by flags, and what follows a statement that
@@ -289,9 +332,12 @@ class _Rewriter(ast.NodeTransformer):
     # --- if -> predicated if ---------------------------------------------------------------------
     def visit_If(self, node):
         what = _unsupported_in(node.body + node.orelse)  # in the user's code, not what we generate
+        inside = _load_counts(node)
         shared = [n for n in _stores(node.body + node.orelse) if n in self.outer_names]
         if what is None and shared:
             what = f"an assignment to the global or nonlocal '{shared[0]}'"
+        if what is None and _attribute_store(node.body + node.orelse):
+            what = "an assignment to an attribute"
         node.body = self._block(node.body)
         node.orelse = self._block(node.orelse)
         where = self.where(node)
@@ -304,16 +350,15 @@ class _Rewriter(ast.NodeTransformer):
             result = [head, python_if]
         else:
             result = [head, ast.If(test=_parse(f"{_RT}.predicated({c})")[0].value,
-                                   body=self._predicated(node, c, where), orelse=[python_if])]
+                                   body=self._predicated(node, c, where, inside), orelse=[python_if])]
         for r in result:
             ast.copy_location(r, node)
         return result
 
-    def _predicated(self, node, c: str, where: str) -> list[ast.stmt]:
+    def _predicated(self, node, c: str, where: str, inside: Counter) -> list[ast.stmt]:
         p = self.fresh("branch")
         # Every name the branches bind is merged. One bound in a single branch and unbound before is
         # a temporary of that branch unless it is read outside the if (then it is an error).
-        read_outside = self.loads - _loads(node)
         names = [n for n in _stores(node.body + node.orelse)
                  if not n.startswith(_PREFIX) or n.startswith((_PREFIX + "break", _PREFIX + "continue"))]
         keep = {n: (self.fresh("pre"), self.fresh("taken"), self.fresh("else")) for n in names}
@@ -344,7 +389,8 @@ class _Rewriter(ast.NodeTransformer):
         else:  # nothing runs where the condition is false: the names keep their values
             out += [s for n, (pre, _, e) in keep.items() for s in _parse(f"{e} = {pre}")]
         for n, (_, t, e) in keep.items():
-            out += _parse(f"{n} = {_RT}.merge({p}, {t}, {e}, {n!r}, {where!r}, {n in read_outside})")
+            out += _parse(f"{n} = {_RT}.merge({p}, {t}, {e}, {n!r}, {where!r}, "
+                          f"{self.reads_outside(node, n, inside)})")
         return out
 
     def _block(self, statements) -> list[ast.stmt]:
@@ -372,12 +418,20 @@ def _transform(fn: Callable, on_unsupported: str):
         return f"{type(fn).__name__} is not a Python function"
     if target.__name__ == "<lambda>":
         return "a lambda has no statements to rewrite"
+    if hasattr(target, "__wrapped__"):
+        return "it wraps another function (functools.wraps): its source is not what it runs"
     try:
         source = textwrap.dedent(inspect.getsource(target))
         filename = inspect.getsourcefile(target) or target.__code__.co_filename
+        definition = ast.parse(source).body[0]
     except (OSError, TypeError):
         return "its source is not available"
-    definition = ast.parse(source).body[0]
+    except SyntaxError:
+        return "its source does not parse on its own (indented continuation lines)"
+    if "." in target.__qualname__ and any(
+            isinstance(n, ast.Attribute) and n.attr.startswith("__") and not n.attr.endswith("__")
+            for n in ast.walk(definition)):
+        return "it uses private names of its class (self.__x), which only the class body mangles"
     if not isinstance(definition, (ast.FunctionDef, ast.AsyncFunctionDef)) or \
             definition.name != target.__name__:
         return "its source is not a plain function definition"
@@ -387,7 +441,7 @@ def _transform(fn: Callable, on_unsupported: str):
     outer_names = {name for node in ast.walk(definition) if isinstance(node, (ast.Global, ast.Nonlocal))
                    for name in node.names}
     rewriter = _Rewriter(filename, target.__code__.co_firstlineno, on_unsupported,
-                         _loads(definition), outer_names)
+                         _load_counts(definition), outer_names)
     definition.body = rewriter._block(definition.body)
     ast.fix_missing_locations(definition)
     return target, definition, filename

@@ -93,7 +93,15 @@ void ConditionalBranch::begin_body(int index) {
                 "grape: otherwise() must directly follow its Predicate block: GPU work between "
                 "them would run after the else body in eager but before it in the graph");
   }
+  // The pool hands out its streams in turn: skip one still capturing (an enclosing body's, or the
+  // capture stream of a torch.cuda.graph).
   auto stream = c10::cuda::getStreamFromPool(/*isHighPriority=*/false, parent_stream_.device_index());
+  for (int tries = 0; tries < 64; ++tries) {
+    cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+    C10_CUDA_CHECK(cudaStreamIsCapturing(stream.stream(), &status));
+    if (status == cudaStreamCaptureStatusNone) break;
+    stream = c10::cuda::getStreamFromPool(false, parent_stream_.device_index());
+  }
   C10_CUDA_CHECK(cudaStreamBeginCaptureToGraph(stream.stream(), node_.bodies[index], nullptr,
                                                nullptr, 0, cudaStreamCaptureModeGlobal));
   body_stream_ = stream;

@@ -166,3 +166,39 @@ def test_predicate_inside_a_plain_torch_cuda_graph():
         go.fill_(value)
         graph.replay()
     assert total.item() == 3.0
+
+
+def test_while_loop_bodies_that_return_aliases_of_the_carried_tensors():
+    def shift(x, prev, n):
+        return grape.while_loop(lambda x, prev, n: n < 3, lambda x, prev, n: (x + 1, x, n + 1),
+                                (x, prev, n))
+
+    def swap(a, b, n):
+        return grape.while_loop(lambda a, b, n: n < 3, lambda a, b, n: (b, a, n + 1), (a, b, n))
+
+    for fn in (shift, swap):
+        step = grape.compile(fn)
+        args = (torch.zeros(1, device=DEV), torch.ones(1, device=DEV), torch.zeros((), device=DEV))
+        want = fn(*args)  # eager
+        for _ in range(3):
+            for got, expected in zip(step(*args), want):
+                torch.testing.assert_close(got, expected, rtol=0, atol=0)
+    eager = shift(*(torch.zeros(1, device=DEV), torch.ones(1, device=DEV),
+                    torch.full((), 5.0, device=DEV)))
+    assert eager[0].item() == 0.0  # zero iterations: new tensors with the inputs' values
+
+
+def test_many_predicates_inside_one_body_capture():
+    def gated_sum(x, go):
+        out = torch.zeros_like(x)
+        with grape.Predicate(go):
+            for i in range(40):
+                with grape.Predicate(x[i] > 0):
+                    out[i:i + 1].copy_(x[i:i + 1])
+        return out
+
+    step = grape.compile(gated_sum)
+    x = torch.randn(40, device=DEV)
+    for value in (True, False, True):
+        torch.testing.assert_close(step(x, flag(value)), gated_sum(x, flag(value)), rtol=0, atol=0)
+    assert grape.stats(step)["fallbacks"] == []

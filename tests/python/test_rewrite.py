@@ -76,6 +76,31 @@ def nested_loops(rows):
     return out
 
 
+def accumulate_until(xs, limit):
+    y = torch.zeros(())
+    for x in xs:
+        y = y + x
+        if y > limit:
+            break
+    return y
+
+
+def first_match(xs):
+    found = torch.zeros(())
+    for x in xs:
+        if x > 0:
+            found = x
+            break
+    return found
+
+
+def mixed_numbers_and_tuples(x):
+    scale, pair = 1, (x, x)
+    if x.sum() > 0:
+        scale, pair = 0.5, (x + 1, x - 1)
+    return pair[0] * scale, pair[1]
+
+
 def temporaries(x):
     if x.sum() > 0:
         tmp = x * 2
@@ -106,6 +131,10 @@ def test_rewritten_functions_keep_python_semantics(fn, cases):
                   ([torch.tensor(v) for v in (1.0, 2.0)], 5.0),
                   ([torch.tensor(v) for v in (7.0, 2.0)], 5.0)]),
     (temporaries, [(torch.tensor([1.0, 2.0]),), (torch.tensor([-1.0, -2.0]),)]),
+    (accumulate_until, [([torch.tensor(v) for v in (3.0, 4.0, 5.0)], 5.0),
+                        ([torch.tensor(v) for v in (1.0, 1.0)], 5.0)]),
+    (first_match, [([torch.tensor(v) for v in (-1.0, 2.0, 3.0)],), ([torch.tensor(-1.0)],)]),
+    (mixed_numbers_and_tuples, [(torch.tensor([1.0]),), (torch.tensor([-1.0]),)]),
 ])
 def test_predicated_execution_gives_eager_results(fn, cases, simulated_capture):
     rewritten, _ = rewrite(fn)
@@ -188,7 +217,33 @@ def python_values_differ(x):
     return x, mode
 
 
+class Holder:
+    def set_if_positive(self, x):
+        if x.sum() > 0:
+            self.value = x
+        return x
+
+
+def loop_variable_after_break(xs):
+    for i in range(len(xs)):
+        if xs[i] > 2:
+            break
+    return i
+
+
+def read_inside_and_after(x):
+    if x.sum() > 0:
+        y = x * 2
+        z = y + 1
+    else:
+        z = x
+    return z + y
+
+
 @pytest.mark.parametrize("fn, words", [
+    (Holder().set_if_positive, "an assignment to an attribute"),
+    (loop_variable_after_break, "the loop variable 'i' is read after a loop left by a break"),
+    (read_inside_and_after, "'y' is assigned in one branch only"),
     (early_return, "a return inside a branch on a CUDA tensor cannot be predicated; assign"),
     (one_branch_name, "'y' is assigned in one branch only"),
     (prints, "a call of print"),
@@ -201,9 +256,10 @@ def python_values_differ(x):
 def test_what_cannot_be_predicated_is_refused_with_file_and_line(fn, words, simulated_capture):
     rewritten, _ = rewrite(fn)
     lines, first = inspect.getsourcelines(fn)
-    line = first + next(i for i, text in enumerate(lines) if text.strip().startswith("if "))
+    line = first + next(i for i, text in enumerate(lines)
+                        if text.strip().startswith(("if ", "for ")))
     with pytest.raises(RewriteError, match=words) as caught:
-        rewritten(torch.tensor([1.0]))
+        rewritten(torch.tensor([1.0, 3.0]))
     assert f"{__file__}:{line}" in str(caught.value)
 
 
@@ -212,6 +268,52 @@ def test_a_break_in_a_loop_with_an_else_clause_is_refused(simulated_capture):
     with pytest.raises(RewriteError, match="a break or continue inside a branch"):
         rewritten([torch.tensor(-1.0), torch.tensor(2.0)])
     assert rewritten([-1.0, 2.0]) == breaks_in_for_else([-1.0, 2.0])  # Python values: Python's loop
+
+
+def test_a_tensor_break_in_a_while_loop_is_refused_not_spun(simulated_capture):
+    def halve(x):
+        while True:
+            x = x * 0.5
+            if x.sum() < 1:
+                break
+        return x
+
+    rewritten, _ = rewrite(halve)
+    with pytest.raises(RewriteError, match="inside a while loop.*grape.while_loop"):
+        rewritten(torch.tensor([8.0]))
+
+
+def test_wrappers_and_private_names_are_left_alone_with_the_reason():
+    import functools
+
+    def twice(fn):
+        @functools.wraps(fn)
+        def run(x):
+            return 2 * fn(x)
+        return run
+
+    @twice
+    def positive_part(x):
+        if x > 0:
+            return x
+        return 0
+
+    same, why = rewrite(positive_part)
+    assert same is positive_part and "wraps another function" in why
+    assert positive_part(3) == 6
+
+    class Private:
+        def __init__(self):
+            self.__scale = 2
+
+        def scaled(self, x):
+            if x > 0:
+                x = x * self.__scale
+            return x
+
+    obj = Private()
+    same, why = rewrite(obj.scaled)
+    assert same == obj.scaled and "private names" in why
 
 
 def test_sync_mode_warns_and_synchronizes_instead(simulated_capture):
@@ -267,8 +369,9 @@ def test_functions_without_branches_or_source_are_left_alone():
 
 def test_rewritten_code_predicates_each_branch_and_flags_break():
     names = set(rewrite(first_over)[0].__code__.co_varnames)
-    # The two ifs, and the guard of what follows each (a break, a continue).
-    assert sum(n.startswith("__grape_branch") for n in names) == 4
+    # The two ifs, the guard of what follows each (a break, a continue), and the guard of the
+    # whole body (later iterations after a break).
+    assert sum(n.startswith("__grape_branch") for n in names) == 5
     assert {"__grape_break1", "__grape_continue2"} <= names
 
 
@@ -292,5 +395,5 @@ def test_rewritten_source_shows_the_predicated_form_next_to_the_original():
     loop = _rewrite.rewritten_source(first_over)
     assert "__grape_break1 = True" in loop and "__grape_continue2 = True" in loop
     assert "= __grape_rt.live(__grape_break1, __grape_continue2)" in loop  # a guard, predicated too
-    assert "if __grape_rt.is_true(__grape_break1):\n            break" in loop
+    assert "if __grape_rt.is_true(__grape_break1, " in loop
     assert _rewrite.rewritten_source(len) is None
