@@ -27,6 +27,7 @@ The transformation, for ``if C: A else: B`` assigning ``x``::
 from __future__ import annotations
 
 import ast
+import copy
 import inspect
 from collections import Counter
 import textwrap
@@ -64,7 +65,10 @@ _UNSUPPORTED = {
     ast.ImportFrom: "an import", ast.FunctionDef: "a function definition",
     ast.AsyncFunctionDef: "a function definition", ast.ClassDef: "a class definition",
     ast.Try: "a try statement", ast.With: "a with statement", ast.Assert: "an assert",
+    ast.AsyncWith: "a with statement", ast.AsyncFor: "an async for", ast.Match: "a match statement",
 }
+if hasattr(ast, "TryStar"):
+    _UNSUPPORTED[ast.TryStar] = "a try statement"
 _ADVICE = {
     "a return": "assign the result to a variable in both branches and return it after the if",
     "a break or continue": "keep it directly in if/else blocks of a loop without an else clause",
@@ -201,6 +205,16 @@ def _stores(statements) -> list[str]:
     return names
 
 
+def _walk_scope(statements):
+    """ast.walk over a function's own scope: nested functions, classes and lambdas excluded."""
+    stack = list(statements)
+    while stack:
+        node = stack.pop()
+        yield node
+        if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Lambda)):
+            stack.extend(ast.iter_child_nodes(node))
+
+
 def _attribute_store(statements) -> bool:
     """Whether a block assigns an attribute (a Python side effect a merge cannot undo)."""
     return any(isinstance(n, ast.Attribute) and isinstance(n.ctx, ast.Store)
@@ -244,7 +258,22 @@ def _loops_control(statements, kinds=(ast.Break, ast.Continue)) -> bool:
 
 
 def _parse(code: str) -> list[ast.stmt]:
-    return ast.parse(textwrap.dedent(code)).body
+    """Generated statements, without locations: they take those of the user's statement they
+    stand for (ast.fix_missing_locations), so tracebacks point at the user's line."""
+    statements = ast.parse(textwrap.dedent(code)).body
+    for s in statements:
+        for n in ast.walk(s):
+            for attribute in ("lineno", "col_offset", "end_lineno", "end_col_offset"):
+                if attribute in n._attributes:
+                    delattr(n, attribute)
+    return statements
+
+
+def _at(statements: list[ast.stmt], node) -> list[ast.stmt]:
+    for s in statements:
+        if not hasattr(s, "lineno"):
+            ast.copy_location(s, node)
+    return statements
 
 
 class _Rewriter(ast.NodeTransformer):
@@ -293,27 +322,28 @@ class _Rewriter(ast.NodeTransformer):
         read_later = [t for t in targets if self.reads_outside(node, t)]  # before the rewrite
         broken, continued = self.fresh("break"), self.fresh("continue")
         # Once a break on a tensor may have happened, every later iteration runs predicated off.
-        guard = _parse(f"if {_RT}.live({broken}, False):\n    pass")[0]
+        guard = _at(_parse(f"if {_RT}.live({broken}, False):\n    pass"), node)[0]
         guard.body = self._eliminate(node.body, broken, continued)
-        ast.copy_location(guard, node)
         leave = "is_true" if isinstance(node, ast.For) else "while_break"
-        node.body = self._block(_parse(f"{continued} = False") + [guard]) + _parse(
-            f"if {_RT}.{leave}({broken}, {where!r}):\n    break")  # before the next item
+        node.body = self._block(_at(_parse(f"{continued} = False"), node) + [guard]) + _at(_parse(
+            f"if {_RT}.{leave}({broken}, {where!r}):\n    break"), node)  # before the next item
         after = []
         if read_later:  # its value after a predicated break would be the last item's
             after = _parse(f"{_RT}.check_loop_target({broken}, {read_later[0]!r}, {where!r})")
-        return _parse(f"{broken} = False") + [node] + after
+        return _at(_parse(f"{broken} = False") + [node] + after, node)
 
     def _eliminate(self, statements, broken: str, continued: str) -> list[ast.stmt]:
         """The block with its break/continue replaced by flags, and what follows a statement that
         may set one guarded by `live`."""
         out: list[ast.stmt] = []
         for i, s in enumerate(statements):
-            if isinstance(s, ast.Break):
-                out += _parse(f"{broken} = True")
-                return out
-            if isinstance(s, ast.Continue):
-                out += _parse(f"{continued} = True")
+            if isinstance(s, (ast.Break, ast.Continue)):
+                out += _at(_parse(f"{broken if isinstance(s, ast.Break) else continued} = True"), s)
+                # Unreachable code stays (unreachable): its assignments keep names local.
+                rest = statements[i + 1:]
+                if rest:
+                    out.append(ast.copy_location(ast.If(test=ast.Constant(False), body=rest, orelse=[]),
+                                                 rest[0]))
                 return out
             if isinstance(s, ast.If) and _loops_control([s]):
                 s.body = self._eliminate(s.body, broken, continued)
@@ -321,8 +351,7 @@ class _Rewriter(ast.NodeTransformer):
                 out.append(s)
                 rest = statements[i + 1:]
                 if rest:
-                    guard = _parse(f"if {_RT}.live({broken}, {continued}):\n    pass")[0]
-                    ast.copy_location(guard, s)
+                    guard = _at(_parse(f"if {_RT}.live({broken}, {continued}):\n    pass"), rest[0])[0]
                     guard.body = self._eliminate(rest, broken, continued)
                     out.append(guard)
                 return out
@@ -375,13 +404,16 @@ class _Rewriter(ast.NodeTransformer):
         for n, (pre, _, _) in keep.items():
             out += capture(pre, n)
         taken = _parse(f"with {p}:\n    pass")[0]
-        taken.body = list(node.body) + [s for n, (_, t, _) in keep.items() for s in capture(t, n)]
+        # Copies: the same statements also stay in the Python form, and one AST node must not sit
+        # in two places (line numbers would be shifted twice).
+        taken.body = copy.deepcopy(node.body) + [s for n, (_, t, _) in keep.items()
+                                                 for s in capture(t, n)]
         out.append(taken)
         for n, (pre, _, _) in keep.items():
             out += restore(n, pre)
         otherwise = _parse(f"with {p}.otherwise():\n    pass")[0]
-        otherwise.body = list(node.orelse) + [s for n, (_, _, e) in keep.items()
-                                              for s in capture(e, n)]
+        otherwise.body = copy.deepcopy(node.orelse) + [s for n, (_, _, e) in keep.items()
+                                                       for s in capture(e, n)]
         if not otherwise.body:
             otherwise.body = [ast.Pass()]
         if node.orelse:
@@ -438,8 +470,8 @@ def _transform(fn: Callable, on_unsupported: str):
     if not any(isinstance(n, (ast.If, ast.Break, ast.Continue)) for n in ast.walk(definition)):
         return None
     definition.decorator_list = []
-    outer_names = {name for node in ast.walk(definition) if isinstance(node, (ast.Global, ast.Nonlocal))
-                   for name in node.names}
+    outer_names = {name for node in _walk_scope(definition.body)
+                   if isinstance(node, (ast.Global, ast.Nonlocal)) for name in node.names}
     rewriter = _Rewriter(filename, target.__code__.co_firstlineno, on_unsupported,
                          _load_counts(definition), outer_names)
     definition.body = rewriter._block(definition.body)

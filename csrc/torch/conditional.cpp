@@ -2,6 +2,7 @@
 
 #include <c10/cuda/CUDAException.h>
 #include <c10/cuda/CUDAFunctions.h>
+#include <c10/cuda/CUDAGraphsC10Utils.h>
 
 #include "torch/allocator_hook.h"
 
@@ -37,9 +38,7 @@ int version_of(cudaError_t (*get)(int*)) {
 }  // namespace
 
 bool current_stream_is_capturing() {
-  cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
-  C10_CUDA_CHECK(cudaStreamIsCapturing(c10::cuda::getCurrentCUDAStream().stream(), &status));
-  return status != cudaStreamCaptureStatusNone;
+  return c10::cuda::currentStreamCaptureStatusMayInitCtx() != c10::cuda::CaptureStatus::None;
 }
 
 std::string conditional_unsupported_reason(const std::string& kind) {

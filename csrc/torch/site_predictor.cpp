@@ -5,6 +5,7 @@
 #include <c10/cuda/CUDAStream.h>
 #include <frameobject.h>
 
+#include "torch/conditional.h"
 #include "torch/graph_pool.h"
 
 namespace grape {
@@ -67,16 +68,6 @@ std::optional<core::CodePosition> current_position() {
 #endif
   Py_DECREF(code);  // the table keeps the code objects of its sites alive
   return core::CodePosition{code, offset};
-}
-
-// Memory allocated under a stream capture (a user's torch.cuda.graph) belongs to its pool.
-bool stream_is_capturing() {
-  cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
-  if (cudaStreamIsCapturing(c10::cuda::getCurrentCUDAStream().stream(), &status) != cudaSuccess) {
-    (void)cudaGetLastError();
-    return true;
-  }
-  return status != cudaStreamCaptureStatusNone;
 }
 
 }  // namespace
@@ -213,7 +204,8 @@ c10::DataPtr allocate_at_site(c10::cuda::CUDACachingAllocator::CUDAAllocator& in
       Sites& s = sites();
       if (auto target = s.table.target_of(*site)) {
         auto it = s.functions.find(*target);
-        if (it != s.functions.end() && !stream_is_capturing()) {
+        // Memory allocated under a stream capture (a user's torch.cuda.graph) is its pool's.
+        if (it != s.functions.end() && !current_stream_is_capturing()) {
           if (auto data = it->second->hand_out(*site, bytes)) {
             // Recorded too: a function compiled again learns the site from its old owner.
             if (record) allocation_log.record(data->get(), bytes, *site);

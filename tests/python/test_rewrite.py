@@ -397,3 +397,25 @@ def test_rewritten_source_shows_the_predicated_form_next_to_the_original():
     assert "= __grape_rt.live(__grape_break1, __grape_continue2)" in loop  # a guard, predicated too
     assert "if __grape_rt.is_true(__grape_break1, " in loop
     assert _rewrite.rewritten_source(len) is None
+
+
+def test_generated_code_carries_the_users_line_numbers():
+    rewritten, _ = rewrite(first_over)
+    lines, first = inspect.getsourcelines(first_over)
+    used = {line for _, _, line in rewritten.__code__.co_lines() if line is not None}
+    assert used and min(used) >= first and max(used) < first + len(lines)
+
+
+def test_unreachable_code_after_break_keeps_names_local():
+    def after_continue(xs):
+        for x in xs:
+            if x > 0:
+                continue
+                d = 1  # noqa: F841  (unreachable, but it makes d a local)
+        return d  # noqa: F821
+
+    rewritten, _ = rewrite(after_continue)
+    with pytest.raises(UnboundLocalError):
+        after_continue([1])
+    with pytest.raises(UnboundLocalError):
+        rewritten([1])
