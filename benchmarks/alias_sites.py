@@ -100,15 +100,25 @@ def warm_up(step, mode, run_pass, limit=8) -> int:
     return limit
 
 
-def run_modes(name, config, make_step, run_pass, calls, reps, modes) -> dict:
-    """make_step(mode) -> callable; run_pass(step, keep) -> the pass's outputs when keep (a tensor
+def step_for(mode: str, fn):
+    """What each mode calls for the workload's function `fn`."""
+    if mode == "eager":
+        return fn
+    if mode == "ptgraph":
+        return PerShapeGraphs(fn)
+    return grape.compile(fn, alias_prediction=(mode == "grape"))
+
+
+def run_modes(name, config, fn, run_pass, calls, reps, modes) -> dict:
+    """fn: the workload's function (step_for wraps it per mode); run_pass(step, keep) -> the
+    pass's outputs when keep (a tensor
     or list of tensors), else None: timed passes drop each output before the next call, as a
     serving or training loop does (grape would otherwise move held outputs out of its pool)."""
     results, reference = {}, None
     for mode in modes:
         print(f"  {mode} ...", flush=True)
         harness.clear_memory()
-        step = make_step(mode)
+        step = step_for(mode, fn)
         with torch.no_grad():
             t0 = time.perf_counter()
             passes = warm_up(step, mode, run_pass)
@@ -151,17 +161,10 @@ def gpt2_cat_case(batch, steps, reps, modes, tiny=False) -> dict:
     prompt = torch.randint(0, cfg.vocab_size, (batch, 1), generator=g).to("cuda")
     kv0 = gpt2.empty_cache(cfg, batch, "cuda")
 
-    def make_step(mode):
-        if mode == "eager":
-            return step_fn
-        if mode == "ptgraph":
-            return PerShapeGraphs(step_fn)
-        return grape.compile(step_fn, alias_prediction=(mode == "grape"))
-
     config = {"model": "gpt2-small" if not tiny else "gpt2-tiny", "dtype": "float16", "batch": batch,
               "prompt": 1, "steps": steps, "shapes": steps, "reps": reps,
               "inputs": "input_ids and attention_mask via torch.cat outside the step, KV cache fed back"}
-    return run_modes(f"gpt2-cat-b{batch}", config, make_step,
+    return run_modes(f"gpt2-cat-b{batch}", config, step_fn,
                      lambda step, keep: gpt2.generate_with_cat(step, prompt, kv0, steps), steps, reps,
                      modes)
 
@@ -212,17 +215,10 @@ def wav2vec2_case(batch, calls, reps, modes, lengths=8) -> dict:
                 step(audio)  # the output dies before the next call (held, grape would evacuate it)
         return outs if keep else None
 
-    def make_step(mode):
-        if mode == "eager":
-            return encode
-        if mode == "ptgraph":
-            return PerShapeGraphs(encode)
-        return grape.compile(encode, alias_prediction=(mode == "grape"))
-
     config = {"model": "wav2vec2-base feature encoder", "dtype": "float16", "batch": batch,
               "samples": samples, "calls": calls, "shapes": lengths, "reps": reps,
               "inputs": "pinned host batch .to('cuda', non_blocking=True) per call"}
-    return run_modes("wav2vec2-host-batches", config, make_step, run_pass, calls, reps, modes)
+    return run_modes("wav2vec2-host-batches", config, encode, run_pass, calls, reps, modes)
 
 
 def hook_overhead_case(allocations=20000, reps=9) -> dict:
