@@ -4,6 +4,7 @@
     python -m benchmarks.gpt2_decode                 # batch 1 and 8, 128 steps, every mode
     python -m benchmarks.gpt2_decode --quick         # smoke run: few steps, no torch.compile
     python -m benchmarks.gpt2_decode --while-loop    # a whole generation in one graph launch
+    python -m benchmarks.gpt2_decode --shapes 1024   # graph memory: prompt 1 -> 1024 tokens
 
 All modes run in one process on the same weights and inputs; each is checked against eager's
 tokens. Times are medians of --reps whole generations after a warm-up generation (and after every
@@ -11,7 +12,17 @@ shape was captured, for the graph modes). Memory is what the mode adds on the de
 cudaMemGetInfo, so the driver's memory for instantiated graphs counts: `gpu_mem_bytes` is what it
 keeps after the runs once PyTorch's cache of free blocks is released (eager keeps next to nothing;
 graph modes keep their graphs and pools), `gpu_mem_bytes_with_allocator_cache` the same before that
-release.
+release; eager's `gpu_mem_bytes` is its peak during a generation (it keeps nothing). `host_rss_bytes`
+is the growth of the process's resident host memory over setup and runs.
+
+--shapes N generates N tokens from a 1-token prompt (N shapes) and compares graph memory: ptgraph
+(one graph per shape, private pools, PyTorch's default), ptgraph_shared_pool (one pool for all
+shapes), grape (graphs of one topology share one executable) and grape_all_resident (one executable
+per shape). Per-shape graph modes stop capturing before the device runs out of memory; their memory
+for N shapes is then extrapolated from the shapes that fit (`extrapolated_from_shapes`), and they are
+not timed. grape's device memory per extra shape is its memory beyond a grape function that captured
+only the largest shape, over N - 1; its host memory per shape is what the pass that captures every
+shape added to the process's resident memory, over N.
 """
 
 from __future__ import annotations
@@ -26,7 +37,12 @@ from benchmarks.models import gpt2
 
 
 def modes_available() -> list[str]:
-    return ["eager", "ptgraph", "ideal", "torch_compile", "grape", "grape_copy"]
+    return ["eager", "ptgraph", "ideal", "torch_compile", "grape", "grape_copy",
+            "ptgraph_shared_pool", "grape_all_resident"]
+
+
+DEFAULT_MODES = ["eager", "ptgraph", "ideal", "torch_compile", "grape", "grape_copy"]
+SHAPES_MODES = ["eager", "ptgraph", "ptgraph_shared_pool", "grape", "grape_all_resident"]
 
 
 class Case:
@@ -43,14 +59,21 @@ class Case:
 
 
 def measure(case: Case, setup, reps: int) -> dict:
-    """setup() -> (generate_fn, extra_fields_fn); memory counts everything setup and the runs keep."""
+    """setup() -> (generate_fn or None, extra_fields_fn); memory counts everything setup and the runs
+    keep. A mode whose setup could not fit every shape returns no generate_fn: it is not run."""
     harness.clear_memory()
     free0 = harness.free_bytes()
+    rss0 = harness.rss_bytes()
     t0 = time.perf_counter()
     generate, extra = setup()
+    if generate is None:
+        return {"ms_per_step": None, "tokens": None, "setup_s": time.perf_counter() - t0, **extra()}
+    allocated0 = torch.cuda.memory_allocated()
+    torch.cuda.reset_peak_memory_stats()
     tokens = generate()  # warm-up (graph modes: every shape captured by now)
     torch.cuda.synchronize()
     setup_s = time.perf_counter() - t0
+    peak = torch.cuda.max_memory_allocated() - allocated0
     host0 = time.perf_counter()
     times = harness.time_ms(generate, reps)
     host_ms = (time.perf_counter() - host0) * 1e3 / reps
@@ -65,6 +88,8 @@ def measure(case: Case, setup, reps: int) -> dict:
         "host_ms_per_step": host_ms / case.steps,
         "gpu_mem_bytes": free0 - harness.free_bytes(),
         "gpu_mem_bytes_with_allocator_cache": with_cache,
+        "peak_allocated_bytes": peak,
+        "host_rss_bytes": harness.rss_bytes() - rss0,
         "setup_s": setup_s,
         "tokens": tokens,
     }
@@ -76,14 +101,20 @@ def setup_eager(case):
     return (lambda: case.generate(case.step)), dict
 
 
-def capture_per_shape(case, chain: bool):
-    """One torch.cuda.CUDAGraph per shape, each with its own private pool (PyTorch's default).
-    chain=False: static inputs per graph, filled by copies (the seeds' PtGraph baseline).
-    chain=True: graph t reads graph t-1's outputs in place; no copies (the ideal replay)."""
+def capture_per_shape(case, chain: bool, pool=None):
+    """One torch.cuda.CUDAGraph per shape, each with its own private pool (PyTorch's default) or all
+    in `pool`. chain=False: static inputs per graph, filled by copies (the seeds' PtGraph baseline).
+    chain=True: graph t reads graph t-1's outputs in place; no copies (the ideal replay).
+    Stops before a shape would not fit in device memory: returns the graphs captured and the device
+    memory each shape took."""
     step, stream = case.step, torch.cuda.Stream()
     tok, kv = case.tok0.clone(), case.kv0.clone()
-    graphs = []
+    graphs, shape_bytes = [], []
     for _ in range(case.steps):
+        free = harness.free_bytes()
+        # The next shape takes a bit more than the last one (its cache is one position longer).
+        if shape_bytes and free < 2 * shape_bytes[-1] + (2 << 30):
+            break
         if not chain:  # this shape's own static inputs
             tok, kv = torch.zeros_like(tok), torch.zeros_like(kv)
         stream.wait_stream(torch.cuda.current_stream())
@@ -91,15 +122,42 @@ def capture_per_shape(case, chain: bool):
             step(tok, kv)  # warm-up, as torch.cuda.graph's documentation asks
         torch.cuda.current_stream().wait_stream(stream)
         graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
+        with torch.cuda.graph(graph, pool=pool):
             out_tok, out_kv = step(tok, kv)
         graphs.append((graph, tok, kv, out_tok, out_kv))
         tok, kv = out_tok, out_kv  # the next shape
-    return graphs
+        torch.cuda.empty_cache()  # the warm-up's blocks: not the graph's memory
+        shape_bytes.append(free - harness.free_bytes())
+    return graphs, shape_bytes
 
 
-def setup_ptgraph(case):
-    graphs = capture_per_shape(case, chain=False)
+def extrapolate(shape_bytes: list[int], shapes: int) -> dict:
+    """Memory of `shapes` per-shape graphs from the first len(shape_bytes): each shape's memory
+    grows linearly with its length (its KV cache), fitted by least squares on the later half."""
+    n = len(shape_bytes)
+    xs = list(range(n // 2, n))
+    ys = shape_bytes[n // 2:]
+    mx, my = sum(xs) / len(xs), sum(ys) / len(ys)
+    var = sum((x - mx) ** 2 for x in xs)
+    slope = sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / var if var else 0.0
+    rest = sum(my + slope * (x - mx) for x in range(n, shapes))
+    return {"gpu_mem_bytes": int(sum(shape_bytes) + rest), "extrapolated_from_shapes": n,
+            "gpu_mem_bytes_measured": sum(shape_bytes),
+            "fit_bytes_per_shape": {"at_first_fitted": my - slope * (mx - xs[0]), "per_position": slope}}
+
+
+def per_shape_setup(case, chain: bool, pool=None):
+    graphs, shape_bytes = capture_per_shape(case, chain, pool)
+    if len(graphs) < case.steps:
+        del graphs  # freed before the next mode runs
+        return None, lambda: extrapolate(shape_bytes, case.steps)
+    return graphs, None
+
+
+def setup_ptgraph(case, pool=None):
+    graphs, truncated = per_shape_setup(case, chain=False, pool=pool)
+    if truncated is not None:
+        return None, truncated
 
     def generate():
         tok, kv = case.tok0, case.kv0
@@ -116,7 +174,9 @@ def setup_ptgraph(case):
 
 
 def setup_ideal(case):
-    graphs = capture_per_shape(case, chain=True)
+    graphs, truncated = per_shape_setup(case, chain=True)
+    if truncated is not None:
+        return None, truncated
     first_tok = graphs[0][1]
 
     def generate():
@@ -147,12 +207,15 @@ def setup_torch_compile(case):
     return (lambda: case.generate(compiled)), lambda: {"first_pass_s": first_pass_s}
 
 
-def setup_grape(case, alias_prediction=True):
-    step = grape.compile(case.step, alias_prediction=alias_prediction)
+def setup_grape(case, alias_prediction=True, share_executables=True):
+    step = grape.compile(case.step, alias_prediction=alias_prediction,
+                         share_executables=share_executables)
     t0 = time.perf_counter()
     case.generate(step)  # warm-up: every shape runs eagerly once
     first_pass_s = time.perf_counter() - t0
+    rss = harness.rss_bytes()
     case.generate(step)  # every shape is captured
+    capture_host_bytes = harness.rss_bytes() - rss
     before = {}
 
     def generate():
@@ -178,18 +241,51 @@ def setup_grape(case, alias_prediction=True):
             "bytes_avoided_per_step": (s["bytes_avoided"] - before["bytes_avoided"]) / case.steps,
             "evacuations": s["evacuations"],
             "fallbacks": s["fallbacks"],
+            # Graph memory (docs/design.md, "Shared executables").
+            "shapes": s["shapes"],
+            "topology_groups": s["topology_groups"],
+            "unshareable_reason": s["unshareable_reason"],
+            "host_bytes_of_captures": capture_host_bytes,
+            "resident_executables": s["resident_executables"],
+            "executable_bytes": s["executable_bytes"],
+            "params_bytes": s["params_bytes"],
+            "params_raw_bytes": s["params_raw_bytes"],
+            "nodes_patched_per_step": (s["nodes_patched"] - before["nodes_patched"]) / case.steps,
+            "patch_us_per_step": (s["patch_seconds"] - before["patch_seconds"]) * 1e6 / case.steps,
         }
 
     return generate, extra
 
 
+def one_shape_grape_memory(case) -> dict:
+    """Device memory of a grape function that captured only the largest shape: what the memory of
+    every shape is compared with to get the cost of each extra shape."""
+    harness.clear_memory()
+    tok = case.tok0.clone()
+    kv = torch.zeros(*case.kv0.shape[:-2], case.steps - 1, case.kv0.shape[-1], device=tok.device,
+                     dtype=case.kv0.dtype)
+    free0 = harness.free_bytes()
+    step = grape.compile(case.step)
+    for _ in range(3):  # warm-up, capture, replay
+        out = step(tok, kv)
+    del out
+    harness.clear_memory()
+    result = {"gpu_mem_bytes": free0 - harness.free_bytes(), "shapes": grape.stats(step)["shapes"]}
+    del step
+    return result
+
+
 SETUPS = {"eager": setup_eager, "ptgraph": setup_ptgraph, "ideal": setup_ideal,
           "torch_compile": setup_torch_compile, "grape": setup_grape,
           # grape with every input copied into a placeholder (no alias prediction)
-          "grape_copy": lambda case: setup_grape(case, alias_prediction=False)}
+          "grape_copy": lambda case: setup_grape(case, alias_prediction=False),
+          # per-shape graphs whose pools are one pool
+          "ptgraph_shared_pool": lambda case: setup_ptgraph(case, pool=torch.cuda.graph_pool_handle()),
+          # grape with one executable per shape (no sharing by topology)
+          "grape_all_resident": lambda case: setup_grape(case, share_executables=False)}
 
 
-def run_case(cfg, batch, steps, modes, reps) -> dict:
+def run_case(cfg, batch, steps, modes, reps, memory_case=False) -> dict:
     case = Case(cfg, batch, steps, "cuda")
     results = {}
     for mode in modes:
@@ -197,10 +293,13 @@ def run_case(cfg, batch, steps, modes, reps) -> dict:
         with torch.no_grad():
             results[mode] = measure(case, lambda: SETUPS[mode](case), reps)
         harness.clear_memory()
+    if "eager" in results:
+        results["eager"]["gpu_mem_bytes"] = results["eager"]["peak_allocated_bytes"]
     reference = results["eager"]["tokens"] if "eager" in results else None
     for mode, r in results.items():
         tokens = r.pop("tokens")
-        r["correct"] = bool(torch.equal(tokens, reference)) if reference is not None else None
+        r["correct"] = (bool(torch.equal(tokens, reference))
+                        if reference is not None and tokens is not None else None)
     eager = results.get("eager", {}).get("ms_per_step")
     ideal = results.get("ideal", {}).get("ms_per_step")
     for r in results.values():
@@ -208,12 +307,27 @@ def run_case(cfg, batch, steps, modes, reps) -> dict:
             r["speedup_vs_eager"] = eager / r["ms_per_step"]
         if ideal:
             r["ratio_to_ideal"] = r["ms_per_step"] / ideal
-    if "ptgraph" in results and "grape" in results:
-        results["grape"]["mem_ratio_to_ptgraph"] = (
-            results["grape"]["gpu_mem_bytes"] / results["ptgraph"]["gpu_mem_bytes"])
+    grape_r = results.get("grape")
+    if grape_r and "ptgraph" in results:
+        grape_r["mem_ratio_to_ptgraph"] = grape_r["gpu_mem_bytes"] / results["ptgraph"]["gpu_mem_bytes"]
+    if grape_r and "ptgraph_shared_pool" in results:
+        grape_r["mem_ratio_to_ptgraph_shared_pool"] = (
+            grape_r["gpu_mem_bytes"] / results["ptgraph_shared_pool"]["gpu_mem_bytes"])
+    if grape_r and "grape_all_resident" in results:
+        grape_r["time_ratio_to_all_resident"] = (
+            grape_r["ms_per_step"] / results["grape_all_resident"]["ms_per_step"])
+    if memory_case and grape_r:
+        with torch.no_grad():
+            one = one_shape_grape_memory(case)
+        grape_r["one_shape"] = one
+        grape_r["gpu_bytes_per_extra_shape"] = (grape_r["gpu_mem_bytes"] - one["gpu_mem_bytes"]) / (steps - 1)
+        # Host memory: what capturing every shape added to the process (graphs, compressed
+        # parameters, the driver's host memory), per shape.
+        grape_r["host_bytes_per_shape"] = grape_r["host_bytes_of_captures"] / grape_r["shapes"]
     config = {"model": "gpt2-small" if cfg.n_layer == 12 else "gpt2-tiny", "dtype": "float16",
               "batch": batch, "prompt": 1, "steps": steps, "shapes": steps, "reps": reps}
-    return {"name": f"b{batch}", "config": config, "modes": results}
+    name = f"b{batch}-shapes{steps}" if memory_case else f"b{batch}"
+    return {"name": name, "config": config, "modes": results}
 
 
 def while_loop_case(cfg, batch, steps, reps) -> dict:
@@ -291,15 +405,21 @@ def while_loop_case(cfg, batch, steps, reps) -> dict:
 
 
 def main(argv=None):
-    parser = harness.argument_parser(__doc__, modes_available(), "smoke run: 16 steps, 2 reps, no torch.compile")
+    parser = harness.argument_parser(__doc__, DEFAULT_MODES, "smoke run: 16 steps, 2 reps, no torch.compile")
     parser.add_argument("--batch", type=int, nargs="+", default=[1, 8])
     parser.add_argument("--steps", type=int, default=128)
+    parser.add_argument("--shapes", type=int, default=None,
+                        help="graph memory: N tokens from a 1-token prompt, modes " + ",".join(SHAPES_MODES))
     parser.add_argument("--while-loop", action="store_true",
                         help="only the whole-generation case: one grape.while_loop graph vs per-step replays")
     args, modes = harness.parse(parser, argv, modes_available(),
                                 "gpt2_decode needs a CUDA device (benchmarks/demo_gpt2.py runs anywhere)")
+    if args.shapes is not None:
+        if args.modes == ",".join(DEFAULT_MODES):
+            modes = SHAPES_MODES
+        args.steps = args.shapes
     if args.quick:
-        args.steps, args.reps = 16, 2
+        args.steps, args.reps = min(args.steps, 16 if args.shapes is None else 64), 2
         modes = [m for m in modes if m != "torch_compile"]
     cfg = gpt2.GPT2Config.tiny() if args.tiny else gpt2.GPT2Config()
     cases = []
@@ -312,12 +432,13 @@ def main(argv=None):
                                          cases, args.out)
         print(f"\nwrote {path}")
         return cases
+    name = "gpt2_decode" + (f"-shapes{args.steps}" if args.shapes is not None else "")
     for batch in args.batch:
         print(f"batch {batch}:", flush=True)
-        cases.append(run_case(cfg, batch, args.steps, modes, args.reps))
+        cases.append(run_case(cfg, batch, args.steps, modes, args.reps, memory_case=args.shapes is not None))
         harness.print_table(cases[-1])
         # Written after every case, so a run cut short keeps what it measured.
-        path = harness.write_results("gpt2_decode" + ("-quick" if args.quick else ""), cases, args.out)
+        path = harness.write_results(name + ("-quick" if args.quick else ""), cases, args.out)
     print(f"\nwrote {path}")
     return cases
 

@@ -78,6 +78,13 @@ def free_bytes() -> int:
     return torch.cuda.mem_get_info()[0]
 
 
+def rss_bytes() -> int:
+    """Resident host memory of this process."""
+    gc.collect()
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
 def time_ms(fn: Callable[[], object], reps: int) -> list[float]:
     """Wall time of `fn` on the device, in ms, once per repetition (call fn once before: warm-up)."""
     times = []

@@ -7,10 +7,10 @@
     grape.while_loop(cond_fn, body_fn, carried)  # a loop the GPU ends, inside one graph
 """
 
-from grape._compile import CompiledFunction, FallbackWarning, compile, stats
+from grape._compile import CompiledFunction, FallbackWarning, compile, set_memory_budget, stats
 from grape._predicate import Predicate, while_loop
 from grape._rewrite import RewriteError, rewritten_source
 
 __all__ = ["CompiledFunction", "FallbackWarning", "Predicate", "RewriteError", "compile",
-           "rewritten_source", "stats", "while_loop"]
+           "rewritten_source", "set_memory_budget", "stats", "while_loop"]
 __version__ = "0.1.0"

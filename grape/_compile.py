@@ -74,9 +74,11 @@ class CompiledFunction(_C.Runtime):
 
     def __init__(self, fn: Callable, *, warmup: int = 1, module: Optional[torch.nn.Module] = None,
                  name: Optional[str] = None, alias_prediction: bool = True, rewrite: bool = True,
-                 on_unsupported: str = "error"):
+                 on_unsupported: str = "error", share_executables: bool = True,
+                 memory_budget: Optional[int] = None):
         run, why = _rewrite.rewrite(fn, on_unsupported) if rewrite else (fn, "rewrite=False")
-        super().__init__(run, warmup, module, alias_prediction)
+        super().__init__(run, warmup, module, alias_prediction, share_executables,
+                         -1 if memory_budget is None else memory_budget)
         # Whether tensor-dependent control flow in fn is predicated (docs/semantics.md); else why not.
         self.rewritten = run is not fn
         self.rewrite_note = why
@@ -125,8 +127,32 @@ class CompiledFunction(_C.Runtime):
         return s
 
 
+_default_memory_budget: Optional[int] = None
+
+
+def set_memory_budget(nbytes: Optional[int]) -> None:
+    """The ``memory_budget`` of functions compiled from now on that do not give one (None: no
+    budget). See :func:`grape.compile`."""
+    global _default_memory_budget
+    _default_memory_budget = _check_budget(nbytes)
+
+
+def _check_budget(nbytes):
+    if nbytes is None:
+        return None
+    if isinstance(nbytes, bool) or not isinstance(nbytes, int):
+        raise TypeError(f"grape: memory_budget must be an int (bytes) or None, got {type(nbytes).__name__}")
+    if nbytes < 0:
+        raise ValueError(f"grape: memory_budget must be >= 0 bytes, got {nbytes}")
+    return nbytes
+
+
+_UNSET = object()
+
+
 def compile(fn: Optional[Callable] = None, *, warmup: int = 1, alias_prediction: bool = True,
-            rewrite: bool = True, on_unsupported: str = "error"):
+            rewrite: bool = True, on_unsupported: str = "error", share_executables: bool = True,
+            memory_budget: Any = _UNSET):
     """Compiles ``fn`` (a function or an ``nn.Module``) into CUDA graphs, one per call signature.
 
     * ``grape.compile(fn)`` and ``@grape.compile`` return a :class:`CompiledFunction`;
@@ -153,6 +179,14 @@ def compile(fn: Optional[Callable] = None, *, warmup: int = 1, alias_prediction:
     predicated (a ``return`` inside it, say) does under capture: ``"error"`` raises
     ``grape.RewriteError`` naming the file and line; ``"sync"`` warns and reads the condition on
     the host, so that signature runs eagerly. See docs/semantics.md, "The predication rewriter".
+
+    ``share_executables``: graphs of one topology (typically every shape of the function) share
+    one instantiated executable, patched to a shape's kernel parameters when it is replayed; the
+    parameters are kept compressed on the host. Off: one executable per graph (more device memory,
+    no patching). ``memory_budget``: bytes of device memory for the function's graph memory (its
+    arena and resident executables); over it, least recently used executables are freed (and
+    rebuilt when needed), and a capture that does not fit runs eagerly, with the reason. None (the
+    default, see :func:`grape.set_memory_budget`): no budget. See docs/semantics.md, "Graph memory".
     """
     if isinstance(warmup, bool) or not isinstance(warmup, int):
         raise TypeError(f"grape.compile: warmup must be an int, got {type(warmup).__name__}")
@@ -165,8 +199,14 @@ def compile(fn: Optional[Callable] = None, *, warmup: int = 1, alias_prediction:
         raise TypeError(f"grape.compile: rewrite must be a bool, got {type(rewrite).__name__}")
     if on_unsupported not in ("error", "sync"):
         raise ValueError(f"grape.compile: on_unsupported must be 'error' or 'sync', got {on_unsupported!r}")
+    if not isinstance(share_executables, bool):
+        raise TypeError("grape.compile: share_executables must be a bool, got "
+                        f"{type(share_executables).__name__}")
+    if memory_budget is _UNSET:
+        memory_budget = _default_memory_budget
     options = dict(warmup=warmup, alias_prediction=alias_prediction, rewrite=rewrite,
-                   on_unsupported=on_unsupported)
+                   on_unsupported=on_unsupported, share_executables=share_executables,
+                   memory_budget=_check_budget(memory_budget))
     if fn is None:
         return functools.partial(compile, **options)
     if isinstance(fn, CompiledFunction):

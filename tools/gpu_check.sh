@@ -28,5 +28,6 @@ if grep -q 'skipped="[1-9]' "$out/pytest.xml" && grep -q "no CUDA device" "$out/
   echo "GPU tests were skipped on a GPU machine"; status=1
 fi
 step bench-smoke env GRAPE_RESULTS_DIR="$out" python3 -m benchmarks.gpt2_decode --quick
+step bench-smoke-shapes env GRAPE_RESULTS_DIR="$out" python3 -m benchmarks.gpt2_decode --quick --shapes 64 --batch 1
 step bench-smoke-sites env GRAPE_RESULTS_DIR="$out" python3 -m benchmarks.alias_sites --quick
 exit $status

@@ -7,59 +7,28 @@
 #include <cuda.h>
 #include <c10/util/Exception.h>
 
+#include "cuda/driver.h"
+
 #include <algorithm>
+#include <string>
 #include <type_traits>
 
 namespace grape {
 
 namespace {
 
-// The driver's virtual memory calls, looked up through the runtime so that the extension does not
-// link libcuda (it must load on machines without a driver).
-struct DriverVmm {
-#define GRAPE_DRIVER_MEMBER(name) decltype(&::name) name##_ = nullptr;
-  GRAPE_DRIVER_MEMBER(cuMemGetAllocationGranularity)
-  GRAPE_DRIVER_MEMBER(cuMemAddressReserve)
-  GRAPE_DRIVER_MEMBER(cuMemAddressFree)
-  GRAPE_DRIVER_MEMBER(cuMemCreate)
-  GRAPE_DRIVER_MEMBER(cuMemRelease)
-  GRAPE_DRIVER_MEMBER(cuMemMap)
-  GRAPE_DRIVER_MEMBER(cuMemUnmap)
-  GRAPE_DRIVER_MEMBER(cuMemSetAccess)
-  GRAPE_DRIVER_MEMBER(cuGetErrorString)
-#undef GRAPE_DRIVER_MEMBER
-};
-
-const DriverVmm& driver() {
-  static const DriverVmm api = [] {
-    DriverVmm d;
-    auto load = [](const char* symbol, auto& fn) {
-      void* ptr = nullptr;
-      cudaDriverEntryPointQueryResult found = cudaDriverEntryPointSymbolNotFound;
-      C10_CUDA_CHECK(cudaGetDriverEntryPointByVersion(symbol, &ptr, 12000, cudaEnableDefault, &found));
-      TORCH_CHECK(found == cudaDriverEntryPointSuccess && ptr != nullptr,
-                  "grape: the CUDA driver lacks ", symbol);
-      fn = reinterpret_cast<std::remove_reference_t<decltype(fn)>>(ptr);
-    };
-    load("cuMemGetAllocationGranularity", d.cuMemGetAllocationGranularity_);
-    load("cuMemAddressReserve", d.cuMemAddressReserve_);
-    load("cuMemAddressFree", d.cuMemAddressFree_);
-    load("cuMemCreate", d.cuMemCreate_);
-    load("cuMemRelease", d.cuMemRelease_);
-    load("cuMemMap", d.cuMemMap_);
-    load("cuMemUnmap", d.cuMemUnmap_);
-    load("cuMemSetAccess", d.cuMemSetAccess_);
-    load("cuGetErrorString", d.cuGetErrorString_);
-    return d;
-  }();
-  return api;
+// The virtual memory calls this arena needs, with a clear error where the driver lacks one.
+const cuda::DriverApi& driver() {
+  const cuda::DriverApi& d = cuda::driver();
+  TORCH_CHECK(d.cuMemCreate != nullptr && d.cuMemMap != nullptr && d.cuMemSetAccess != nullptr &&
+                  d.cuMemAddressReserve != nullptr && d.cuMemGetAllocationGranularity != nullptr,
+              "grape: the CUDA driver lacks the virtual memory management calls (cuMemMap)");
+  return d;
 }
 
 void check_driver(CUresult status, const char* what) {
   if (status == CUDA_SUCCESS) return;
-  const char* text = nullptr;
-  if (driver().cuGetErrorString_(status, &text) != CUDA_SUCCESS) text = "unknown error";
-  TORCH_CHECK(false, "grape: ", what, " failed: ", text);
+  TORCH_CHECK(false, "grape: ", what, " failed: ", cuda::driver_error_string(status));
 }
 
 size_t round_up(size_t v, size_t a) { return (v + a - 1) / a * a; }
@@ -90,7 +59,7 @@ GraphArena::GraphArena(c10::DeviceIndex device) : device_(device) {
   prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
   prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
   prop.location.id = device_;
-  check_driver(driver().cuMemGetAllocationGranularity_(
+  check_driver(driver().cuMemGetAllocationGranularity(
       &granularity_, &prop, CU_MEM_ALLOC_GRANULARITY_MINIMUM), "cuMemGetAllocationGranularity");
   size_t free_bytes = 0, total_bytes = 0;
   C10_CUDA_CHECK(cudaMemGetInfo(&free_bytes, &total_bytes));
@@ -98,7 +67,7 @@ GraphArena::GraphArena(c10::DeviceIndex device) : device_(device) {
   const size_t reserve = round_up(total_bytes, granularity_);
   for (int i = 0; i < kLanes; ++i) {
     CUdeviceptr base = 0;
-    check_driver(driver().cuMemAddressReserve_(&base, reserve, granularity_, 0, 0), "cuMemAddressReserve");
+    check_driver(driver().cuMemAddressReserve(&base, reserve, granularity_, 0, 0), "cuMemAddressReserve");
     lanes_[i].base = static_cast<uintptr_t>(base);
     lanes_[i].reserved = reserve;
     lanes_[i].layout = std::make_unique<core::ArenaLayout>(reserve);
@@ -113,12 +82,12 @@ GraphArena::~GraphArena() {
     for (auto& lane : lanes_) {
       if (lane.base == 0) continue;
       if (lane.mapped > 0) {
-        (void)driver().cuMemUnmap_(static_cast<CUdeviceptr>(lane.base), lane.mapped);
+        (void)driver().cuMemUnmap(static_cast<CUdeviceptr>(lane.base), lane.mapped);
       }
       for (auto handle : lane.handles) {
-        (void)driver().cuMemRelease_(static_cast<CUmemGenericAllocationHandle>(handle));
+        (void)driver().cuMemRelease(static_cast<CUmemGenericAllocationHandle>(handle));
       }
-      (void)driver().cuMemAddressFree_(static_cast<CUdeviceptr>(lane.base), lane.reserved);
+      (void)driver().cuMemAddressFree(static_cast<CUdeviceptr>(lane.base), lane.reserved);
     }
   } catch (const std::exception& e) {
     TORCH_WARN("grape: releasing a graph arena failed: ", e.what());
@@ -129,6 +98,14 @@ void GraphArena::map_up_to(int index, size_t extent) {
   Lane& lane = lanes_[static_cast<size_t>(index)];
   if (extent <= lane.mapped) return;
   const size_t bytes = round_up(extent - lane.mapped, granularity_);
+  size_t mapped = 0;
+  for (const auto& l : lanes_) mapped += l.mapped;
+  // Messages are built with std::to_string: streaming a size_t crashed in the extension on the
+  // GPU machine's toolchain.
+  TORCH_CHECK_WITH(OutOfMemoryError, mapped + bytes <= limit_,
+                   "grape: growing a graph arena to " + std::to_string(mapped + bytes) +
+                       " bytes would exceed the function's memory budget (" +
+                       std::to_string(limit_) + " bytes for the arena)");
   // Mapping is not a stream operation; allow it while the thread captures, as the caching
   // allocator does for cudaMalloc.
   c10::cuda::CUDAStreamCaptureModeGuard relaxed(cudaStreamCaptureModeRelaxed);
@@ -137,29 +114,31 @@ void GraphArena::map_up_to(int index, size_t extent) {
   prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
   prop.location.id = device_;
   CUmemGenericAllocationHandle handle = 0;
-  CUresult status = driver().cuMemCreate_(&handle, bytes, &prop, 0);
+  CUresult status = driver().cuMemCreate(&handle, bytes, &prop, 0);
   if (status == CUDA_ERROR_OUT_OF_MEMORY) {
     size_t free_bytes = 0, total_bytes = 0;
     (void)cudaMemGetInfo(&free_bytes, &total_bytes);
-    TORCH_CHECK_WITH(OutOfMemoryError, false, "grape: out of memory growing a graph arena by ",
-                     bytes, " bytes on cuda:", static_cast<int>(device_), " (", free_bytes,
-                     " bytes free of ", total_bytes, ")");
+    TORCH_CHECK_WITH(OutOfMemoryError, false,
+                     "grape: out of memory growing a graph arena by " + std::to_string(bytes) +
+                         " bytes on cuda:" + std::to_string(device_) + " (" +
+                         std::to_string(free_bytes) + " bytes free of " +
+                         std::to_string(total_bytes) + ")");
   }
   check_driver(status, "cuMemCreate");
   const auto at = static_cast<CUdeviceptr>(lane.base + lane.mapped);
-  status = driver().cuMemMap_(at, bytes, 0, handle, 0);
+  status = driver().cuMemMap(at, bytes, 0, handle, 0);
   if (status != CUDA_SUCCESS) {
-    (void)driver().cuMemRelease_(handle);
+    (void)driver().cuMemRelease(handle);
     check_driver(status, "cuMemMap");
   }
   CUmemAccessDesc access = {};
   access.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
   access.location.id = device_;
   access.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
-  status = driver().cuMemSetAccess_(at, bytes, &access, 1);
+  status = driver().cuMemSetAccess(at, bytes, &access, 1);
   if (status != CUDA_SUCCESS) {
-    (void)driver().cuMemUnmap_(at, bytes);
-    (void)driver().cuMemRelease_(handle);
+    (void)driver().cuMemUnmap(at, bytes);
+    (void)driver().cuMemRelease(handle);
     check_driver(status, "cuMemSetAccess");
   }
   lane.handles.push_back(static_cast<unsigned long long>(handle));
@@ -173,8 +152,9 @@ c10::DataPtr GraphArena::allocate(ArenaLane which, size_t bytes) {
   Lane& lane = lanes_[static_cast<size_t>(index)];
   std::lock_guard<std::mutex> lock(mutex_);
   auto offset = lane.layout->allocate(bytes);
-  TORCH_CHECK_WITH(OutOfMemoryError, offset.has_value(), "grape: a graph arena lane is full (",
-                   lane.reserved, " bytes of address space)");
+  TORCH_CHECK_WITH(OutOfMemoryError, offset.has_value(),
+                   "grape: a graph arena lane is full (" + std::to_string(lane.reserved) +
+                       " bytes of address space)");
   try {
     map_up_to(index, lane.layout->extent());
   } catch (...) {
@@ -227,6 +207,11 @@ core::AddressRange GraphArena::lane_range(ArenaLane which) const {
 size_t GraphArena::mapped_bytes(ArenaLane which) const {
   std::lock_guard<std::mutex> lock(mutex_);
   return lanes_[static_cast<size_t>(which)].mapped;
+}
+
+void GraphArena::set_limit(size_t bytes) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  limit_ = bytes;
 }
 
 size_t GraphArena::mapped_bytes() const {

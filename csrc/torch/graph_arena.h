@@ -21,6 +21,7 @@
 #include <c10/core/Device.h>
 
 #include <array>
+#include <cstdint>
 #include <memory>
 #include <mutex>
 #include <vector>
@@ -59,6 +60,9 @@ class GraphArena : public std::enable_shared_from_this<GraphArena> {
   // stream, whose work the capture does not order against ours.
   void hold_until_unpin(const void* ptr);
 
+  // Growth beyond `bytes` mapped in all lanes throws c10::OutOfMemoryError (a memory budget).
+  void set_limit(size_t bytes);
+
   bool contains(const void* ptr) const;
   core::AddressRange lane_range(ArenaLane lane) const;
   // Device memory mapped by each lane, and in all.
@@ -96,6 +100,7 @@ class GraphArena : public std::enable_shared_from_this<GraphArena> {
   std::array<Lane, kLanes> lanes_;
   std::vector<const void*> holds_;  // blocks held until unpin_all()
   bool owner_released_ = false;
+  size_t limit_ = SIZE_MAX;
 };
 
 }  // namespace grape

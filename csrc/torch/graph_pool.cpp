@@ -7,6 +7,7 @@
 #include <c10/util/Exception.h>
 
 #include <algorithm>
+#include <utility>
 
 namespace grape {
 
@@ -71,11 +72,27 @@ void GraphPool::hold_for_graph(int before) {
   }
 }
 
-void GraphPool::destroy_graph(std::unique_ptr<at::cuda::CUDAGraph>& graph) {
+void GraphPool::destroy_graph(std::unique_ptr<ReplayGraph>& graph) {
   if (!graph) return;
   const int before = allocator_use_count();
   graph.reset();
   if (allocator_use_count() == before) allocator::releasePool(device_, id_);
+}
+
+cudaGraph_t ReplayGraph::release_graph() {
+  TORCH_CHECK(has_graph_, "grape: no captured graph to release");
+  has_graph_ = false;
+  return std::exchange(graph_, nullptr);
+}
+
+void ReplayGraph::launch(cudaGraphExec_t exec) {
+  graph_exec_ = exec;
+  has_graph_exec_ = true;
+  struct Detach {
+    ReplayGraph& graph;
+    ~Detach() { graph.detach(); }
+  } detach_after{*this};
+  replay();
 }
 
 void GraphPool::refresh_segments() {

@@ -29,6 +29,30 @@
 
 namespace grape {
 
+// A captured CUDAGraph whose executable lives in a SharedExecutables (Note [Shared executables]).
+// It keeps what a replay needs from PyTorch, the RNG states registered during its capture and the
+// reference to the pool, and hands its cudaGraph_t over. Captured with keep_graph, so capture_end
+// does not instantiate.
+class ReplayGraph : public at::cuda::CUDAGraph {
+ public:
+  ReplayGraph() : at::cuda::CUDAGraph(/*keep_graph=*/true) {}
+  // The executable is not ours: CUDAGraph's destructor must not destroy it.
+  ~ReplayGraph() { detach(); }
+  ReplayGraph(const ReplayGraph&) = delete;
+  ReplayGraph& operator=(const ReplayGraph&) = delete;
+
+  // The captured graph; the caller owns it from here on.
+  cudaGraph_t release_graph();
+  // PyTorch's replay (RNG offsets advanced for the registered generators), launching `exec`.
+  void launch(cudaGraphExec_t exec);
+
+ private:
+  void detach() {
+    graph_exec_ = nullptr;
+    has_graph_exec_ = false;
+  }
+};
+
 class GraphPool : public std::enable_shared_from_this<GraphPool> {
  public:
   static std::shared_ptr<GraphPool> create(c10::DeviceIndex device);
@@ -53,7 +77,7 @@ class GraphPool : public std::enable_shared_from_this<GraphPool> {
   // after a successful capture (`before`: the count before capture_begin)...
   void hold_for_graph(int before);
   // ...and to destroy a captured graph.
-  void destroy_graph(std::unique_ptr<at::cuda::CUDAGraph>& graph);
+  void destroy_graph(std::unique_ptr<ReplayGraph>& graph);
 
   // Re-reads the address ranges of the pool's memory: the arena's lanes and the private pool's
   // segments (after a capture grew them).

@@ -8,6 +8,7 @@
 
 #include "core/alias_sites.h"
 #include "core/replay_plan.h"
+#include "cuda/executable_stats.h"
 
 #ifdef GRAPE_WITH_CUDA
 #include <ATen/cuda/CUDAGraph.h>
@@ -17,6 +18,7 @@
 #include <c10/cuda/CUDAGuard.h>
 
 #include "cuda/batched_copy.h"
+#include "cuda/shared_executables.h"
 #include "torch/allocator_hook.h"
 #include "torch/graph_pool.h"
 #include "torch/site_predictor.h"
@@ -91,9 +93,13 @@ struct CapturedGraph {
 
 #ifdef GRAPE_WITH_CUDA
   std::shared_ptr<GraphPool> pool;  // outlives the graph
-  std::unique_ptr<at::cuda::CUDAGraph> graph;
+  std::unique_ptr<ReplayGraph> graph;
+  // The executable that replays it, shared with the graphs of its topology.
+  std::shared_ptr<cuda::SharedExecutables> executables;
+  cuda::SharedExecutables::Member member;
   ~CapturedGraph() {
     try {
+      if (executables) executables->remove(member);
       if (pool) pool->destroy_graph(graph);
     } catch (const std::exception& e) {
       TORCH_WARN("grape: destroying a graph failed: ", e.what());
@@ -112,16 +118,21 @@ void set_propagated_errors(py::tuple types) { propagated_error_types() = std::mo
 Entry::Entry() = default;
 Entry::~Entry() = default;
 
-Runtime::Runtime(py::object fn, int warmup, py::object static_module, bool alias_prediction)
+Runtime::Runtime(py::object fn, int warmup, py::object static_module, bool alias_prediction,
+                 bool share_executables, int64_t memory_budget)
     : fn_(std::move(fn)),
       static_module_(std::move(static_module)),
       warmup_(warmup),
-      alias_prediction_(alias_prediction) {
+      alias_prediction_(alias_prediction),
+      memory_budget_(memory_budget) {
   TORCH_CHECK(PyCallable_Check(fn_.ptr()), "grape.compile expects a callable, got ",
               Py_TYPE(fn_.ptr())->tp_name);
   TORCH_CHECK(warmup_ >= 0, "grape.compile: warmup must be >= 0, got ", warmup_);
 #ifdef GRAPE_WITH_CUDA
   if (alias_prediction_) sites_ = std::make_unique<InputSites>();
+  executables_ = std::make_shared<cuda::SharedExecutables>(share_executables);
+#else
+  (void)share_executables;
 #endif
 }
 
@@ -272,7 +283,7 @@ py::object Runtime::call(py::args args, py::kwargs kwargs) {
   flattener_.flatten_call(args, kwargs, flat, /*with_spec=*/true, /*with_paths=*/false);
   std::string reason;
   py::object error = py::none();
-  if (!capture(flat, entry.graph, reason, error)) {
+  if (!capture_with_retry(flat, entry.graph, reason, error)) {
     ++stats_.capture_failures;
     set_fallback(entry, reason, error);
     ++stats_.eager_calls;
@@ -330,7 +341,7 @@ class SyncDebugModeGuard {
 // Ends a capture that failed part-way and puts the allocator's pool bookkeeping back where it was.
 // Torch versions differ in how much of this CUDAGraph::reset() does itself, so we compare the
 // pool's use count with its value before the capture rather than assume either.
-void abort_capture(std::unique_ptr<at::cuda::CUDAGraph>& graph, GraphPool& pool,
+void abort_capture(std::unique_ptr<ReplayGraph>& graph, GraphPool& pool,
                    int use_count_before) {
   cudaStream_t stream = pool.capture_stream().stream();
   cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
@@ -422,17 +433,49 @@ void Runtime::learn_sites(const FlatCall& flat, bool warm_up) {
   }
 }
 
+bool Runtime::capture_with_retry(FlatCall& flat, std::unique_ptr<CapturedGraph>& into,
+                                 std::string& reason, py::object& error) {
+  bool out_of_memory = false;
+  if (capture(flat, into, reason, error, out_of_memory)) return true;
+  if (!out_of_memory) return false;
+  // Free what other shapes hold but can rebuild (executables, from their base graphs) and the
+  // allocator's cached blocks, then try once more.
+  ++stats_.capture_oom_retries;
+  executables_->evict_to(0, {});
+  allocator::emptyCache();
+  reason.clear();
+  error = py::none();
+  if (capture(flat, into, reason, error, out_of_memory)) return true;
+  if (out_of_memory) reason = "out of memory while capturing, after freeing executables: " + reason;
+  return false;
+}
+
+void Runtime::enforce_budget(const CapturedGraph* keep) {
+  if (memory_budget_ < 0 || !pool_) return;
+  const auto budget = static_cast<size_t>(memory_budget_);
+  const size_t arena = pool_->arena().mapped_bytes();
+  executables_->evict_to(budget > arena ? budget - arena : 0,
+                         keep != nullptr ? keep->member : cuda::SharedExecutables::Member{});
+}
+
 bool Runtime::capture(FlatCall& flat, std::unique_ptr<CapturedGraph>& into, std::string& reason,
-                      py::object& error) {
+                      py::object& error, bool& out_of_memory) {
+  out_of_memory = false;
   const auto start = std::chrono::steady_clock::now();
   const c10::DeviceIndex device = flat.tensors.empty() ? c10::cuda::current_device()
                                                        : flat.tensors.front().device().index();
   GraphPool& pool = pool_for(device);
   c10::cuda::CUDAGuard device_guard(pool.device());
 
-  auto graph = std::make_unique<at::cuda::CUDAGraph>();
+  auto graph = std::make_unique<ReplayGraph>();
   const int use_count_before = pool.allocator_use_count();
   GraphArena& arena = pool.arena();
+  if (memory_budget_ >= 0) {
+    // The arena may grow into what the resident executables leave of the budget.
+    const auto budget = static_cast<size_t>(memory_budget_);
+    const size_t executables = executables_->device_bytes();
+    arena.set_limit(budget > executables ? budget - executables : 0);
+  }
   install_allocator_hook();  // again, in case it was removed since the pool was made
   std::vector<at::Tensor> placeholders;
   std::vector<int64_t> versions;
@@ -465,7 +508,13 @@ bool Runtime::capture(FlatCall& flat, std::unique_ptr<CapturedGraph>& into, std:
           placeholders.push_back(
               at::empty({0}, t.options()).set_(t.storage(), 0, t.sizes(), t.strides()));
         } else {
-          placeholders.push_back(at::empty_strided(t.sizes(), t.strides(), t.options()));
+          try {
+            placeholders.push_back(at::empty_strided(t.sizes(), t.strides(), t.options()));
+          } catch (const c10::OutOfMemoryError& e) {
+            reason = std::string("capture failed: ") + e.what_without_backtrace();
+            out_of_memory = true;
+            return false;
+          }
         }
         versions.push_back(placeholders.back()._version());
         leaves.push_back(py::reinterpret_steal<py::object>(THPVariable_Wrap(placeholders.back())));
@@ -488,7 +537,14 @@ bool Runtime::capture(FlatCall& flat, std::unique_ptr<CapturedGraph>& into, std:
         throw;
       }
       reason = "capture failed: " + python_error_text(e);
+      out_of_memory = e.matches(py::module_::import("torch").attr("OutOfMemoryError"));
       error = e.value();
+      result = py::none();
+      abort_capture(graph, pool, use_count_before);
+      return false;
+    } catch (const c10::OutOfMemoryError& e) {
+      reason = std::string("capture failed: ") + e.what_without_backtrace();
+      out_of_memory = true;
       result = py::none();
       abort_capture(graph, pool, use_count_before);
       return false;
@@ -503,7 +559,19 @@ bool Runtime::capture(FlatCall& flat, std::unique_ptr<CapturedGraph>& into, std:
   pool.hold_for_graph(use_count_before);
   auto captured = std::make_unique<CapturedGraph>();
   captured->pool = pool_;
+  try {
+    // One executable per topology: the graph joins its group (or starts one) and is read and
+    // destroyed; only the ReplayGraph stays, for PyTorch's replay prologue.
+    captured->member = executables_->add(graph->release_graph(),
+                                         at::cuda::getCurrentCUDAStream(pool.device()).stream());
+    captured->executables = executables_;
+  } catch (const std::exception& e) {
+    reason = std::string("instantiating the captured graph failed: ") + e.what();
+    captured->graph = std::move(graph);
+    return false;
+  }
   captured->graph = std::move(graph);
+  enforce_budget(captured.get());
   for (size_t i = 0; i < placeholders.size(); ++i) {
     captured->placeholders.push_back({placeholders[i].data_ptr(), span_bytes(placeholders[i]),
                                       placeholders[i]._version() != versions[i], chained[i],
@@ -609,7 +677,7 @@ CapturedGraph& Runtime::select_graph(Entry& entry, FlatCall& flat, const py::arg
   std::unique_ptr<CapturedGraph> variant;
   std::string reason;
   py::object error = py::none();
-  if (!capture(flat, variant, reason, error)) {
+  if (!capture_with_retry(flat, variant, reason, error)) {
     ++stats_.capture_failures;
     return base;
   }
@@ -662,6 +730,16 @@ bool Runtime::replay(Entry& entry, CapturedGraph& g, FlatCall& flat, py::object&
 
   c10::cuda::CUDAGuard device_guard(pool.device());
   cudaStream_t stream = at::cuda::getCurrentCUDAStream(pool.device()).stream();
+
+  // The executable, patched to this graph's parameters. Launches already queued keep theirs.
+  cudaGraphExec_t exec = nullptr;
+  try {
+    exec = g.executables->prepare(g.member, stream);
+  } catch (const std::exception& e) {
+    refusal = e.what();
+    return false;
+  }
+  enforce_budget(&g);
 
   // 1. Evacuate live outputs the replay may overwrite: all of them but the inputs that stay put
   //    or move into their placeholders.
@@ -722,7 +800,7 @@ bool Runtime::replay(Entry& entry, CapturedGraph& g, FlatCall& flat, py::object&
   }
 
   // 3. Replay, then write in-place updates back to inputs that do not live in their placeholder.
-  g.graph->replay();
+  g.graph->launch(exec);
   for (size_t i = 0; i < n; ++i) {
     if (!plan.copy_back[i] || g.placeholders[i].bytes == 0) continue;
     segments.push_back({g.placeholders[i].ptr, flat.tensors[i].data_ptr(), g.placeholders[i].bytes});
@@ -769,7 +847,8 @@ bool Runtime::replay(Entry& entry, CapturedGraph& g, FlatCall& flat, py::object&
 #else  // GRAPE_WITH_CUDA
 
 bool Runtime::capture(FlatCall&, std::unique_ptr<CapturedGraph>&, std::string& reason,
-                      py::object&) {
+                      py::object&, bool& out_of_memory) {
+  out_of_memory = false;
   reason = "grape was built without CUDA";
   return false;
 }
@@ -802,6 +881,31 @@ py::dict Runtime::stats() {
   d["alias_misses"] = stats_.alias_misses;
   d["bytes_avoided"] = stats_.bytes_avoided;
   d["chain_variants"] = stats_.chain_variants;
+  d["capture_oom_retries"] = stats_.capture_oom_retries;
+  d["memory_budget"] = memory_budget_ < 0 ? py::object(py::none()) : py::int_(memory_budget_);
+  cuda::ExecutableStats ex;
+  std::string unshareable_reason;
+#ifdef GRAPE_WITH_CUDA
+  ex = executables_->stats();
+  unshareable_reason = executables_->unshareable_reason();
+#endif
+  d["shapes"] = ex.members;
+  d["topology_groups"] = ex.groups;
+  d["unshareable_groups"] = ex.unshareable;
+  d["unshareable_reason"] =
+      unshareable_reason.empty()
+          ? py::object(py::none())
+          : py::str("graphs cannot share executables: " + unshareable_reason);
+  d["resident_executables"] = ex.resident;
+  d["executable_bytes"] = static_cast<int64_t>(ex.device_bytes);
+  d["instantiations"] = ex.instantiations;
+  d["evictions"] = ex.evictions;
+  d["graphs_joined"] = ex.joins;
+  d["executable_switches"] = ex.switches;
+  d["nodes_patched"] = ex.nodes_patched;
+  d["patch_seconds"] = static_cast<double>(ex.patch_ns) * 1e-9;
+  d["params_bytes"] = static_cast<int64_t>(ex.params_bytes);
+  d["params_raw_bytes"] = static_cast<int64_t>(ex.params_raw_bytes);
   core::SiteStats sites;
 #ifdef GRAPE_WITH_CUDA
   if (sites_) sites = sites_->stats();

@@ -17,6 +17,9 @@ namespace grape {
 
 class GraphPool;
 class InputSites;
+namespace cuda {
+class SharedExecutables;
+}
 struct CapturedGraph;
 struct InputBuffer;
 
@@ -41,6 +44,7 @@ struct RuntimeStats {
   int64_t alias_misses = 0;       // predicted placeholders that had to be copied into
   int64_t bytes_avoided = 0;      // input bytes the hits did not copy
   int64_t chain_variants = 0;     // extra graphs captured to chain a signature's inputs
+  int64_t capture_oom_retries = 0;  // captures retried after an out-of-memory freed executables
 };
 
 struct Entry {
@@ -65,7 +69,10 @@ class Runtime {
   // `static_module`: an nn.Module (or None) whose parameters and buffers the function reads.
   // `alias_prediction`: feed an earlier replay's output to the next graph in place (chaining), and
   // hand the caller's allocations at predicted code positions the graphs' input buffers.
-  Runtime(py::object fn, int warmup, py::object static_module, bool alias_prediction);
+  // `share_executables`: graphs of one topology share one executable (Note [Shared executables]).
+  // `memory_budget`: bytes of device memory for the arena and resident executables; < 0: none.
+  Runtime(py::object fn, int warmup, py::object static_module, bool alias_prediction,
+          bool share_executables, int64_t memory_budget);
   virtual ~Runtime();
   Runtime(const Runtime&) = delete;
   Runtime& operator=(const Runtime&) = delete;
@@ -84,8 +91,14 @@ class Runtime {
   // Returns false (with the reason) when this call must run eagerly instead.
   bool replay(Entry& entry, CapturedGraph& graph, FlatCall& flat, py::object& result,
               std::string& refusal);
+  // `out_of_memory` tells whether the capture failed for want of memory.
   bool capture(FlatCall& flat, std::unique_ptr<CapturedGraph>& into, std::string& reason,
-               py::object& error);
+               py::object& error, bool& out_of_memory);
+  // capture(), once more after freeing every executable and cached block if memory ran out.
+  bool capture_with_retry(FlatCall& flat, std::unique_ptr<CapturedGraph>& into,
+                          std::string& reason, py::object& error);
+  // Evicts least recently used executables until the budget holds, sparing `keep`'s.
+  void enforce_budget(const CapturedGraph* keep);
   // The graph of `entry` that serves this call: the one whose chained inputs are in place,
   // capturing a chained variant when none is and one could be.
   CapturedGraph& select_graph(Entry& entry, FlatCall& flat, const py::args& args,
@@ -108,6 +121,7 @@ class Runtime {
   py::object static_module_;
   int warmup_;
   bool alias_prediction_;
+  int64_t memory_budget_;  // < 0: none
   Flattener flattener_;
   std::unordered_map<core::Signature, std::unique_ptr<Entry>, core::SignatureHash> cache_;
   // Graphs replaced while the function lives (static state moved, reset()). They are destroyed
@@ -115,6 +129,7 @@ class Runtime {
   // allocator's pool bookkeeping on torch 2.11.
   std::vector<std::unique_ptr<CapturedGraph>> retired_;
   std::shared_ptr<GraphPool> pool_;
+  std::shared_ptr<cuda::SharedExecutables> executables_;  // outlives the graphs it serves
   std::unique_ptr<InputSites> sites_;  // null when alias prediction is off
   RuntimeStats stats_;
   std::string global_fallback_;  // set when graphs are impossible for every call (no CUDA)

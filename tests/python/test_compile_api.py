@@ -117,3 +117,32 @@ def test_alias_prediction_must_be_a_bool():
     with pytest.raises(TypeError, match="alias_prediction must be a bool"):
         grape.compile(lambda x: x, alias_prediction="yes")
     assert grape.stats(grape.compile(lambda x: x, alias_prediction=False))["alias_prediction"] is False
+
+
+def test_graph_memory_options_are_checked():
+    with pytest.raises(TypeError, match="share_executables must be a bool"):
+        grape.compile(lambda x: x, share_executables=1)
+    with pytest.raises(TypeError, match="memory_budget must be an int"):
+        grape.compile(lambda x: x, memory_budget=1.5)
+    with pytest.raises(TypeError, match="memory_budget must be an int"):
+        grape.compile(lambda x: x, memory_budget=True)
+    with pytest.raises(ValueError, match="memory_budget must be >= 0"):
+        grape.compile(lambda x: x, memory_budget=-1)
+    with pytest.raises(ValueError, match="memory_budget must be >= 0"):
+        grape.set_memory_budget(-5)
+
+
+def test_the_default_memory_budget_applies_to_functions_compiled_after_it():
+    before = grape.compile(lambda x: x)
+    grape.set_memory_budget(1 << 30)
+    try:
+        after = grape.compile(lambda x: x)
+        decorated = grape.compile(warmup=2)(lambda x: x)
+        explicit = grape.compile(lambda x: x, memory_budget=None)
+        assert grape.stats(after)["memory_budget"] == 1 << 30
+        assert grape.stats(decorated)["memory_budget"] == 1 << 30
+        assert grape.stats(explicit)["memory_budget"] is None
+        assert grape.stats(before)["memory_budget"] is None
+    finally:
+        grape.set_memory_budget(None)
+    assert grape.stats(grape.compile(lambda x: x))["memory_budget"] is None

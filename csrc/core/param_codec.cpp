@@ -1,0 +1,199 @@
+#include "core/param_codec.h"
+
+#include <algorithm>
+#include <cstring>
+#include <stdexcept>
+
+namespace grape::core {
+
+namespace {
+
+// Two equal bytes between differing ones cost less inside a run than a new run's header.
+constexpr size_t kMaxGapInRun = 2;
+
+void put_varint(Blob& out, size_t v) {
+  while (v >= 0x80) {
+    out.push_back(static_cast<uint8_t>(v | 0x80));
+    v >>= 7;
+  }
+  out.push_back(static_cast<uint8_t>(v));
+}
+
+size_t get_varint(const uint8_t* data, size_t size, size_t& pos) {
+  size_t v = 0;
+  for (int shift = 0; shift < 64; shift += 7) {
+    if (pos >= size) throw std::invalid_argument("grape: truncated parameter patch");
+    const uint8_t byte = data[pos++];
+    v |= static_cast<size_t>(byte & 0x7f) << shift;
+    if ((byte & 0x80) == 0) return v;
+  }
+  throw std::invalid_argument("grape: malformed parameter patch");
+}
+
+uint64_t hash_bytes(uint64_t seed, const uint8_t* data, size_t size) {
+  uint64_t h = seed ^ 0xcbf29ce484222325ull;  // FNV-1a
+  for (size_t i = 0; i < size; ++i) {
+    h ^= data[i];
+    h *= 0x100000001b3ull;
+  }
+  return h;
+}
+
+}  // namespace
+
+Blob encode_patch(const Blob& base, const Blob& value) {
+  Blob patch;
+  put_varint(patch, value.size());
+  auto base_at = [&](size_t i) -> uint8_t { return i < base.size() ? base[i] : 0; };
+  size_t end = 0;  // end of the previous run
+  size_t i = 0;
+  while (i < value.size()) {
+    if (value[i] == base_at(i)) {
+      ++i;
+      continue;
+    }
+    // A run from i: extend while bytes differ or equal stretches are short.
+    size_t run_end = i + 1;
+    size_t j = run_end;
+    while (j < value.size()) {
+      if (value[j] != base_at(j)) {
+        run_end = ++j;
+      } else if (j - run_end < kMaxGapInRun) {
+        ++j;
+      } else {
+        break;
+      }
+    }
+    put_varint(patch, i - end);
+    put_varint(patch, run_end - i);
+    patch.insert(patch.end(), value.begin() + static_cast<std::ptrdiff_t>(i),
+                 value.begin() + static_cast<std::ptrdiff_t>(run_end));
+    end = i = run_end;
+  }
+  return patch;
+}
+
+void apply_patch(const Blob& base, const uint8_t* patch, size_t size, Blob& out) {
+  size_t pos = 0;
+  const size_t length = get_varint(patch, size, pos);
+  out.assign(length, 0);
+  std::memcpy(out.data(), base.data(), std::min(length, base.size()));
+  size_t at = 0;
+  while (pos < size) {
+    at += get_varint(patch, size, pos);
+    const size_t run = get_varint(patch, size, pos);
+    if (at + run > length || pos + run > size) {
+      throw std::invalid_argument("grape: parameter patch runs past its value");
+    }
+    std::memcpy(out.data() + at, patch + pos, run);
+    pos += run;
+    at += run;
+  }
+}
+
+ParamTable::ParamTable(std::vector<Blob> base) : base_(std::move(base)) {
+  for (const auto& b : base_) base_bytes_ += b.size();
+  shapes_.push_back({{}, base_bytes_, true});
+  live_shapes_ = 1;
+  raw_bytes_ = base_bytes_;
+}
+
+uint32_t ParamTable::intern(uint32_t node, const Blob& patch) {
+  const uint64_t h = hash_bytes(node, patch.data(), patch.size());
+  auto [first, last] = index_.equal_range(h);
+  for (auto it = first; it != last; ++it) {
+    const Entry& e = entries_[it->second];
+    if (e.node == node && e.size == patch.size() &&
+        std::memcmp(patches_.data() + e.offset, patch.data(), patch.size()) == 0) {
+      return it->second;
+    }
+  }
+  const auto id = static_cast<uint32_t>(entries_.size());
+  entries_.push_back({node, static_cast<uint32_t>(patches_.size()),
+                      static_cast<uint32_t>(patch.size())});
+  patches_.insert(patches_.end(), patch.begin(), patch.end());
+  index_.emplace(h, id);
+  return id;
+}
+
+ParamTable::ShapeId ParamTable::add(const std::vector<Blob>& blobs) {
+  if (blobs.size() != base_.size()) {
+    throw std::invalid_argument("grape: a shape of a topology group has " +
+                                std::to_string(blobs.size()) + " nodes, the group " +
+                                std::to_string(base_.size()));
+  }
+  Shape shape;
+  shape.live = true;
+  for (uint32_t node = 0; node < blobs.size(); ++node) {
+    shape.raw_bytes += blobs[node].size();
+    if (blobs[node] == base_[node]) continue;
+    shape.changes.push_back({node, intern(node, encode_patch(base_[node], blobs[node]))});
+  }
+  shape.changes.shrink_to_fit();
+  raw_bytes_ += shape.raw_bytes;
+  ++live_shapes_;
+  shapes_.push_back(std::move(shape));
+  return static_cast<ShapeId>(shapes_.size() - 1);
+}
+
+bool ParamTable::contains(ShapeId shape) const {
+  return shape < shapes_.size() && shapes_[shape].live;
+}
+
+void ParamTable::remove(ShapeId shape) {
+  if (shape == kBase || !contains(shape)) return;
+  Shape& s = shapes_[shape];
+  raw_bytes_ -= s.raw_bytes;
+  s = Shape{};
+  --live_shapes_;
+}
+
+void ParamTable::decode(ShapeId shape, uint32_t node, Blob& out) const {
+  if (!contains(shape) || node >= base_.size()) {
+    throw std::out_of_range("grape: no such shape or node in the parameter table");
+  }
+  const auto& changes = shapes_[shape].changes;
+  auto it = std::lower_bound(changes.begin(), changes.end(), node,
+                             [](const Change& c, uint32_t n) { return c.node < n; });
+  if (it == changes.end() || it->node != node) {
+    out = base_[node];
+    return;
+  }
+  const Entry& e = entries_[it->entry];
+  apply_patch(base_[node], patches_.data() + e.offset, e.size, out);
+}
+
+void ParamTable::changed_nodes(ShapeId from, ShapeId to, std::vector<uint32_t>& out) const {
+  out.clear();
+  if (!contains(from) || !contains(to)) {
+    throw std::out_of_range("grape: no such shape in the parameter table");
+  }
+  if (from == to) return;
+  const auto& a = shapes_[from].changes;
+  const auto& b = shapes_[to].changes;
+  size_t i = 0, j = 0;
+  while (i < a.size() || j < b.size()) {
+    if (j == b.size() || (i < a.size() && a[i].node < b[j].node)) {
+      out.push_back(a[i++].node);  // back to the base blob
+    } else if (i == a.size() || b[j].node < a[i].node) {
+      out.push_back(b[j++].node);
+    } else {
+      if (a[i].entry != b[j].entry) out.push_back(a[i].node);
+      ++i;
+      ++j;
+    }
+  }
+}
+
+size_t ParamTable::changed_node_count(ShapeId shape) const {
+  return contains(shape) ? shapes_[shape].changes.size() : 0;
+}
+
+size_t ParamTable::compressed_bytes() const {
+  size_t bytes = base_bytes_ + patches_.size() + entries_.size() * sizeof(Entry) +
+                 index_.size() * (sizeof(uint64_t) + sizeof(uint32_t));
+  for (const auto& s : shapes_) bytes += sizeof(Shape) + s.changes.size() * sizeof(Change);
+  return bytes;
+}
+
+}  // namespace grape::core

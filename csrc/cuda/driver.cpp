@@ -1,0 +1,53 @@
+#include "cuda/driver.h"
+
+#include <cuda_runtime_api.h>
+
+#include <type_traits>
+
+namespace grape::cuda {
+
+const DriverApi& driver() {
+  static const DriverApi api = [] {
+    DriverApi d;
+    auto load = [](const char* symbol, int version, auto& fn) {
+      void* ptr = nullptr;
+      cudaDriverEntryPointQueryResult found = cudaDriverEntryPointSymbolNotFound;
+      if (cudaGetDriverEntryPointByVersion(symbol, &ptr, version, cudaEnableDefault, &found) !=
+              cudaSuccess ||
+          found != cudaDriverEntryPointSuccess) {
+        (void)cudaGetLastError();
+        ptr = nullptr;
+      }
+      fn = reinterpret_cast<std::remove_reference_t<decltype(fn)>>(ptr);
+    };
+    load("cuMemGetAllocationGranularity", 12000, d.cuMemGetAllocationGranularity);
+    load("cuMemAddressReserve", 12000, d.cuMemAddressReserve);
+    load("cuMemAddressFree", 12000, d.cuMemAddressFree);
+    load("cuMemCreate", 12000, d.cuMemCreate);
+    load("cuMemRelease", 12000, d.cuMemRelease);
+    load("cuMemMap", 12000, d.cuMemMap);
+    load("cuMemUnmap", 12000, d.cuMemUnmap);
+    load("cuMemSetAccess", 12000, d.cuMemSetAccess);
+    load("cuGraphKernelNodeGetParams", 12000, d.cuGraphKernelNodeGetParams);
+    load("cuGraphExecKernelNodeSetParams", 12000, d.cuGraphExecKernelNodeSetParams);
+    load("cuFuncGetParamInfo", 12040, d.cuFuncGetParamInfo);
+    load("cuKernelGetParamInfo", 12040, d.cuKernelGetParamInfo);
+    load("cuFuncGetName", 12030, d.cuFuncGetName);
+    load("cuKernelGetName", 12030, d.cuKernelGetName);
+    load("cuGetErrorString", 12000, d.cuGetErrorString);
+    return d;
+  }();
+  return api;
+}
+
+const char* driver_error_string(CUresult status) {
+  const char* text = nullptr;
+  const DriverApi& d = driver();
+  if (d.cuGetErrorString == nullptr || d.cuGetErrorString(status, &text) != CUDA_SUCCESS ||
+      text == nullptr) {
+    return "unknown error";
+  }
+  return text;
+}
+
+}  // namespace grape::cuda

@@ -1,0 +1,38 @@
+#pragma once
+// The CUDA driver calls the extension makes, looked up through the runtime
+// (cudaGetDriverEntryPointByVersion) so that the extension does not link libcuda: it must load on
+// machines without a driver. A member is null where the installed driver lacks the call.
+
+#include <cuda.h>
+
+namespace grape::cuda {
+
+struct DriverApi {
+#define GRAPE_DRIVER_MEMBER(name) decltype(&::name) name = nullptr;
+  // Virtual memory (the capture arena).
+  GRAPE_DRIVER_MEMBER(cuMemGetAllocationGranularity)
+  GRAPE_DRIVER_MEMBER(cuMemAddressReserve)
+  GRAPE_DRIVER_MEMBER(cuMemAddressFree)
+  GRAPE_DRIVER_MEMBER(cuMemCreate)
+  GRAPE_DRIVER_MEMBER(cuMemRelease)
+  GRAPE_DRIVER_MEMBER(cuMemMap)
+  GRAPE_DRIVER_MEMBER(cuMemUnmap)
+  GRAPE_DRIVER_MEMBER(cuMemSetAccess)
+  // Kernel nodes of shared executables (CUDA 12.4: the parameter layout of a kernel).
+  GRAPE_DRIVER_MEMBER(cuGraphKernelNodeGetParams)
+  GRAPE_DRIVER_MEMBER(cuGraphExecKernelNodeSetParams)
+  GRAPE_DRIVER_MEMBER(cuFuncGetParamInfo)
+  GRAPE_DRIVER_MEMBER(cuKernelGetParamInfo)
+  GRAPE_DRIVER_MEMBER(cuFuncGetName)
+  GRAPE_DRIVER_MEMBER(cuKernelGetName)
+  GRAPE_DRIVER_MEMBER(cuGetErrorString)
+#undef GRAPE_DRIVER_MEMBER
+};
+
+// Loaded on first use; members the driver lacks stay null. Never throws.
+const DriverApi& driver();
+
+// The driver's text for `status` ("unknown error" where it has none).
+const char* driver_error_string(CUresult status);
+
+}  // namespace grape::cuda

@@ -1,0 +1,27 @@
+#pragma once
+// Counters of a SharedExecutables (cuda/shared_executables.h); plain data, so that builds without
+// CUDA report them too (as zeros).
+
+#include <cstddef>
+#include <cstdint>
+
+namespace grape::cuda {
+
+struct ExecutableStats {
+  int64_t groups = 0;          // topology groups (each with one executable at most)
+  int64_t members = 0;         // graphs held
+  int64_t unshareable = 0;     // groups of a graph that cannot share (see the Note)
+  int64_t resident = 0;        // executables instantiated now
+  int64_t instantiations = 0;  // executables instantiated, again after an eviction included
+  int64_t evictions = 0;
+  int64_t joins = 0;            // graphs that joined a group instead of being instantiated
+  int64_t switches = 0;         // launches that first patched the executable
+  int64_t nodes_patched = 0;
+  int64_t patch_ns = 0;
+  size_t device_bytes = 0;      // resident executables: their nodes' share of the driver memory
+                                // that instantiations were measured to take
+  size_t params_bytes = 0;      // members' parameters as held (compressed)
+  size_t params_raw_bytes = 0;  // the same, uncompressed
+};
+
+}  // namespace grape::cuda

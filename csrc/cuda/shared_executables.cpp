@@ -1,0 +1,564 @@
+#include "cuda/shared_executables.h"
+
+#include <cuda.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cstring>
+#include <mutex>
+#include <stdexcept>
+#include <utility>
+
+#include "core/param_codec.h"
+#include "cuda/driver.h"
+
+namespace grape::cuda {
+
+namespace {
+
+constexpr uint32_t kUnknownShape = UINT32_MAX;  // what an executable holds after a failed update
+
+void check(cudaError_t status, const char* what) {
+  if (status == cudaSuccess) return;
+  (void)cudaGetLastError();
+  throw std::runtime_error(std::string("grape: ") + what + " failed: " +
+                           cudaGetErrorString(status));
+}
+
+void check(CUresult status, const char* what) {
+  if (status == CUDA_SUCCESS) return;
+  throw std::runtime_error(std::string("grape: ") + what + " failed: " +
+                           driver_error_string(status));
+}
+
+uint64_t mix(uint64_t h, uint64_t v) {
+  h ^= v + 0x9e3779b97f4a7c15ull + (h << 6) + (h >> 2);
+  return h;
+}
+
+// How a kernel's arguments lie in its parameter buffer, from the driver (CUDA 12.4).
+struct ParamLayout {
+  std::vector<std::pair<size_t, size_t>> params;  // (offset, size)
+  size_t bytes = 0;
+};
+
+// The layout of the kernel launched by `p`, or null where the driver cannot tell. Cached: a
+// function's layout never changes.
+const ParamLayout* layout_of(const CUDA_KERNEL_NODE_PARAMS& p) {
+  static std::mutex mutex;
+  static auto* cache = new std::unordered_map<const void*, std::unique_ptr<ParamLayout>>();
+  const void* key = p.func != nullptr ? static_cast<const void*>(p.func)
+                                      : static_cast<const void*>(p.kern);
+  std::lock_guard<std::mutex> lock(mutex);
+  auto found = cache->find(key);
+  if (found != cache->end()) return found->second.get();
+  const DriverApi& d = driver();
+  auto layout = std::make_unique<ParamLayout>();
+  constexpr size_t kMaxParams = 4096;  // CUDA's limit is 32 KB of parameters
+  for (size_t i = 0;; ++i) {
+    size_t offset = 0, size = 0;
+    CUresult status = CUDA_ERROR_NOT_SUPPORTED;
+    if (p.func != nullptr && d.cuFuncGetParamInfo != nullptr) {
+      status = d.cuFuncGetParamInfo(p.func, i, &offset, &size);
+    } else if (p.func == nullptr && p.kern != nullptr && d.cuKernelGetParamInfo != nullptr) {
+      status = d.cuKernelGetParamInfo(p.kern, i, &offset, &size);
+    }
+    if (status == CUDA_ERROR_INVALID_VALUE && i > 0) break;  // past the last parameter
+    if (status == CUDA_ERROR_INVALID_VALUE && i == 0) break;  // no parameters
+    if (status != CUDA_SUCCESS || i >= kMaxParams) {
+      layout.reset();
+      break;
+    }
+    layout->params.emplace_back(offset, size);
+    layout->bytes = std::max(layout->bytes, offset + size);
+  }
+  const ParamLayout* result = layout.get();
+  cache->emplace(key, std::move(layout));
+  return result;
+}
+
+enum class NodeKind : uint8_t { kKernel, kMemcpy, kMemset, kEmpty };
+
+// A kernel node's blob starts with this; its argument bytes follow, laid out as on the device.
+struct KernelHeader {
+  uint64_t func;
+  uint64_t kern;
+  uint64_t ctx;
+  uint32_t grid[3];
+  uint32_t block[3];
+  uint32_t shared_bytes;
+  uint32_t packed;  // 1: launched with one packed argument buffer (`extra`), not kernelParams
+};
+
+// The kernel's name, for messages.
+std::string kernel_name(const CUDA_KERNEL_NODE_PARAMS& p) {
+  const DriverApi& d = driver();
+  const char* name = nullptr;
+  if (p.func != nullptr && d.cuFuncGetName != nullptr) {
+    (void)d.cuFuncGetName(&name, p.func);
+  } else if (p.kern != nullptr && d.cuKernelGetName != nullptr) {
+    (void)d.cuKernelGetName(&name, p.kern);
+  }
+  return name != nullptr ? name : "a kernel";
+}
+
+// The argument buffer of a kernel launched with `extra` (CU_LAUNCH_PARAM_BUFFER_POINTER and
+// _SIZE), or false where `extra` holds anything else.
+bool packed_arguments(void** extra, const void** buffer, size_t* size) {
+  *buffer = nullptr;
+  *size = 0;
+  for (size_t i = 0; extra[i] != CU_LAUNCH_PARAM_END; i += 2) {
+    if (extra[i] == CU_LAUNCH_PARAM_BUFFER_POINTER) {
+      *buffer = extra[i + 1];
+    } else if (extra[i] == CU_LAUNCH_PARAM_BUFFER_SIZE) {
+      *size = *static_cast<const size_t*>(extra[i + 1]);
+    } else {
+      return false;
+    }
+  }
+  return *buffer != nullptr || *size == 0;
+}
+
+// What a graph is made of, read node by node.
+struct GraphContents {
+  std::vector<cudaGraphNode_t> nodes;
+  std::vector<NodeKind> kinds;
+  std::vector<core::Blob> blobs;
+  uint64_t topology = 0;
+  bool readable = true;  // every node's parameters could be read and can be written back
+  std::string why_not;   // what made it unreadable
+};
+
+core::Blob kernel_blob(const CUDA_KERNEL_NODE_PARAMS& p, size_t argument_bytes) {
+  core::Blob blob(sizeof(KernelHeader) + argument_bytes, 0);
+  KernelHeader h{};
+  h.func = reinterpret_cast<uint64_t>(p.func);
+  h.kern = reinterpret_cast<uint64_t>(p.kern);
+  h.ctx = reinterpret_cast<uint64_t>(p.ctx);
+  h.grid[0] = p.gridDimX;
+  h.grid[1] = p.gridDimY;
+  h.grid[2] = p.gridDimZ;
+  h.block[0] = p.blockDimX;
+  h.block[1] = p.blockDimY;
+  h.block[2] = p.blockDimZ;
+  h.shared_bytes = p.sharedMemBytes;
+  std::memcpy(blob.data(), &h, sizeof(h));
+  return blob;
+}
+
+// A kernel node's blob, or an empty blob with `why_not` set where its arguments cannot be read.
+core::Blob read_kernel(const CUDA_KERNEL_NODE_PARAMS& p, std::string& why_not) {
+  if (p.extra != nullptr) {
+    const void* buffer = nullptr;
+    size_t size = 0;
+    if (!packed_arguments(p.extra, &buffer, &size)) {
+      why_not = kernel_name(p) + " was launched with launch options other than an argument buffer";
+      return {};
+    }
+    core::Blob blob = kernel_blob(p, size);
+    reinterpret_cast<KernelHeader*>(blob.data())->packed = 1;
+    if (size > 0) std::memcpy(blob.data() + sizeof(KernelHeader), buffer, size);
+    return blob;
+  }
+  const ParamLayout* layout = layout_of(p);
+  if (layout == nullptr) {
+    why_not = "the driver does not report the parameter layout of " + kernel_name(p) +
+              " (cuFuncGetParamInfo needs CUDA 12.4)";
+    return {};
+  }
+  if (!layout->params.empty() && p.kernelParams == nullptr) {
+    why_not = kernel_name(p) + " has no readable arguments";
+    return {};
+  }
+  core::Blob blob = kernel_blob(p, layout->bytes);
+  for (size_t i = 0; i < layout->params.size(); ++i) {
+    const auto [offset, size] = layout->params[i];
+    std::memcpy(blob.data() + sizeof(KernelHeader) + offset, p.kernelParams[i], size);
+  }
+  return blob;
+}
+
+template <typename T>
+core::Blob struct_blob(const T& value) {
+  core::Blob blob(sizeof(T));
+  std::memcpy(blob.data(), &value, sizeof(T));
+  return blob;
+}
+
+std::string node_type_name(cudaGraphNodeType type) {
+  switch (type) {
+    case cudaGraphNodeTypeConditional: return "conditional";
+    case cudaGraphNodeTypeGraph: return "child graph";
+    case cudaGraphNodeTypeHost: return "host function";
+    case cudaGraphNodeTypeWaitEvent: return "event wait";
+    case cudaGraphNodeTypeEventRecord: return "event record";
+    case cudaGraphNodeTypeMemAlloc: return "memory allocation";
+    case cudaGraphNodeTypeMemFree: return "memory free";
+    default: return "type " + std::to_string(static_cast<int>(type));
+  }
+}
+
+GraphContents read_graph(cudaGraph_t graph, bool with_params) {
+  GraphContents g;
+  size_t count = 0;
+  check(cudaGraphGetNodes(graph, nullptr, &count), "cudaGraphGetNodes");
+  g.nodes.resize(count);
+  check(cudaGraphGetNodes(graph, g.nodes.data(), &count), "cudaGraphGetNodes");
+  std::unordered_map<cudaGraphNode_t, uint32_t> index;
+  for (uint32_t i = 0; i < count; ++i) index.emplace(g.nodes[i], i);
+  uint64_t h = mix(0, count);
+  const DriverApi& d = driver();
+  for (uint32_t i = 0; i < count && g.readable; ++i) {
+    cudaGraphNode_t node = g.nodes[i];
+    cudaGraphNodeType type;
+    check(cudaGraphNodeGetType(node, &type), "cudaGraphNodeGetType");
+    h = mix(h, static_cast<uint64_t>(type));
+    switch (type) {
+      case cudaGraphNodeTypeKernel: {
+        g.kinds.push_back(NodeKind::kKernel);
+        // Launch attributes are not parameters: a member must agree with the group on them.
+        cudaLaunchAttributeValue cluster{};
+        if (cudaGraphKernelNodeGetAttribute(node, cudaLaunchAttributeClusterDimension, &cluster) ==
+            cudaSuccess) {
+          h = mix(mix(mix(h, cluster.clusterDim.x), cluster.clusterDim.y), cluster.clusterDim.z);
+        }
+        cudaLaunchAttributeValue priority{};
+        if (cudaGraphKernelNodeGetAttribute(node, cudaLaunchAttributePriority, &priority) ==
+            cudaSuccess) {
+          h = mix(h, static_cast<uint64_t>(priority.priority));
+        }
+        (void)cudaGetLastError();
+        if (!with_params) break;
+        if (d.cuGraphKernelNodeGetParams == nullptr ||
+            d.cuGraphExecKernelNodeSetParams == nullptr) {
+          g.readable = false;
+          g.why_not = "the CUDA driver lacks cuGraphKernelNodeGetParams";
+          break;
+        }
+        CUDA_KERNEL_NODE_PARAMS p{};
+        check(d.cuGraphKernelNodeGetParams(reinterpret_cast<CUgraphNode>(node), &p),
+              "cuGraphKernelNodeGetParams");
+        core::Blob blob = read_kernel(p, g.why_not);
+        if (!g.why_not.empty()) {
+          g.readable = false;
+          break;
+        }
+        g.blobs.push_back(std::move(blob));
+        break;
+      }
+      case cudaGraphNodeTypeMemcpy: {
+        g.kinds.push_back(NodeKind::kMemcpy);
+        if (!with_params) break;
+        cudaMemcpy3DParms p{};
+        check(cudaGraphMemcpyNodeGetParams(node, &p), "cudaGraphMemcpyNodeGetParams");
+        g.blobs.push_back(struct_blob(p));
+        break;
+      }
+      case cudaGraphNodeTypeMemset: {
+        g.kinds.push_back(NodeKind::kMemset);
+        if (!with_params) break;
+        cudaMemsetParams p{};
+        check(cudaGraphMemsetNodeGetParams(node, &p), "cudaGraphMemsetNodeGetParams");
+        g.blobs.push_back(struct_blob(p));
+        break;
+      }
+      case cudaGraphNodeTypeEmpty:
+        g.kinds.push_back(NodeKind::kEmpty);
+        if (with_params) g.blobs.emplace_back();
+        break;
+      default:  // conditional, child graph, event, host, memory nodes
+        g.readable = false;
+        g.why_not = "it holds a " + node_type_name(type) + " node";
+        break;
+    }
+  }
+  if (!g.readable) return g;
+  size_t edge_count = 0;
+#if CUDART_VERSION >= 13000
+  check(cudaGraphGetEdges(graph, nullptr, nullptr, nullptr, &edge_count), "cudaGraphGetEdges");
+  std::vector<cudaGraphNode_t> from(edge_count), to(edge_count);
+  std::vector<cudaGraphEdgeData> data(edge_count);
+  check(cudaGraphGetEdges(graph, from.data(), to.data(), data.data(), &edge_count),
+        "cudaGraphGetEdges");
+#else
+  check(cudaGraphGetEdges(graph, nullptr, nullptr, &edge_count), "cudaGraphGetEdges");
+  std::vector<cudaGraphNode_t> from(edge_count), to(edge_count);
+  check(cudaGraphGetEdges(graph, from.data(), to.data(), &edge_count), "cudaGraphGetEdges");
+#endif
+  std::vector<std::pair<uint32_t, uint32_t>> edges;
+  edges.reserve(edge_count);
+  for (size_t e = 0; e < edge_count; ++e) edges.emplace_back(index.at(from[e]), index.at(to[e]));
+  std::sort(edges.begin(), edges.end());
+  for (const auto& [a, b] : edges) h = mix(h, (static_cast<uint64_t>(a) << 32) | b);
+  g.topology = h;
+  return g;
+}
+
+// Writes node `node`'s parameters `blob` into `exec`.
+void write_node(cudaGraphExec_t exec, cudaGraphNode_t node, NodeKind kind, const core::Blob& blob) {
+  switch (kind) {
+    case NodeKind::kKernel: {
+      KernelHeader h;
+      std::memcpy(&h, blob.data(), sizeof(h));
+      CUDA_KERNEL_NODE_PARAMS p{};
+      p.func = reinterpret_cast<CUfunction>(h.func);
+      p.kern = reinterpret_cast<CUkernel>(h.kern);
+      p.ctx = reinterpret_cast<CUcontext>(h.ctx);
+      p.gridDimX = h.grid[0];
+      p.gridDimY = h.grid[1];
+      p.gridDimZ = h.grid[2];
+      p.blockDimX = h.block[0];
+      p.blockDimY = h.block[1];
+      p.blockDimZ = h.block[2];
+      p.sharedMemBytes = h.shared_bytes;
+      auto* bytes = const_cast<uint8_t*>(blob.data()) + sizeof(KernelHeader);
+      if (h.packed != 0) {
+        size_t size = blob.size() - sizeof(KernelHeader);
+        void* extra[] = {CU_LAUNCH_PARAM_BUFFER_POINTER, bytes, CU_LAUNCH_PARAM_BUFFER_SIZE, &size,
+                         CU_LAUNCH_PARAM_END};
+        p.extra = extra;
+        check(driver().cuGraphExecKernelNodeSetParams(reinterpret_cast<CUgraphExec>(exec),
+                                                      reinterpret_cast<CUgraphNode>(node), &p),
+              "cuGraphExecKernelNodeSetParams");
+        break;
+      }
+      const ParamLayout* layout = layout_of(p);  // known: read when the blob was made
+      if (layout == nullptr) {
+        throw std::runtime_error("grape: a kernel's parameter layout is unknown");
+      }
+      void* args[64];
+      std::vector<void*> many;
+      void** argv = args;
+      if (layout->params.size() > 64) {
+        many.resize(layout->params.size());
+        argv = many.data();
+      }
+      for (size_t i = 0; i < layout->params.size(); ++i) argv[i] = bytes + layout->params[i].first;
+      p.kernelParams = argv;
+      check(driver().cuGraphExecKernelNodeSetParams(reinterpret_cast<CUgraphExec>(exec),
+                                                    reinterpret_cast<CUgraphNode>(node), &p),
+            "cuGraphExecKernelNodeSetParams");
+      break;
+    }
+    case NodeKind::kMemcpy: {
+      cudaMemcpy3DParms p;
+      std::memcpy(&p, blob.data(), sizeof(p));
+      check(cudaGraphExecMemcpyNodeSetParams(exec, node, &p), "cudaGraphExecMemcpyNodeSetParams");
+      break;
+    }
+    case NodeKind::kMemset: {
+      cudaMemsetParams p;
+      std::memcpy(&p, blob.data(), sizeof(p));
+      check(cudaGraphExecMemsetNodeSetParams(exec, node, &p), "cudaGraphExecMemsetNodeSetParams");
+      break;
+    }
+    case NodeKind::kEmpty:
+      break;
+  }
+}
+
+}  // namespace
+
+struct SharedExecutables::Group {
+  cudaGraph_t graph = nullptr;      // the base graph, owned
+  cudaGraphExec_t exec = nullptr;   // null while evicted
+  std::vector<cudaGraphNode_t> nodes;
+  std::vector<NodeKind> kinds;
+  std::unique_ptr<core::ParamTable> params;  // null: this group has one graph and never shares
+  uint64_t topology = 0;
+  uint32_t current = core::ParamTable::kBase;  // the shape whose parameters `exec` holds
+  int64_t members = 0;
+  uint64_t last_used = 0;
+  size_t device_bytes = 0;
+};
+
+SharedExecutables::SharedExecutables(bool share) : share_(share) {}
+
+SharedExecutables::~SharedExecutables() {
+  for (auto& group : groups_) {
+    if (!group) continue;
+    if (group->exec != nullptr) (void)cudaGraphExecDestroy(group->exec);
+    if (group->graph != nullptr) (void)cudaGraphDestroy(group->graph);
+  }
+}
+
+void SharedExecutables::instantiate(Group& group, cudaStream_t stream) {
+  size_t free_before = 0, free_after = 0, total = 0;
+  (void)cudaMemGetInfo(&free_before, &total);
+  // The flags PyTorch's CUDAGraph instantiates with.
+  check(cudaGraphInstantiateWithFlags(
+            &group.exec, group.graph,
+            cudaGraphInstantiateFlagAutoFreeOnLaunch | cudaGraphInstantiateFlagUseNodePriority),
+        "cudaGraphInstantiateWithFlags");
+  // The upload allocates the executable's device memory now rather than at its first launch.
+  const cudaError_t uploaded = cudaGraphUpload(group.exec, stream);
+  (void)cudaMemGetInfo(&free_after, &total);
+  if (uploaded != cudaSuccess) {
+    (void)cudaGraphExecDestroy(group.exec);
+    group.exec = nullptr;
+    check(uploaded, "cudaGraphUpload");
+  }
+  // The driver takes executables' memory in chunks, so one instantiation may take a chunk and
+  // the next nothing. Each executable is charged its nodes' share of all that instantiations in
+  // this process took, which sums to what was measured.
+  static std::atomic<uint64_t> measured_bytes{0}, measured_nodes{0};
+  measured_bytes += free_before > free_after ? free_before - free_after : 0;
+  measured_nodes += group.nodes.size();
+  const double per_node = static_cast<double>(measured_bytes.load()) /
+                          static_cast<double>(std::max<uint64_t>(1, measured_nodes.load()));
+  group.device_bytes = static_cast<size_t>(per_node * static_cast<double>(group.nodes.size()));
+  device_bytes_ += group.device_bytes;
+  group.current = core::ParamTable::kBase;
+  ++counters_.instantiations;
+}
+
+void SharedExecutables::destroy_executable(Group& group) {
+  if (group.exec == nullptr) return;
+  // A launch still in flight completes: the driver frees the executable after it.
+  (void)cudaGraphExecDestroy(group.exec);
+  group.exec = nullptr;
+  device_bytes_ -= std::min(device_bytes_, group.device_bytes);
+  group.device_bytes = 0;
+}
+
+SharedExecutables::Member SharedExecutables::add(cudaGraph_t graph, cudaStream_t stream) {
+  struct GraphOwner {
+    cudaGraph_t graph;
+    ~GraphOwner() {
+      if (graph != nullptr) (void)cudaGraphDestroy(graph);
+    }
+  } owner{graph};
+  GraphContents contents = read_graph(graph, share_);
+  const bool shareable = share_ && contents.readable;
+  if (share_ && !contents.readable) unshareable_reason_ = contents.why_not;
+
+  if (shareable) {
+    auto [first, last] = by_topology_.equal_range(contents.topology);
+    for (auto it = first; it != last; ++it) {
+      Group& group = *groups_[it->second];
+      if (group.nodes.size() != contents.nodes.size() || group.kinds != contents.kinds) continue;
+      if (group.exec == nullptr) instantiate(group, stream);
+      cudaGraphExecUpdateResultInfo info{};
+      if (cudaGraphExecUpdate(group.exec, graph, &info) != cudaSuccess) {
+        (void)cudaGetLastError();
+        group.current = kUnknownShape;  // the driver may have updated part of it
+        continue;
+      }
+      const uint32_t shape = group.params->add(contents.blobs);
+      group.current = shape;
+      group.last_used = ++clock_;
+      ++group.members;
+      ++counters_.joins;
+      return {it->second, shape};
+    }
+  }
+
+  auto group = std::make_unique<Group>();
+  group->graph = graph;
+  owner.graph = nullptr;
+  group->nodes = std::move(contents.nodes);
+  group->kinds = std::move(contents.kinds);
+  group->topology = contents.topology;
+  if (shareable) group->params = std::make_unique<core::ParamTable>(std::move(contents.blobs));
+  group->members = 1;
+  group->last_used = ++clock_;
+  const auto index = static_cast<uint32_t>(groups_.size());
+  try {
+    instantiate(*group, stream);
+  } catch (...) {
+    (void)cudaGraphDestroy(group->graph);
+    throw;
+  }
+  if (shareable) by_topology_.emplace(group->topology, index);
+  groups_.push_back(std::move(group));
+  return {index, core::ParamTable::kBase};
+}
+
+void SharedExecutables::remove(Member member) {
+  if (!member.valid() || member.group >= groups_.size() || !groups_[member.group]) return;
+  Group& group = *groups_[member.group];
+  if (group.params) {
+    group.params->remove(member.shape);
+    if (group.current == member.shape && member.shape != core::ParamTable::kBase) {
+      group.current = kUnknownShape;
+    }
+  }
+  if (--group.members > 0) return;
+  destroy_executable(group);
+  (void)cudaGraphDestroy(group.graph);
+  auto [first, last] = by_topology_.equal_range(group.topology);
+  for (auto it = first; it != last; ++it) {
+    if (it->second == member.group) {
+      by_topology_.erase(it);
+      break;
+    }
+  }
+  groups_[member.group].reset();
+}
+
+cudaGraphExec_t SharedExecutables::prepare(Member member, cudaStream_t stream) {
+  Group& group = *groups_.at(member.group);
+  group.last_used = ++clock_;
+  if (group.exec == nullptr) instantiate(group, stream);
+  if (!group.params || group.current == member.shape) return group.exec;
+
+  const auto start = std::chrono::steady_clock::now();
+  std::vector<uint32_t> changed;
+  if (group.current == kUnknownShape) {
+    changed.resize(group.nodes.size());
+    for (uint32_t i = 0; i < changed.size(); ++i) changed[i] = i;
+  } else {
+    group.params->changed_nodes(group.current, member.shape, changed);
+  }
+  group.current = kUnknownShape;  // until every node is written
+  core::Blob blob;
+  for (uint32_t node : changed) {
+    group.params->decode(member.shape, node, blob);
+    write_node(group.exec, group.nodes[node], group.kinds[node], blob);
+  }
+  group.current = member.shape;
+  ++counters_.switches;
+  counters_.nodes_patched += static_cast<int64_t>(changed.size());
+  counters_.patch_ns += std::chrono::duration_cast<std::chrono::nanoseconds>(
+                            std::chrono::steady_clock::now() - start)
+                            .count();
+  return group.exec;
+}
+
+int SharedExecutables::evict_to(size_t bytes, Member keep) {
+  int evicted = 0;
+  while (device_bytes_ > bytes) {
+    Group* oldest = nullptr;
+    for (uint32_t i = 0; i < groups_.size(); ++i) {
+      Group* g = groups_[i].get();
+      if (g == nullptr || g->exec == nullptr || i == keep.group) continue;
+      if (oldest == nullptr || g->last_used < oldest->last_used) oldest = g;
+    }
+    if (oldest == nullptr) break;
+    destroy_executable(*oldest);
+    ++counters_.evictions;
+    ++evicted;
+  }
+  return evicted;
+}
+
+ExecutableStats SharedExecutables::stats() const {
+  ExecutableStats s = counters_;
+  s.device_bytes = device_bytes_;
+  for (const auto& g : groups_) {
+    if (!g) continue;
+    ++s.groups;
+    s.members += g->members;
+    s.resident += g->exec != nullptr ? 1 : 0;
+    if (g->params) {
+      s.params_bytes += g->params->compressed_bytes();
+      s.params_raw_bytes += g->params->raw_bytes();
+    } else {
+      ++s.unshareable;
+    }
+  }
+  return s;
+}
+
+}  // namespace grape::cuda

@@ -1,0 +1,193 @@
+// GPU tests of shared executables (Note [Shared executables]); they skip without a GPU.
+#include <gtest/gtest.h>
+
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+#include <tuple>
+#include <vector>
+
+#include "cuda/batched_copy.h"
+#include "cuda/shared_executables.h"
+
+using grape::cuda::CopySegment;
+using grape::cuda::SharedExecutables;
+
+namespace {
+
+bool has_gpu() {
+  int n = 0;
+  return cudaGetDeviceCount(&n) == cudaSuccess && n > 0;
+}
+
+uint8_t* device_alloc(size_t bytes) {
+  void* p = nullptr;
+  EXPECT_EQ(cudaMalloc(&p, bytes), cudaSuccess);
+  return static_cast<uint8_t*>(p);
+}
+
+#define CUDA_OK(expr) ASSERT_EQ((expr), cudaSuccess) << cudaGetErrorString(cudaGetLastError())
+
+constexpr size_t kBytes = 1 << 16;
+
+// Device buffers of one test: sources filled with distinct bytes, destinations cleared per run.
+struct Buffers {
+  std::vector<uint8_t*> sources;
+  uint8_t* copy_dst = nullptr;
+  uint8_t* memcpy_dst = nullptr;
+  uint8_t* memset_dst = nullptr;
+  explicit Buffers(int count) {
+    for (int i = 0; i < count; ++i) {
+      uint8_t* p = device_alloc(kBytes);
+      std::vector<uint8_t> host(kBytes);
+      for (size_t j = 0; j < kBytes; ++j) host[j] = static_cast<uint8_t>(j * 7 + i * 31 + 1);
+      EXPECT_EQ(cudaMemcpy(p, host.data(), kBytes, cudaMemcpyHostToDevice), cudaSuccess);
+      sources.push_back(p);
+    }
+    copy_dst = device_alloc(kBytes);
+    memcpy_dst = device_alloc(kBytes);
+    memset_dst = device_alloc(kBytes);
+  }
+  ~Buffers() {
+    for (auto* p : sources) cudaFree(p);
+    cudaFree(copy_dst);
+    cudaFree(memcpy_dst);
+    cudaFree(memset_dst);
+  }
+  void clear() {
+    cudaMemset(copy_dst, 0, kBytes);
+    cudaMemset(memcpy_dst, 0, kBytes);
+    cudaMemset(memset_dst, 0, kBytes);
+  }
+};
+
+// A "shape" of one program: a memset, a kernel and a memcpy whose parameters depend on `i`.
+cudaGraph_t capture_shape(Buffers& b, int i, size_t bytes, cudaStream_t stream,
+                          size_t extra_segments = 0) {
+  cudaGraph_t graph = nullptr;
+  EXPECT_EQ(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal), cudaSuccess);
+  EXPECT_EQ(cudaMemsetAsync(b.memset_dst, 10 + i, bytes, stream), cudaSuccess);
+  std::vector<CopySegment> segments = {{b.sources[i], b.copy_dst, bytes}};
+  for (size_t k = 0; k < extra_segments; ++k) {  // more than one launch: another topology
+    segments.push_back({b.sources[i], b.copy_dst + kBytes / 2, 64});
+  }
+  EXPECT_EQ(grape::cuda::launch_batched_copy(segments, stream), cudaSuccess);
+  EXPECT_EQ(cudaMemcpyAsync(b.memcpy_dst, b.sources[i], bytes, cudaMemcpyDeviceToDevice, stream),
+            cudaSuccess);
+  EXPECT_EQ(cudaStreamEndCapture(stream, &graph), cudaSuccess);
+  return graph;
+}
+
+// What the shape's graph must leave in the destinations.
+void expect_shape(Buffers& b, int i, size_t bytes) {
+  std::vector<uint8_t> src(kBytes), copied(kBytes), memcpyd(kBytes), memset(kBytes);
+  ASSERT_EQ(cudaMemcpy(src.data(), b.sources[i], kBytes, cudaMemcpyDeviceToHost), cudaSuccess);
+  ASSERT_EQ(cudaMemcpy(copied.data(), b.copy_dst, kBytes, cudaMemcpyDeviceToHost), cudaSuccess);
+  ASSERT_EQ(cudaMemcpy(memcpyd.data(), b.memcpy_dst, kBytes, cudaMemcpyDeviceToHost), cudaSuccess);
+  ASSERT_EQ(cudaMemcpy(memset.data(), b.memset_dst, kBytes, cudaMemcpyDeviceToHost), cudaSuccess);
+  for (size_t j = 0; j < kBytes; ++j) {
+    const uint8_t written = j < bytes ? src[j] : 0;
+    ASSERT_EQ(copied[j], written) << "shape " << i << " kernel byte " << j;
+    ASSERT_EQ(memcpyd[j], written) << "shape " << i << " memcpy byte " << j;
+    ASSERT_EQ(memset[j], j < bytes ? 10 + i : 0) << "shape " << i << " memset byte " << j;
+  }
+}
+
+}  // namespace
+
+TEST(SharedExecutables, ShapesOfOneTopologyShareOneExecutableAndReplayTheirOwnParameters) {
+  if (!has_gpu()) GTEST_SKIP() << "no CUDA device";
+  cudaStream_t stream;
+  CUDA_OK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  {
+    Buffers b(4);
+    SharedExecutables ex(/*share=*/true);
+    const size_t sizes[] = {kBytes, 1000, 4096 + 3, 77};
+    std::vector<SharedExecutables::Member> members;
+    for (int i = 0; i < 4; ++i) members.push_back(ex.add(capture_shape(b, i, sizes[i], stream), stream));
+    auto s = ex.stats();
+    EXPECT_EQ(s.groups, 1);
+    EXPECT_EQ(s.members, 4);
+    EXPECT_EQ(s.joins, 3);
+    EXPECT_EQ(s.instantiations, 1);
+    EXPECT_LT(s.params_bytes, s.params_raw_bytes);
+    // Any order, repeats included, replays each shape's own parameters.
+    for (int i : {2, 0, 0, 3, 1, 2, 3, 0}) {
+      b.clear();
+      cudaGraphExec_t exec = ex.prepare(members[static_cast<size_t>(i)], stream);
+      CUDA_OK(cudaGraphLaunch(exec, stream));
+      CUDA_OK(cudaStreamSynchronize(stream));
+      expect_shape(b, i, sizes[i]);
+    }
+    s = ex.stats();
+    EXPECT_GT(s.nodes_patched, 0);
+    EXPECT_EQ(s.switches, 7);  // 8 launches; the repeated 0 needs no patching
+
+    // Evicted, it is instantiated again from the base graph and patched.
+    EXPECT_EQ(ex.evict_to(0, {}), 1);
+    EXPECT_EQ(ex.stats().resident, 0);
+    b.clear();
+    CUDA_OK(cudaGraphLaunch(ex.prepare(members[3], stream), stream));
+    CUDA_OK(cudaStreamSynchronize(stream));
+    expect_shape(b, 3, sizes[3]);
+    EXPECT_EQ(ex.stats().instantiations, 2);
+
+    for (auto m : members) ex.remove(m);
+    EXPECT_EQ(ex.stats().groups, 0);
+  }
+  CUDA_OK(cudaStreamDestroy(stream));
+}
+
+TEST(SharedExecutables, PatchesBackToTheBaseAfterARemovedShape) {
+  if (!has_gpu()) GTEST_SKIP() << "no CUDA device";
+  cudaStream_t stream;
+  CUDA_OK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  {
+    Buffers b(3);
+    SharedExecutables ex(true);
+    auto base = ex.add(capture_shape(b, 0, 512, stream), stream);
+    auto gone = ex.add(capture_shape(b, 1, 2048, stream), stream);
+    auto kept = ex.add(capture_shape(b, 2, 300, stream), stream);
+    ex.prepare(gone, stream);
+    ex.remove(gone);  // the executable holds a shape that no longer exists
+    for (auto [m, i, n] : {std::tuple{kept, 2, size_t{300}}, std::tuple{base, 0, size_t{512}}}) {
+      b.clear();
+      CUDA_OK(cudaGraphLaunch(ex.prepare(m, stream), stream));
+      CUDA_OK(cudaStreamSynchronize(stream));
+      expect_shape(b, i, n);
+    }
+  }
+  CUDA_OK(cudaStreamDestroy(stream));
+}
+
+TEST(SharedExecutables, OtherTopologiesAndSharingOffGetExecutablesOfTheirOwn) {
+  if (!has_gpu()) GTEST_SKIP() << "no CUDA device";
+  cudaStream_t stream;
+  CUDA_OK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  {
+    Buffers b(2);
+    SharedExecutables ex(true);
+    auto one_launch = ex.add(capture_shape(b, 0, 1000, stream), stream);
+    auto two_launches = ex.add(capture_shape(b, 1, 1000, stream, /*extra_segments=*/100), stream);
+    EXPECT_EQ(ex.stats().groups, 2);
+    EXPECT_EQ(ex.stats().joins, 0);
+    b.clear();
+    CUDA_OK(cudaGraphLaunch(ex.prepare(one_launch, stream), stream));
+    CUDA_OK(cudaStreamSynchronize(stream));
+    expect_shape(b, 0, 1000);
+    // Least recently used first; the one kept is spared.
+    EXPECT_EQ(ex.evict_to(0, two_launches), 1);
+    EXPECT_EQ(ex.stats().resident, 1);
+
+    SharedExecutables separate(false);
+    separate.add(capture_shape(b, 0, 1000, stream), stream);
+    auto second = separate.add(capture_shape(b, 1, 500, stream), stream);
+    EXPECT_EQ(separate.stats().groups, 2);
+    EXPECT_EQ(separate.stats().params_bytes, 0u);
+    b.clear();
+    CUDA_OK(cudaGraphLaunch(separate.prepare(second, stream), stream));
+    CUDA_OK(cudaStreamSynchronize(stream));
+    expect_shape(b, 1, 500);
+  }
+  CUDA_OK(cudaStreamDestroy(stream));
+}

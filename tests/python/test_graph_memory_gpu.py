@@ -1,0 +1,187 @@
+"""Graph memory on the GPU: shapes of one topology share one executable, patched per shape
+(docs/design.md, "Shared executables"), and a memory budget evicts executables and turns captures
+that do not fit into eager calls (docs/semantics.md, "Graph memory")."""
+
+import random
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import grape
+
+pytestmark = [pytest.mark.gpu, pytest.mark.usefixtures("quiet_fallbacks")]
+
+DEV = "cuda"
+
+
+def make_step(dim=64, heads=4, seed=0):
+    """A decode step with a KV cache that grows by one position per call: every length is a new
+    shape, and the kernels' grids, sizes and pointers change with it."""
+    g = torch.Generator(device="cpu").manual_seed(seed)
+    w_qkv = (torch.randn(3 * dim, dim, generator=g) * 0.1).to(DEV)
+    w_out = (torch.randn(dim, dim, generator=g) * 0.1).to(DEV)
+
+    def step(x, kv):
+        q, k, v = F.linear(x, w_qkv).split(dim, -1)
+        b = x.shape[0]
+        q = q.view(b, 1, heads, -1).transpose(1, 2)
+        new = torch.stack([k, v]).view(2, b, 1, heads, -1).transpose(2, 3)
+        kv = torch.cat([kv, new], 3)
+        a = F.scaled_dot_product_attention(q, kv[0], kv[1])
+        y = x + F.linear(a.transpose(1, 2).reshape(b, 1, -1), w_out).tanh()
+        return y, kv
+
+    return step
+
+
+def inputs(length, batch=2, dim=64, heads=4, seed=None):
+    g = torch.Generator(device="cpu").manual_seed(length if seed is None else seed)
+    x = torch.randn(batch, 1, dim, generator=g).to(DEV)
+    kv = torch.randn(2, batch, heads, length, dim // heads, generator=g).to(DEV)
+    return x, kv
+
+
+def run_shapes(fn, lengths):
+    return [tuple(t.clone() for t in fn(*inputs(n))) for n in lengths]
+
+
+def test_random_shape_orders_replay_results_identical_to_eager():
+    step = make_step()
+    lengths = list(range(1, 41))
+    expected = {n: out for n, out in zip(lengths, run_shapes(step, lengths))}
+    compiled = grape.compile(step)
+    rng = random.Random(0)
+    for _ in range(4):  # warm-up, capture, then replays, each pass in a new random order
+        order = lengths[:]
+        rng.shuffle(order)
+        for n, out in zip(order, run_shapes(compiled, order)):
+            for got, want in zip(out, expected[n]):
+                assert torch.equal(got, want), f"length {n}"
+    s = grape.stats(compiled)
+    assert s["replays"] >= 2 * len(lengths) and not s["fallbacks"]
+    # Every graph: one per length, and the chain variants that read predicted inputs in place.
+    assert s["shapes"] == len(lengths) + s["chain_variants"]
+    # Most shapes joined an existing topology's executable instead of instantiating their own.
+    assert s["graphs_joined"] >= len(lengths) // 2
+    assert s["topology_groups"] == s["shapes"] - s["graphs_joined"]
+    assert s["resident_executables"] == s["topology_groups"]
+    assert s["executable_switches"] > 0 and s["nodes_patched"] > 0 and s["patch_seconds"] > 0
+    assert 0 < s["params_bytes"] < s["params_raw_bytes"]
+
+
+def test_sharing_off_gives_every_shape_its_own_executable():
+    step = make_step()
+    lengths = [3, 9, 5]
+    compiled = grape.compile(step, share_executables=False)
+    for _ in range(3):
+        got = run_shapes(compiled, lengths)
+    for out, want in zip(got, run_shapes(step, lengths)):
+        assert all(torch.equal(a, b) for a, b in zip(out, want))
+    s = grape.stats(compiled)
+    assert s["shapes"] == len(lengths) + s["chain_variants"]
+    assert s["topology_groups"] == s["resident_executables"] == s["shapes"]
+    assert s["graphs_joined"] == 0 and s["params_bytes"] == 0
+
+
+def two_topologies(x):
+    """Long inputs take an extra op: another topology."""
+    y = (x * 2).sin()
+    if x.shape[0] > 100:
+        y = y.cumsum(0)
+    return y + 1
+
+
+def test_a_tight_budget_evicts_executables_and_rebuilds_them_on_demand():
+    sizes = [64, 96, 300, 400]  # two topologies
+    # Without alias prediction no input buffers are allocated: both functions' arenas match.
+    reference = grape.compile(two_topologies, alias_prediction=False)
+    for _ in range(2):
+        for n in sizes:
+            reference(torch.randn(n, 32, device=DEV))
+    r = grape.stats(reference)
+    assert r["topology_groups"] == 2
+    assert r["executable_bytes"] > 0
+    # Room for the arena only: each replay keeps its own executable and frees the other.
+    budget = r["arena_bytes"]
+    compiled = grape.compile(two_topologies, memory_budget=budget, alias_prediction=False)
+    for _ in range(4):
+        for n in sizes:
+            x = torch.randn(n, 32, device=DEV)
+            assert torch.equal(compiled(x), two_topologies(x))
+    s = grape.stats(compiled)
+    assert s["memory_budget"] == budget and not s["fallbacks"]
+    assert s["replays"] == 3 * len(sizes)
+    assert s["evictions"] >= 5  # at every change of topology once both are captured
+    assert s["instantiations"] > s["topology_groups"]
+    assert s["resident_executables"] == 1
+
+
+def test_a_capture_beyond_the_budget_runs_eagerly_with_the_reason():
+    compiled = grape.compile(lambda x: (x @ x.T).relu().sum(0), memory_budget=0)
+    x = torch.randn(256, 256, device=DEV)
+    for _ in range(3):
+        assert torch.allclose(compiled(x), (x @ x.T).relu().sum(0))
+    s = grape.stats(compiled)
+    assert s["replays"] == 0 and s["capture_oom_retries"] == 1
+    (fallback,) = s["fallbacks"]
+    assert "memory budget" in fallback["reason"] and "out of memory" in fallback["reason"]
+
+
+def test_a_capture_that_fits_once_executables_are_freed_is_retried():
+    def f(x):
+        return (x.float() * 3).exp().to(x.dtype)
+
+    small = torch.randn(1024, device=DEV)
+    large = torch.randn(48 << 20, device=DEV, dtype=torch.half)  # 96 MB; its capture needs more arena
+    reference = grape.compile(f, alias_prediction=False)
+    for _ in range(2):
+        reference(small)
+    r_small = grape.stats(reference)
+    for _ in range(2):
+        reference(large)
+    r = grape.stats(reference)
+    assert r_small["executable_bytes"] > 0
+    assert r["arena_bytes"] > r_small["arena_bytes"] + 2 * r_small["executable_bytes"]
+    # Room for the large capture's arena only once the small shape's executable is freed.
+    compiled = grape.compile(f, memory_budget=r["arena_bytes"], alias_prediction=False)
+    for x in (small, small, large, large, large):
+        assert torch.equal(compiled(x), f(x))
+    s = grape.stats(compiled)
+    assert s["capture_oom_retries"] == 1 and not s["fallbacks"]
+    assert s["replays"] == 3
+
+
+def test_stats_report_graph_memory_keys():
+    compiled = grape.compile(lambda x: x + 1)
+    x = torch.ones(4, device=DEV)
+    for _ in range(3):
+        compiled(x)
+    s = grape.stats(compiled)
+    for key in ("shapes", "topology_groups", "resident_executables", "executable_bytes",
+                "instantiations", "evictions", "graphs_joined", "executable_switches",
+                "nodes_patched", "patch_seconds", "params_bytes", "params_raw_bytes",
+                "capture_oom_retries", "memory_budget"):
+        assert key in s, key
+    assert s["shapes"] == 1 and s["memory_budget"] is None
+
+
+def test_graphs_with_conditional_nodes_keep_executables_of_their_own():
+    if grape._C.conditional_unsupported_reason("if"):
+        pytest.skip(grape._C.conditional_unsupported_reason("if"))
+
+    def f(x):
+        y = x * 2
+        with grape.Predicate(x.sum() > 0):
+            y += 1
+        return y
+
+    compiled = grape.compile(f)
+    for _ in range(3):
+        for n in (8, 16):
+            x = torch.randn(n, device=DEV)
+            assert torch.equal(compiled(x), f(x))
+    s = grape.stats(compiled)
+    assert s["replays"] == 4 and s["graphs_joined"] == 0
+    assert s["unshareable_groups"] == s["topology_groups"] == s["shapes"]
+    assert "conditional" in s["unshareable_reason"]
