@@ -307,6 +307,8 @@ def run_case(cfg, batch, steps, modes, reps, memory_case=False) -> dict:
     eager = results.get("eager", {}).get("ms_per_step")
     ideal = results.get("ideal", {}).get("ms_per_step")
     for r in results.values():
+        if r["ms_per_step"] is None:  # did not fit: not run
+            continue
         if eager:
             r["speedup_vs_eager"] = eager / r["ms_per_step"]
         if ideal:
