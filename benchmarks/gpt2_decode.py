@@ -27,7 +27,12 @@ shape added to the process's resident memory, over N.
 
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
+import tempfile
 import time
+from pathlib import Path
 
 import torch
 
@@ -289,6 +294,12 @@ SETUPS = {"eager": setup_eager, "ptgraph": setup_ptgraph, "ideal": setup_ideal,
           "grape_all_resident": lambda case: setup_grape(case, share_executables=False)}
 
 
+def leading_equal_steps(tokens: torch.Tensor, reference: torch.Tensor) -> int:
+    """How many steps, from the first, generated the same tokens in every sequence."""
+    differs = (tokens != reference).any(0).nonzero()
+    return int(differs[0]) if len(differs) else tokens.shape[1]
+
+
 def run_case(cfg, batch, steps, modes, reps, memory_case=False) -> dict:
     case = Case(cfg, batch, steps, "cuda")
     results = {}
@@ -300,10 +311,20 @@ def run_case(cfg, batch, steps, modes, reps, memory_case=False) -> dict:
     if "eager" in results:
         results["eager"]["gpu_mem_bytes"] = results["eager"]["peak_allocated_bytes"]
     reference = results["eager"]["tokens"] if "eager" in results else None
+    if reference is not None:
+        # Eager itself may pick another token where two logits nearly tie (a reduction whose
+        # order varies between runs); a second eager generation shows whether it does.
+        with torch.no_grad():
+            again = case.generate(case.step)
+        results["eager"]["self_consistent"] = bool(torch.equal(again, reference))
+        results["eager"]["steps_equal_to_its_rerun"] = leading_equal_steps(again, reference)
     for mode, r in results.items():
         tokens = r.pop("tokens")
-        r["correct"] = (bool(torch.equal(tokens, reference))
-                        if reference is not None and tokens is not None else None)
+        if reference is None or tokens is None:
+            r["correct"] = None
+            continue
+        r["correct"] = bool(torch.equal(tokens, reference))
+        r["steps_equal_to_eager"] = leading_equal_steps(tokens, reference)
     eager = results.get("eager", {}).get("ms_per_step")
     ideal = results.get("ideal", {}).get("ms_per_step")
     for r in results.values():
@@ -410,6 +431,20 @@ def while_loop_case(cfg, batch, steps, reps) -> dict:
     return {"name": f"b{batch}-while-loop", "config": config, "modes": results}
 
 
+def strip_option(argv: list[str], option: str) -> list[str]:
+    """argv without `option` and the values that follow it."""
+    out, skipping = [], False
+    for a in argv:
+        if a == option or a.startswith(option + "="):
+            skipping = a == option
+            continue
+        if skipping and not a.startswith("--"):
+            continue
+        skipping = False
+        out.append(a)
+    return out
+
+
 def main(argv=None):
     parser = harness.argument_parser(__doc__, DEFAULT_MODES, "smoke run: 16 steps, 2 reps, no torch.compile")
     parser.add_argument("--batch", type=int, nargs="+", default=[1, 8])
@@ -439,6 +474,20 @@ def main(argv=None):
         print(f"\nwrote {path}")
         return cases
     name = "gpt2_decode" + (f"-shapes{args.steps}" if args.shapes is not None else "")
+    if args.shapes is not None and len(args.batch) > 1:
+        # Each batch in a process of its own: the driver keeps the memory of destroyed
+        # executables for later ones, which would hide the next case's executables.
+        for batch in args.batch:
+            with tempfile.TemporaryDirectory() as out:
+                child = [a for a in (argv if argv is not None else sys.argv[1:])]
+                child = strip_option(strip_option(child, "--batch"), "--out")
+                subprocess.run([sys.executable, "-m", "benchmarks.gpt2_decode", *child,
+                                "--batch", str(batch), "--out", out], check=True)
+                (result,) = Path(out).glob("*.json")
+                cases += json.loads(result.read_text())["cases"]
+            path = harness.write_results(name + ("-quick" if args.quick else ""), cases, args.out)
+        print(f"\nwrote {path}")
+        return cases
     for batch in args.batch:
         print(f"batch {batch}:", flush=True)
         cases.append(run_case(cfg, batch, args.steps, modes, args.reps, memory_case=args.shapes is not None))
