@@ -20,9 +20,13 @@ is the growth of the process's resident host memory over setup and runs.
 shapes), grape (graphs of one topology share one executable) and grape_all_resident (one executable
 per shape). Per-shape graph modes stop capturing before the device runs out of memory; their memory
 for N shapes is then extrapolated from the shapes that fit (`extrapolated_from_shapes`), and they are
-not timed. grape's device memory per extra shape is its memory beyond a grape function that captured
-only the largest shape, over N - 1; its host memory per shape is what the pass that captures every
-shape added to the process's resident memory, over N.
+not timed. grape's device memory per extra shape (`gpu_bytes_per_extra_shape`) is what its memory
+outside the shared pool (executables, the driver's state) exceeds that of a grape function that
+captured only the largest shape, over N - 1. The pool is reported apart: its size is set by the
+largest shape's buffers, not by the number of shapes; in a generation it holds the largest cache
+about three times (the ping-pong of Note [Capture arena layout]) where one shape holds it twice,
+which `gpu_bytes_per_extra_shape_pool_included` spreads over the extra shapes. Host memory per shape
+is what the pass that captures every shape added to the process's resident memory, over N.
 """
 
 from __future__ import annotations
@@ -275,13 +279,30 @@ def one_shape_grape_memory(case) -> dict:
     step = grape.compile(case.step)
     for _ in range(3):  # warm-up, capture, replay
         out = step(tok, kv)
+    largest_cache_bytes = out[1].numel() * out[1].element_size()  # the last step's output cache
     del out
     harness.clear_memory()
     s = grape.stats(step)
     result = {"gpu_mem_bytes": free0 - harness.free_bytes(), "shapes": s["shapes"],
-              "pool_bytes": s["pool_bytes"], "executable_bytes": s["executable_bytes"]}
+              "pool_bytes": s["pool_bytes"], "executable_bytes": s["executable_bytes"],
+              "largest_cache_bytes": largest_cache_bytes}
     del step
     return result
+
+
+def print_graph_memory(case: dict) -> None:
+    g = case["modes"].get("grape")
+    if not g or "one_shape" not in g:
+        return
+    kb = 1 / 1024
+    print(f"grape: {g['shapes']} shapes in {g['topology_groups']} topology groups, "
+          f"{g['resident_executables']} resident executables; per extra shape "
+          f"{g['gpu_bytes_per_extra_shape'] * kb:.1f} KB device outside the pool "
+          f"({g['gpu_bytes_per_extra_shape_pool_included'] * kb:.1f} KB with the pool's growth), "
+          f"{g['host_bytes_per_shape'] * kb:.1f} KB host; pool "
+          f"{g['pool_bytes'] / g['one_shape']['largest_cache_bytes']:.2f}x the largest cache "
+          f"(one shape: {g['one_shape']['pool_bytes'] / g['one_shape']['largest_cache_bytes']:.2f}x); "
+          f"parameters {g['params_bytes'] * kb:.0f} KB compressed from {g['params_raw_bytes'] * kb:.0f} KB")
 
 
 SETUPS = {"eager": setup_eager, "ptgraph": setup_ptgraph, "ideal": setup_ideal,
@@ -347,7 +368,11 @@ def run_case(cfg, batch, steps, modes, reps, memory_case=False) -> dict:
         with torch.no_grad():
             one = one_shape_grape_memory(case)
         grape_r["one_shape"] = one
-        grape_r["gpu_bytes_per_extra_shape"] = (grape_r["gpu_mem_bytes"] - one["gpu_mem_bytes"]) / (steps - 1)
+        outside_pool = grape_r["gpu_mem_bytes"] - grape_r["pool_bytes"]
+        grape_r["gpu_bytes_per_extra_shape"] = (
+            outside_pool - (one["gpu_mem_bytes"] - one["pool_bytes"])) / (steps - 1)
+        grape_r["gpu_bytes_per_extra_shape_pool_included"] = (
+            grape_r["gpu_mem_bytes"] - one["gpu_mem_bytes"]) / (steps - 1)
         # Host memory: what capturing every shape added to the process (graphs, compressed
         # parameters, the driver's host memory), per shape.
         grape_r["host_bytes_per_shape"] = grape_r["host_bytes_of_captures"] / grape_r["shapes"]
@@ -492,6 +517,8 @@ def main(argv=None):
         print(f"batch {batch}:", flush=True)
         cases.append(run_case(cfg, batch, args.steps, modes, args.reps, memory_case=args.shapes is not None))
         harness.print_table(cases[-1])
+        if args.shapes is not None:
+            print_graph_memory(cases[-1])
         # Written after every case, so a run cut short keeps what it measured.
         path = harness.write_results(name + ("-quick" if args.quick else ""), cases, args.out)
     print(f"\nwrote {path}")
