@@ -236,8 +236,13 @@ def stats(fn: Any) -> dict:
     place at a replay, or copied), ``bytes_avoided`` and ``chain_variants``; allocation-site
     prediction's ``input_sites`` (code positions learned), ``site_allocations`` (allocations served
     from input buffers), ``site_buffers_busy`` (served by PyTorch because both buffers were held)
-    and ``input_buffer_bytes``;
+    and ``input_buffer_bytes``; graph memory's ``shapes`` (graphs held), ``topology_groups``,
+    ``unshareable_groups`` / ``unshareable_reason``, ``graphs_joined``, ``resident_executables``,
+    ``executable_bytes``, ``instantiations``, ``evictions``, ``executable_switches``,
+    ``nodes_patched``, ``patch_seconds``, ``params_bytes`` / ``params_raw_bytes`` (parameters kept,
+    compressed and raw), ``capture_oom_retries`` and ``memory_budget``;
     ``live_outputs``, ``fallbacks`` (signature, reason, call site) and ``entries`` (per signature).
+    See docs/semantics.md, "grape.stats".
     """
     target = fn
     if isinstance(fn, torch.nn.Module):
