@@ -6,10 +6,12 @@ export PYTHONPATH := $(CURDIR)$(if $(PYTHONPATH),:$(PYTHONPATH))
 
 .PHONY: setup build demo test test-cpp test-python gpu-check bench clean
 
-# Installs what is missing: torch (the CUDA 13 build where pip offers it), pytest, GoogleTest.
+# Installs what is missing: torch (the CUDA 13 build where pip offers it), pytest, transformers
+# (tests and benchmarks of Hugging Face models), GoogleTest.
 setup:
 	@$(PYTHON) -c "import torch" 2>/dev/null || $(PYTHON) -m pip install "torch>=2.4"
 	@$(PYTHON) -c "import pytest" 2>/dev/null || $(PYTHON) -m pip install pytest
+	@$(PYTHON) -c "import transformers" 2>/dev/null || $(PYTHON) -m pip install "transformers>=5"
 	@command -v cmake >/dev/null || $(PYTHON) -m pip install cmake ninja
 	@test -f /usr/include/gtest/gtest.h || test -f /usr/local/include/gtest/gtest.h || \
 		{ apt-get update -qq && apt-get install -y -qq libgtest-dev; }

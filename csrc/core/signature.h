@@ -34,6 +34,8 @@ enum class Tag : int64_t {
   kObject,    // an object keyed by identity (held alive by the compiled function)
   kModule,    // an nn.Module keyed by identity; its parameters and buffers are static
   kGlobalState,
+  kRecord,     // an argument object that holds tensors, by type and attributes
+  kRecordRef,  // an argument object seen earlier in the same call, by its index
 };
 
 class Signature {
@@ -45,6 +47,8 @@ class Signature {
   void reserve(size_t n) { words_.reserve(n); }
   void push(int64_t word) { words_.push_back(word); }
   void push(Tag tag) { words_.push_back(static_cast<int64_t>(tag)); }
+  // Drops the words after the first `n` (before finish()).
+  void truncate(size_t n) { words_.resize(n < words_.size() ? n : words_.size()); }
   // Must be called once all words are pushed; equality and hashing use the cached hash.
   void finish();
 

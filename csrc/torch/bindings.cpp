@@ -5,6 +5,7 @@
 
 #include "core/replay_plan.h"
 #include "torch/pytree.h"
+#include "torch/side_effects.h"
 #include "torch/runtime.h"
 
 #ifdef GRAPE_WITH_CUDA
@@ -110,6 +111,59 @@ PYBIND11_MODULE(_C, m) {
         return d;
       },
       "Flattens (args, kwargs) as grape.compile does and returns the signature.");
+
+  // A capture's handling of argument objects, without a graph (for tests of Note [Argument
+  // objects]): f runs on the arguments with each tensor t replaced by make_placeholder(t), and
+  // the objects are put back afterwards. Returns the records, the effects as (record, attribute)
+  // pairs, their values, and the reason when a replay could not repeat what f did.
+  m.def(
+      "_trace_effects",
+      [](py::function fn, py::tuple args, py::dict kwargs, py::function make_placeholder) {
+        grape::Flattener flattener;
+        grape::FlatCall flat;
+        flattener.flatten_call(args, kwargs, flat, /*with_spec=*/true, /*with_paths=*/false);
+        std::vector<py::object> leaves;
+        for (const auto& t : flat.tensors) {
+          leaves.push_back(make_placeholder(py::reinterpret_steal<py::object>(THPVariable_Wrap(t))));
+        }
+        std::vector<grape::Effect> effects;
+        py::list values;
+        std::string reason;
+        py::object result = py::none();
+        {
+          grape::CaptureEffects state(flat.records);
+          grape::UnflattenLog log;
+          py::tuple call = grape::unflatten(flat.spec, leaves, &flat.records, &log);
+          state.arguments_ready();
+          result = fn(*call[0], **call[1]);
+          if (!state.collect(log, effects, values, reason)) result = py::none();
+        }
+        py::list pairs;
+        for (const auto& e : effects) pairs.append(py::make_tuple(e.record, e.attribute));
+        py::dict d;
+        d["result"] = result;
+        d["records"] = py::cast(flat.records);
+        d["effects"] = pairs;
+        d["values"] = py::tuple(values);
+        d["reason"] = reason;
+        return d;
+      },
+      py::arg("fn"), py::arg("args"), py::arg("kwargs"), py::arg("make_placeholder"));
+  // What a replay does with the effects of _trace_effects, on the objects of another call.
+  m.def(
+      "_apply_effects",
+      [](py::tuple args, py::dict kwargs, py::list pairs, py::tuple values) {
+        grape::Flattener flattener;
+        grape::FlatCall flat;
+        flattener.flatten_call(args, kwargs, flat, /*with_spec=*/false, /*with_paths=*/false);
+        std::vector<grape::Effect> effects;
+        for (py::handle p : pairs) {
+          auto pair = py::reinterpret_borrow<py::tuple>(p);
+          effects.push_back({pair[0].cast<int>(), py::reinterpret_borrow<py::object>(pair[1])});
+        }
+        grape::apply_effects(flat.records, effects, values);
+      },
+      py::arg("args"), py::arg("kwargs"), py::arg("effects"), py::arg("values"));
 
   // Flatten and rebuild a tree with every tensor leaf replaced (for tests of the tree handling).
   m.def(

@@ -57,23 +57,6 @@ bool is_plain_constant(PyObject* obj, const TorchTypes& tt) {
          PyType_IsSubtype(type, reinterpret_cast<PyTypeObject*>(tt.enum_base));
 }
 
-// Whether any attribute value of the object is a tensor.
-bool holds_tensors(PyObject* obj) {
-  PyObject* dict = PyObject_GenericGetDict(obj, nullptr);
-  if (dict == nullptr) {
-    PyErr_Clear();
-    return false;
-  }
-  py::object owned = py::reinterpret_steal<py::object>(dict);
-  PyObject* key;
-  PyObject* value;
-  Py_ssize_t pos = 0;
-  while (PyDict_Next(dict, &pos, &key, &value)) {
-    if (THPVariable_Check(value)) return true;
-  }
-  return false;
-}
-
 std::string type_name(PyObject* obj) { return Py_TYPE(obj)->tp_name; }
 
 }  // namespace
@@ -288,11 +271,7 @@ void Flattener::visit(py::handle obj_h, FlatCall& out, TreeSpec* spec) {
     out.modules.push_back(py::reinterpret_borrow<py::object>(obj));
     constant_leaf();
   } else {
-    if (holds_tensors(obj)) {
-      mark_unsupported(out, "an object of type " + type_name(obj) +
-                                " that holds tensors (pass the tensors as arguments, or make the "
-                                "type a dataclass)");
-    }
+    if (visit_record(obj_h, out, spec)) return;
     if (PyObject_Hash(obj) != -1) {
       push_interned(obj_h, out);
     } else {
@@ -313,11 +292,94 @@ void Flattener::visit(py::handle obj_h, FlatCall& out, TreeSpec* spec) {
   }
 }
 
+bool Flattener::visit_record(py::handle obj_h, FlatCall& out, TreeSpec* spec) {
+  PyObject* obj = obj_h.ptr();
+  auto& sig = out.signature;
+  auto reference = [&](size_t index) {
+    sig.push(Tag::kRecordRef);
+    sig.push(static_cast<int64_t>(index));
+    if (spec != nullptr) {
+      spec->kind = TreeSpec::Kind::kRecordRef;
+      spec->index = static_cast<int>(index);
+    }
+    return true;
+  };
+  // An object met again (shared, or a cycle) is a reference, so aliasing is part of the signature.
+  for (size_t i = 0; i < out.records.size(); ++i) {
+    if (out.records[i].ptr() == obj) return reference(i);
+  }
+  if (in_value_ && call_records_ != nullptr) {
+    for (size_t i = 0; i < call_records_->size(); ++i) {
+      if ((*call_records_)[i].ptr() == obj) return reference(i);
+    }
+  }
+  PyObject* dict_ptr = PyObject_GenericGetDict(obj, nullptr);
+  if (dict_ptr == nullptr) {
+    PyErr_Clear();
+    return false;
+  }
+  py::dict dict = py::reinterpret_steal<py::dict>(dict_ptr);
+  const size_t words_before = sig.size();
+  const size_t tensors_before = out.tensors.size();
+  const size_t modules_before = out.modules.size();
+  const size_t index = out.records.size();
+  out.records.push_back(py::reinterpret_borrow<py::object>(obj));
+  const Py_ssize_t n = PyDict_Size(dict.ptr());
+  sig.push(Tag::kRecord);
+  push_interned(py::handle(reinterpret_cast<PyObject*>(Py_TYPE(obj))), out);
+  sig.push(static_cast<int64_t>(n));
+  py::tuple names(n);
+  std::vector<py::object> values;
+  values.reserve(static_cast<size_t>(n));
+  PyObject* key;
+  PyObject* value;
+  Py_ssize_t pos = 0;
+  Py_ssize_t i = 0;
+  while (PyDict_Next(dict.ptr(), &pos, &key, &value)) {
+    push_interned(key, out);
+    names[i++] = py::reinterpret_borrow<py::object>(key);
+    values.push_back(py::reinterpret_borrow<py::object>(value));
+  }
+  if (spec != nullptr) {
+    spec->kind = TreeSpec::Kind::kRecord;
+    spec->constant = py::reinterpret_borrow<py::object>(obj);
+    spec->keys = names;
+    spec->index = static_cast<int>(index);
+    spec->children.resize(static_cast<size_t>(n));
+  }
+  for (Py_ssize_t j = 0; j < n; ++j) {
+    if (with_paths_) path_.push_back("." + names[j].cast<std::string>());
+    visit(values[static_cast<size_t>(j)], out,
+          spec != nullptr ? &spec->children[static_cast<size_t>(j)] : nullptr);
+    if (with_paths_) path_.pop_back();
+  }
+  PyObject* type = reinterpret_cast<PyObject*>(Py_TYPE(obj));
+  if (out.tensors.size() == tensors_before) {
+    if (record_types_.find(type) == record_types_.end()) {
+      // No tensor inside: an ordinary object, keyed by hash or identity.
+      sig.truncate(words_before);
+      out.records.resize(index);
+      out.modules.resize(modules_before);
+      if (spec != nullptr) *spec = TreeSpec{};
+      return false;
+    }
+  } else if (record_types_.emplace(type, true).second) {
+    identity_objects_.push_back(py::reinterpret_borrow<py::object>(type));  // keep the key alive
+  }
+  if (in_value_) {
+    mark_unsupported(out, "new object of type " + type_name(obj) +
+                              " that holds tensors (a graph returns tensors, containers, "
+                              "dataclasses, namedtuples and the objects it was passed)");
+  }
+  return true;
+}
+
 void Flattener::flatten_call(py::handle args, py::handle kwargs, FlatCall& out, bool with_spec,
                              bool with_paths) {
   out.signature.clear();
   out.tensors.clear();
   out.modules.clear();
+  out.records.clear();
   out.unsupported.clear();
   out.unsupported_path.clear();
   with_paths_ = with_paths;
@@ -340,17 +402,23 @@ void Flattener::flatten_call(py::handle args, py::handle kwargs, FlatCall& out, 
   out.signature.finish();
 }
 
-void Flattener::flatten_value(py::handle value, FlatCall& out) {
+void Flattener::flatten_value(py::handle value, FlatCall& out,
+                              const std::vector<py::object>* call_records) {
   out.signature.clear();
   out.tensors.clear();
   out.modules.clear();
+  out.records.clear();
   out.unsupported.clear();
   out.unsupported_path.clear();
   out.spec = TreeSpec{};
   with_paths_ = true;
+  in_value_ = true;
+  call_records_ = call_records;
   path_.assign(1, "output");
   visit(value, out, &out.spec);
   with_paths_ = false;
+  in_value_ = false;
+  call_records_ = nullptr;
   out.signature.finish();
 }
 
@@ -362,8 +430,38 @@ void push_global_state(core::Signature& signature) {
   signature.push(static_cast<int64_t>(at::autocast::get_autocast_dtype(at::kCUDA)));
 }
 
-py::object unflatten(const TreeSpec& spec, const std::vector<py::object>& leaves) {
+namespace {
+// While unflatten() rebuilds a record's attribute, the containers it builds belong to it.
+struct OwnerScope {
+  UnflattenLog* log;
+  int record;
+  py::object attribute;
+  OwnerScope(UnflattenLog* l, int r, py::object a) : log(l) {
+    if (log == nullptr) return;
+    record = log->current_record;
+    attribute = std::move(log->current_attribute);
+    log->current_record = r;
+    log->current_attribute = std::move(a);
+  }
+  ~OwnerScope() {
+    if (log == nullptr) return;
+    log->current_record = record;
+    log->current_attribute = std::move(attribute);
+  }
+};
+}  // namespace
+
+py::object unflatten(const TreeSpec& spec, const std::vector<py::object>& leaves,
+                     const std::vector<py::object>* records, UnflattenLog* log) {
   using Kind = TreeSpec::Kind;
+  auto child = [&](size_t i) { return unflatten(spec.children[i], leaves, records, log); };
+  auto logged = [&](py::object container, py::object contents) {
+    if (log != nullptr) {
+      log->containers.push_back({container, std::move(contents), log->current_record,
+                                 log->current_attribute});
+    }
+    return container;
+  };
   switch (spec.kind) {
     case Kind::kTensor:
       return leaves.at(static_cast<size_t>(spec.tensor_index));
@@ -372,21 +470,43 @@ py::object unflatten(const TreeSpec& spec, const std::vector<py::object>& leaves
     case Kind::kTuple:
     case Kind::kNamedTuple: {
       py::tuple items(spec.children.size());
-      for (size_t i = 0; i < spec.children.size(); ++i) items[i] = unflatten(spec.children[i], leaves);
+      for (size_t i = 0; i < spec.children.size(); ++i) items[i] = child(i);
       if (spec.kind == Kind::kTuple) return std::move(items);
       return spec.type(*items);
     }
     case Kind::kList: {
       py::list items(spec.children.size());
-      for (size_t i = 0; i < spec.children.size(); ++i) items[i] = unflatten(spec.children[i], leaves);
-      return std::move(items);
+      for (size_t i = 0; i < spec.children.size(); ++i) items[i] = child(i);
+      return logged(items, py::tuple(items));
     }
     case Kind::kDict: {
       py::dict d;
       auto keys = py::reinterpret_borrow<py::tuple>(spec.keys);
-      for (size_t i = 0; i < spec.children.size(); ++i) d[keys[i]] = unflatten(spec.children[i], leaves);
-      return std::move(d);
+      for (size_t i = 0; i < spec.children.size(); ++i) d[keys[i]] = child(i);
+      PyObject* contents = PyDict_Copy(d.ptr());
+      if (contents == nullptr) throw py::error_already_set();
+      return logged(d, py::reinterpret_steal<py::object>(contents));
     }
+    case Kind::kRecord: {
+      // The object itself, its attributes set to the rebuilt values (placeholders, in a capture).
+      PyObject* dict_ptr = PyObject_GenericGetDict(spec.constant.ptr(), nullptr);
+      if (dict_ptr == nullptr) throw py::error_already_set();
+      py::object dict = py::reinterpret_steal<py::object>(dict_ptr);
+      auto names = py::reinterpret_borrow<py::tuple>(spec.keys);
+      for (size_t i = 0; i < spec.children.size(); ++i) {
+        OwnerScope owner(log, spec.index, names[i]);
+        py::object value = child(i);
+        if (PyDict_SetItem(dict.ptr(), names[i].ptr(), value.ptr()) != 0) {
+          throw py::error_already_set();
+        }
+      }
+      return spec.constant;
+    }
+    case Kind::kRecordRef:
+      TORCH_CHECK(records != nullptr && spec.index >= 0 &&
+                      static_cast<size_t>(spec.index) < records->size(),
+                  "grape: an argument object reference without the call's objects");
+      return (*records)[static_cast<size_t>(spec.index)];
     case Kind::kDataclass: {
       // Fields accepted by __init__ go through it (so __post_init__ runs, as for HF ModelOutput);
       // the others are set afterwards.
@@ -396,7 +516,7 @@ py::object unflatten(const TreeSpec& spec, const std::vector<py::object>& leaves
       auto names = py::reinterpret_borrow<py::tuple>(spec.keys);
       size_t i = 0;
       for (py::handle f : fields) {
-        py::object value = unflatten(spec.children.at(i), leaves);
+        py::object value = child(i);
         if (f.attr("init").cast<bool>()) {
           init_kwargs[names[i]] = value;
         } else {

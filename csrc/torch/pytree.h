@@ -16,13 +16,21 @@ namespace grape {
 namespace py = pybind11;
 
 // The shape of a Python tree whose tensor leaves were taken out; rebuilt by unflatten().
+// Argument objects that hold tensors (an HF cache, say) are records: flattened by their
+// attributes, and rebuilt in place, by setting those attributes on the object itself (see Note
+// [Argument objects] in torch/side_effects.h).
 struct TreeSpec {
-  enum class Kind { kTuple, kList, kDict, kNamedTuple, kDataclass, kTensor, kConstant };
+  enum class Kind {
+    kTuple, kList, kDict, kNamedTuple, kDataclass, kTensor, kConstant,
+    kRecord,     // `constant` is the object, `keys` its attribute names, children their values
+    kRecordRef,  // the call's argument object number `index` (in outputs: the object returned)
+  };
   Kind kind = Kind::kConstant;
   py::object type;      // namedtuple / dataclass type
-  py::object keys;      // dict keys, or dataclass field names (a tuple)
-  py::object constant;  // the leaf itself, for kConstant
+  py::object keys;      // dict keys, dataclass field names or record attribute names (a tuple)
+  py::object constant;  // the leaf itself, for kConstant; the object, for kRecord
   int tensor_index = -1;
+  int index = -1;  // kRecord, kRecordRef: the object's number among the call's records
   std::vector<TreeSpec> children;
 };
 
@@ -32,6 +40,7 @@ struct FlatCall {
   core::Signature signature;
   std::vector<at::Tensor> tensors;
   std::vector<py::object> modules;  // nn.Module arguments: their parameters are static state
+  std::vector<py::object> records;  // argument objects that hold tensors, in visiting order
   std::string unsupported;
   std::string unsupported_path;
   TreeSpec spec;  // only when asked for
@@ -44,13 +53,20 @@ class Flattener {
   Flattener();
   void flatten_call(py::handle args, py::handle kwargs, FlatCall& out, bool with_spec,
                     bool with_paths);
-  // Flattens a function's return value (signature words are produced but not used).
-  void flatten_value(py::handle value, FlatCall& out);
+  // Flattens a function's return value (signature words are produced but not used). The call's
+  // argument objects (`call_records`) may be returned, as references; a new object that holds
+  // tensors cannot (it is marked unsupported).
+  void flatten_value(py::handle value, FlatCall& out,
+                     const std::vector<py::object>* call_records = nullptr);
   size_t interned_count() const { return interned_ids_.size(); }
 
  private:
   void visit(py::handle obj, FlatCall& out, TreeSpec* spec);
   void visit_tensor(py::handle obj, FlatCall& out, TreeSpec* spec);
+  // An object with a __dict__: flattened as a record if it holds tensors at any depth, or if an
+  // object of its type did in an earlier call (an HF cache before its first update); returns
+  // false (nothing pushed) otherwise.
+  bool visit_record(py::handle obj, FlatCall& out, TreeSpec* spec);
   void push_interned(py::handle obj, FlatCall& out);
   void mark_unsupported(FlatCall& out, std::string reason);
   const std::vector<std::pair<std::string, bool>>& dataclass_fields(py::handle type);
@@ -61,10 +77,29 @@ class Flattener {
   std::unordered_map<PyObject*, std::vector<std::pair<std::string, bool>>> dataclass_fields_;
   std::vector<std::string> path_;  // current path, only while flattening with paths
   bool with_paths_ = false;
+  std::unordered_map<PyObject*, bool> record_types_;  // types whose objects held tensors
+  const std::vector<py::object>* call_records_ = nullptr;  // while flattening a return value
+  bool in_value_ = false;
 };
 
-// Rebuilds the tree with `leaves[i]` in place of tensor leaf i.
-py::object unflatten(const TreeSpec& spec, const std::vector<py::object>& leaves);
+// What unflatten() did beyond building the tree: records whose attributes it set, and the
+// containers it built inside arguments (so that in-place changes to them can be found).
+struct UnflattenLog {
+  struct Container {
+    py::object container;  // a list or dict built by unflatten
+    py::object contents;   // what it held when built: a tuple (list) or a dict copy
+    int record = -1;       // the record whose attribute (transitively) holds it, else -1
+    py::object attribute;  // that attribute's name
+  };
+  std::vector<Container> containers;
+  int current_record = -1;  // while rebuilding a record's attribute
+  py::object current_attribute;
+};
+
+// Rebuilds the tree with `leaves[i]` in place of tensor leaf i. Records get their attributes set
+// to the rebuilt values and are returned themselves; a kRecordRef is `records[index]`.
+py::object unflatten(const TreeSpec& spec, const std::vector<py::object>& leaves,
+                     const std::vector<py::object>* records = nullptr, UnflattenLog* log = nullptr);
 
 // A one-line description of a tensor's signature fields ("f16[1, 12, 64] cuda:0").
 std::string describe_tensor(const at::Tensor& t);

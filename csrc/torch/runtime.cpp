@@ -21,6 +21,7 @@
 #include "cuda/shared_executables.h"
 #include "torch/allocator_hook.h"
 #include "torch/graph_pool.h"
+#include "torch/side_effects.h"
 #include "torch/site_predictor.h"
 #else
 namespace grape {
@@ -111,6 +112,9 @@ struct CapturedGraph {
   std::vector<OutputStorage> output_storages;
   std::vector<OutputTensor> output_tensors;
   std::vector<std::pair<at::Tensor, const void*>> static_tensors;
+  // Attributes of argument objects that f rebinds (Note [Argument objects]); when there are
+  // any, the outputs are (f's result, the effects' values).
+  std::vector<Effect> effects;
 };
 
 void set_propagated_errors(py::tuple types) { propagated_error_types() = std::move(types); }
@@ -482,6 +486,10 @@ bool Runtime::capture(FlatCall& flat, std::unique_ptr<CapturedGraph>& into, std:
   std::vector<bool> chained(flat.tensors.size(), false);
   std::vector<std::shared_ptr<InputBuffer>> buffers(flat.tensors.size());
   py::object result;
+  std::vector<Effect> effects;
+  py::list effect_values;
+  bool effects_ok = true;
+  std::string effects_reason;
   {
     // The capture stream follows the caller's stream, as torch.cuda.graph does.
     pool.wait_for(at::cuda::getCurrentCUDAStream(pool.device()));
@@ -524,12 +532,18 @@ bool Runtime::capture(FlatCall& flat, std::unique_ptr<CapturedGraph>& into, std:
     // invalidate the capture and leave the RNG in capture mode on older torch).
     SyncDebugModeGuard raise_on_sync;
     AllocationRoute to_arena(arena, stream, /*placeholders=*/false);
+    // f runs on the caller's argument objects, placeholders set in them; they are put back as
+    // they were when this scope ends, and the replay sets what f rebound.
+    CaptureEffects record_state(flat.records);
+    UnflattenLog log;
     try {
       graph->capture_begin(pool.id(), cudaStreamCaptureModeGlobal);
-      py::tuple call = unflatten(flat.spec, leaves);
+      py::tuple call = unflatten(flat.spec, leaves, &flat.records, &log);
+      record_state.arguments_ready();
       result = call_python(fn_, py::reinterpret_borrow<py::args>(call[0]),
                            py::reinterpret_borrow<py::kwargs>(call[1]));
       graph->capture_end();
+      effects_ok = record_state.collect(log, effects, effect_values, effects_reason);
     } catch (py::error_already_set& e) {
       if (!e.matches(PyExc_Exception) || propagates(e)) {  // not a reason to run eagerly
         result = py::none();
@@ -579,8 +593,15 @@ bool Runtime::capture(FlatCall& flat, std::unique_ptr<CapturedGraph>& into, std:
     stats_.alias_predictions += chained[i] || buffers[i] ? 1 : 0;
   }
 
+  if (!effects_ok) {
+    reason = std::move(effects_reason);
+    return false;
+  }
   FlatCall out;
-  flattener_.flatten_value(result, out);
+  flattener_.flatten_value(
+      effects.empty() ? result : py::object(py::make_tuple(result, py::tuple(effect_values))), out,
+      &flat.records);
+  captured->effects = std::move(effects);
   if (!out.unsupported.empty()) {
     reason = "returns " + out.unsupported_path + ", a " + out.unsupported;
     return false;
@@ -838,7 +859,13 @@ bool Runtime::replay(Entry& entry, CapturedGraph& g, FlatCall& flat, py::object&
     leaves.push_back(
         py::reinterpret_steal<py::object>(THPVariable_Wrap(at::Tensor(std::move(impl)))));
   }
-  result = unflatten(g.output_spec, leaves);
+  if (g.effects.empty()) {
+    result = unflatten(g.output_spec, leaves, &flat.records);
+  } else {
+    py::tuple both = unflatten(g.output_spec, leaves, &flat.records);
+    apply_effects(flat.records, g.effects, both[1]);
+    result = both[0];
+  }
   ++stats_.replays;
   ++entry.replays;
   return true;

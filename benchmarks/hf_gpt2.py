@@ -1,0 +1,246 @@
+"""Hugging Face GPT-2 small (fp16, random weights) through its own, unchanged `generate`: eager with
+the dynamic cache, HF's static cache with torch.compile, and grape.compile(model) with the dynamic
+cache; plus `grape_step`, a whole decode step (forward and greedy selection) compiled as one grape
+function in a plain Python loop.
+
+    python -m benchmarks.hf_gpt2            # b1/b8, greedy and 4-beam, 128 new tokens
+    python -m benchmarks.hf_gpt2 --quick    # smoke run: 16 tokens, 2 reps, no torch.compile
+
+All modes run in one process on the same weights and prompt; tokens are compared with eager's.
+`ms_per_token` is the median over --reps generations of the wall time per new token, once the
+mode is steady (grape: every shape captured; torch.compile: compiled and recorded).
+`first_call_s` is the wall time of the mode's first generation, capture or compilation included.
+`ptgraph` (plain torch.cuda.graph) has no way into an unchanged `generate` with a dynamic cache:
+the cache's tensors change address and shape at every step, so the mode is reported as skipped.
+Writes JSON and a markdown table to benchmarks/results/ (a PNG plot too where matplotlib exists).
+"""
+
+from __future__ import annotations
+
+import copy
+import time
+import warnings
+
+import torch
+
+import grape
+from benchmarks import harness
+
+MODES = ["eager", "static_compile", "grape", "grape_step"]
+CASES = {"b1-greedy": (1, 1), "b8-greedy": (8, 1), "b1-beam4": (1, 4), "b8-beam4": (8, 4)}
+
+
+def progress(iterable, desc):
+    try:
+        from tqdm import tqdm
+    except ImportError:
+        return iterable
+    return tqdm(iterable, desc=desc, leave=False)
+
+
+def build_model(layers: int):
+    import transformers
+
+    torch.manual_seed(0)
+    cfg = transformers.GPT2Config(n_layer=layers, bos_token_id=50256, eos_token_id=50256,
+                                  pad_token_id=50256)
+    return transformers.GPT2LMHeadModel(cfg).to("cuda", torch.float16).eval()
+
+
+def generate_kwargs(beams: int, new_tokens: int) -> dict:
+    # min_new_tokens: every mode generates the same number of tokens, EOS or not.
+    return dict(max_new_tokens=new_tokens, min_new_tokens=new_tokens, do_sample=False,
+                num_beams=beams)
+
+
+def timed(fn):
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    out = fn()
+    torch.cuda.synchronize()
+    return out, time.perf_counter() - t0
+
+
+def measure_generate(model, ids, mask, kwargs, reps, steady_calls, desc) -> dict:
+    run = lambda: model.generate(ids, attention_mask=mask, **kwargs)
+    tokens, first = timed(run)
+    for _ in progress(range(steady_calls), desc):  # capture / compile and record every shape
+        run()
+    times = []
+    for _ in range(reps):
+        tokens, seconds = timed(run)
+        times.append(seconds)
+    new = kwargs["max_new_tokens"]
+    return {"ms_per_token": harness.median(times) * 1e3 / new,
+            "ms_per_token_runs": [t * 1e3 / new for t in times],
+            "first_call_s": first, "tokens": tokens}
+
+
+def setup_eager(base, case):
+    return measure_generate(base, *case["inputs"], case["kwargs"], case["reps"], 0, "eager")
+
+
+def setup_static_compile(base, case):
+    model = copy.deepcopy(base)
+    torch._dynamo.reset()
+    kwargs = dict(case["kwargs"], cache_implementation="static")
+    r = measure_generate(model, *case["inputs"], kwargs, case["reps"], 2, "static+compile")
+    # HF compiles the decoding forward by itself when the cache is static (its auto-compile).
+    r["compiled_by_hf"] = hasattr(model, "_compiled_call")
+    return r
+
+
+def setup_grape(base, case):
+    model = grape.compile(copy.deepcopy(base))
+    r = measure_generate(model, *case["inputs"], case["kwargs"], case["reps"], 2, "grape")
+    s = grape.stats(model)
+    r.update(graphs=s["graphs"], captures=s["captures"], capture_seconds=s["capture_seconds"],
+             fallbacks=s["fallbacks"], replays=s["replays"], calls=s["calls"],
+             topology_groups=s["topology_groups"], pool_bytes=s["pool_bytes"],
+             executable_bytes=s["executable_bytes"],
+             bytes_copied_in=s["bytes_copied_in"], alias_hits=s["alias_hits"],
+             alias_misses=s["alias_misses"], evacuations=s["evacuations"])
+    return r
+
+
+def setup_grape_step(base, case):
+    """A decode step (forward + argmax) as one grape function, in a plain loop; greedy only."""
+    import transformers
+
+    model = copy.deepcopy(base)
+    ids, mask = case["inputs"]
+    new = case["kwargs"]["max_new_tokens"]
+
+    @grape.compile
+    def step(tok, cache):
+        logits = model(input_ids=tok, past_key_values=cache, use_cache=True).logits
+        return logits[:, -1:].argmax(-1)
+
+    def generate():
+        cache = transformers.DynamicCache(config=model.config)
+        tok = step(ids, cache)
+        out = [tok]
+        for _ in range(new - 1):
+            tok = step(tok, cache)
+            out.append(tok)
+        return torch.cat([ids, *out], 1)
+
+    with torch.no_grad():
+        tokens, first = timed(generate)
+        for _ in progress(range(2), "grape_step"):
+            generate()
+        times = []
+        for _ in range(case["reps"]):
+            tokens, seconds = timed(generate)
+            times.append(seconds)
+    s = grape.stats(step)
+    return {"ms_per_token": harness.median(times) * 1e3 / new,
+            "ms_per_token_runs": [t * 1e3 / new for t in times], "first_call_s": first,
+            "tokens": tokens, "graphs": s["graphs"], "fallbacks": s["fallbacks"]}
+
+
+SETUPS = {"eager": setup_eager, "static_compile": setup_static_compile, "grape": setup_grape,
+          "grape_step": setup_grape_step}
+
+
+def run_case(base, name, batch, beams, new_tokens, reps, modes) -> dict:
+    g = torch.Generator(device="cpu").manual_seed(1)
+    ids = torch.randint(0, base.config.vocab_size, (batch, 8), generator=g).to("cuda")
+    case = {"inputs": (ids, torch.ones_like(ids)), "kwargs": generate_kwargs(beams, new_tokens),
+            "reps": reps}
+    results = {}
+    for mode in modes:
+        if mode == "grape_step" and beams > 1:
+            continue
+        print(f"  {mode} ...", flush=True)
+        try:
+            results[mode] = SETUPS[mode](base, case)
+        except Exception as e:  # a mode that fails is reported, not fatal to the others
+            results[mode] = {"ms_per_token": None, "error": f"{type(e).__name__}: {e}"[:500]}
+        harness.clear_memory()
+    results["ptgraph"] = {"ms_per_token": None, "skipped": (
+        "an unchanged generate() with a dynamic cache cannot replay plain CUDA graphs: the "
+        "cache's tensors change shape and address at every step")}
+    reference = results.get("eager", {}).get("tokens")
+    eager_ms = results.get("eager", {}).get("ms_per_token")
+    for r in results.values():
+        tokens = r.pop("tokens", None)
+        if reference is not None and tokens is not None:
+            r["correct"] = bool(tokens.shape == reference.shape and torch.equal(tokens, reference))
+        if eager_ms and r.get("ms_per_token"):
+            r["speedup_vs_eager"] = eager_ms / r["ms_per_token"]
+    grape_r, compiled = results.get("grape", {}), results.get("static_compile", {})
+    if grape_r.get("ms_per_token") and compiled.get("ms_per_token"):
+        grape_r["speedup_vs_static_compile"] = compiled["ms_per_token"] / grape_r["ms_per_token"]
+        grape_r["first_call_ratio_to_static_compile"] = (
+            grape_r["first_call_s"] / compiled["first_call_s"])
+    config = {"model": "gpt2-small" if base.config.n_layer == 12 else "gpt2-tiny",
+              "dtype": "float16", "batch": batch, "beams": beams, "prompt": 8,
+              "new_tokens": new_tokens, "reps": reps}
+    return {"name": name, "config": config, "modes": results}
+
+
+def markdown(cases) -> str:
+    lines = ["| case | mode | ms/token | vs eager | first call (s) | tokens equal eager |",
+             "|---|---|---|---|---|---|"]
+    for case in cases:
+        for mode, r in case["modes"].items():
+            ms, speedup, first = r.get("ms_per_token"), r.get("speedup_vs_eager"), r.get("first_call_s")
+            lines.append(f"| {case['name']} | {mode} | {f'{ms:.3f}' if ms else '-'} | "
+                         f"{f'{speedup:.2f}x' if speedup else '-'} | "
+                         f"{f'{first:.2f}' if first else '-'} | {r.get('correct', '-')} |")
+    return "\n".join(lines) + "\n"
+
+
+def plot(cases, path) -> bool:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return False
+    modes = [m for m in MODES if any(c["modes"].get(m, {}).get("ms_per_token") for c in cases)]
+    fig, ax = plt.subplots(figsize=(8, 4))
+    width = 0.8 / max(len(modes), 1)
+    for i, mode in enumerate(modes):
+        values = [c["modes"].get(mode, {}).get("ms_per_token") or 0 for c in cases]
+        ax.bar([x + i * width for x in range(len(cases))], values, width, label=mode)
+    ax.set_xticks([x + width * (len(modes) - 1) / 2 for x in range(len(cases))])
+    ax.set_xticklabels([c["name"] for c in cases])
+    ax.set_ylabel("ms per token")
+    ax.set_title("HF GPT-2 small generate, fp16")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path)
+    return True
+
+
+def main(argv=None):
+    parser = harness.argument_parser(__doc__, MODES, "smoke run: 16 new tokens, 2 reps, no torch.compile")
+    parser.add_argument("--cases", default=",".join(CASES), help="from: " + ", ".join(CASES))
+    parser.add_argument("--new-tokens", type=int, default=128)
+    args, modes = harness.parse(parser, argv, MODES, "hf_gpt2 needs a CUDA device")
+    if args.quick:
+        args.new_tokens, args.reps = 16, 2
+        modes = [m for m in modes if m != "static_compile"]
+    base = build_model(2 if args.tiny else 12)
+    warnings.simplefilter("ignore", grape.FallbackWarning)  # they are in the JSON
+    name = "hf_gpt2" + ("-quick" if args.quick else "")
+    cases = []
+    with torch.no_grad():
+        for case_name in args.cases.split(","):
+            batch, beams = CASES[case_name]
+            print(f"{case_name}:", flush=True)
+            cases.append(run_case(base, case_name, batch, beams, args.new_tokens, args.reps, modes))
+            harness.print_table(cases[-1], "ms_per_token")
+            path = harness.write_results(name, cases, args.out)
+    table = path.with_suffix(".md")
+    table.write_text(markdown(cases))
+    plotted = plot(cases, path.with_suffix(".png"))
+    print(f"\nwrote {path}, {table.name}" + (f", {path.with_suffix('.png').name}" if plotted else ""))
+    return cases
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,74 @@
+"""grape.compile(model) on Hugging Face GPT-2 (a tiny config, random weights) with `generate`
+unchanged: tokens equal to eager, the DynamicCache's layers rebound on every replay (Note
+[Argument objects]), and steady generations served by graphs."""
+
+import copy
+
+import pytest
+import torch
+
+import grape
+
+transformers = pytest.importorskip("transformers")
+
+pytestmark = [pytest.mark.gpu]
+
+DEV = "cuda"
+
+
+def tiny_gpt2(seed=0):
+    torch.manual_seed(seed)
+    cfg = transformers.GPT2Config(n_layer=2, n_head=2, n_embd=64, vocab_size=512, n_positions=128,
+                                  bos_token_id=0, eos_token_id=1, pad_token_id=1)
+    return transformers.GPT2LMHeadModel(cfg).to(DEV).eval()
+
+
+def prompt(batch, length, seed=1):
+    g = torch.Generator(device="cpu").manual_seed(seed)
+    return torch.randint(2, 512, (batch, length), generator=g).to(DEV)
+
+
+@pytest.mark.parametrize("batch,beams", [(1, 1), (3, 1), (2, 3)])
+def test_generate_equals_eager_and_replays(batch, beams):
+    eager = tiny_gpt2()
+    model = grape.compile(copy.deepcopy(eager))
+    ids = prompt(batch, 5)
+    mask = torch.ones_like(ids)
+    kwargs = dict(max_new_tokens=16, do_sample=False, num_beams=beams, attention_mask=mask,
+                  min_new_tokens=16)
+    want = eager.generate(ids, **kwargs)
+    for _ in range(3):  # warm-up, capture, replays
+        assert torch.equal(model.generate(ids, **kwargs), want)
+    s = grape.stats(model)
+    assert not s["fallbacks"], s["fallbacks"]
+    calls = s["calls"]
+    replays = s["replays"]
+    assert torch.equal(model.generate(ids, **kwargs), want)
+    s = grape.stats(model)
+    assert s["calls"] - calls == 16 and s["replays"] - replays == 16  # every forward a replay
+
+
+def test_the_cache_holds_what_eager_leaves_in_it():
+    eager = tiny_gpt2()
+    model = grape.compile(copy.deepcopy(eager))
+    ids = prompt(2, 4)
+
+    def run(m):
+        cache = transformers.DynamicCache(config=m.config)
+        out = m(input_ids=ids, past_key_values=cache, use_cache=True)
+        tok = out.logits[:, -1:].argmax(-1)
+        for _ in range(6):
+            out = m(input_ids=tok, past_key_values=cache, use_cache=True)
+            assert out.past_key_values is cache  # the argument object, returned as itself
+            tok = out.logits[:, -1:].argmax(-1)
+        return cache, out.logits
+
+    want_cache, want_logits = run(eager)
+    for _ in range(3):
+        cache, logits = run(model)
+        torch.testing.assert_close(logits, want_logits)
+        assert cache.get_seq_length() == want_cache.get_seq_length() == 10
+        for got, ref in zip(cache.layers, want_cache.layers):
+            torch.testing.assert_close(got.keys, ref.keys)
+            torch.testing.assert_close(got.values, ref.values)
+    assert grape.stats(model)["replays"] > 0 and not grape.stats(model)["fallbacks"]
