@@ -53,6 +53,7 @@ def test_the_cache_holds_what_eager_leaves_in_it():
     model = grape.compile(copy.deepcopy(eager))
     ids = prompt(2, 4)
 
+    @torch.no_grad()
     def run(m):
         cache = transformers.DynamicCache(config=m.config)
         out = m(input_ids=ids, past_key_values=cache, use_cache=True)
