@@ -26,7 +26,7 @@ import torch
 import grape
 from benchmarks import harness
 
-MODES = ["eager", "static_compile", "grape", "grape_step"]
+MODES = ["eager", "static_compile", "grape", "grape_all_resident", "grape_step"]
 CASES = {"b1-greedy": (1, 1), "b8-greedy": (8, 1), "b1-beam4": (1, 4), "b8-beam4": (8, 4)}
 
 
@@ -90,16 +90,37 @@ def setup_static_compile(base, case):
     return r
 
 
-def setup_grape(base, case):
-    model = grape.compile(copy.deepcopy(base))
+def host_ms_per_forward(model, ids, mask, kwargs) -> float:
+    """CPU time of one compiled forward call inside generate (the call returns before the GPU is
+    done): one more generation with model.forward timed."""
+    compiled, spent = model.forward, []
+
+    def timed_forward(*args, **kw):
+        t0 = time.perf_counter()
+        out = compiled(*args, **kw)
+        spent.append(time.perf_counter() - t0)
+        return out
+
+    model.forward = timed_forward
+    try:
+        model.generate(ids, attention_mask=mask, **kwargs)
+    finally:
+        model.forward = compiled
+    return harness.median(spent) * 1e3
+
+
+def setup_grape(base, case, share_executables=True):
+    model = grape.compile(copy.deepcopy(base), share_executables=share_executables)
     r = measure_generate(model, *case["inputs"], case["kwargs"], case["reps"], 2, "grape")
+    r["host_ms_per_forward"] = host_ms_per_forward(model, *case["inputs"], case["kwargs"])
     s = grape.stats(model)
     r.update(graphs=s["graphs"], captures=s["captures"], capture_seconds=s["capture_seconds"],
              fallbacks=s["fallbacks"], replays=s["replays"], calls=s["calls"],
              topology_groups=s["topology_groups"], pool_bytes=s["pool_bytes"],
              executable_bytes=s["executable_bytes"],
              bytes_copied_in=s["bytes_copied_in"], alias_hits=s["alias_hits"],
-             alias_misses=s["alias_misses"], evacuations=s["evacuations"])
+             alias_misses=s["alias_misses"], evacuations=s["evacuations"],
+             nodes_patched=s["nodes_patched"], patch_seconds=s["patch_seconds"])
     return r
 
 
@@ -140,6 +161,8 @@ def setup_grape_step(base, case):
 
 
 SETUPS = {"eager": setup_eager, "static_compile": setup_static_compile, "grape": setup_grape,
+          # one executable per graph: no patching between shapes (more device memory)
+          "grape_all_resident": lambda base, case: setup_grape(base, case, share_executables=False),
           "grape_step": setup_grape_step}
 
 
