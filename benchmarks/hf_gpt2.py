@@ -18,6 +18,7 @@ Writes JSON and a markdown table to benchmarks/results/ (a PNG plot too where ma
 from __future__ import annotations
 
 import copy
+import functools
 import time
 import warnings
 
@@ -95,6 +96,7 @@ def host_ms_per_forward(model, ids, mask, kwargs) -> float:
     done): one more generation with model.forward timed."""
     compiled, spent = model.forward, []
 
+    @functools.wraps(compiled)  # generate reads forward's signature to choose its arguments
     def timed_forward(*args, **kw):
         t0 = time.perf_counter()
         out = compiled(*args, **kw)
@@ -120,7 +122,8 @@ def setup_grape(base, case, share_executables=True):
              executable_bytes=s["executable_bytes"],
              bytes_copied_in=s["bytes_copied_in"], alias_hits=s["alias_hits"],
              alias_misses=s["alias_misses"], evacuations=s["evacuations"],
-             nodes_patched=s["nodes_patched"], patch_seconds=s["patch_seconds"])
+             nodes_patched=s["nodes_patched"], patch_seconds=s["patch_seconds"],
+             patches_ahead=s["patches_ahead"])
     return r
 
 

@@ -15,7 +15,8 @@ struct ExecutableStats {
   int64_t instantiations = 0;  // executables instantiated, again after an eviction included
   int64_t evictions = 0;
   int64_t joins = 0;            // graphs that joined a group instead of being instantiated
-  int64_t switches = 0;         // launches that first patched the executable
+  int64_t switches = 0;         // patches of the executable to another shape
+  int64_t patches_ahead = 0;    // ... of them made right after a launch, for the predicted next
   int64_t nodes_patched = 0;
   int64_t patch_ns = 0;
   size_t device_bytes = 0;      // resident executables: their nodes' share of the driver memory

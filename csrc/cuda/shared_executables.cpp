@@ -501,29 +501,42 @@ cudaGraphExec_t SharedExecutables::prepare(Member member, cudaStream_t stream) {
   Group& group = *groups_.at(member.group);
   group.last_used = ++clock_;
   if (group.exec == nullptr) instantiate(group, stream);
-  if (!group.params || group.current == member.shape) return group.exec;
+  if (group.params && group.current != member.shape) patch(group, member.shape);
+  return group.exec;
+}
 
+void SharedExecutables::prepare_ahead(Member member) {
+  if (!member.valid() || member.group >= groups_.size() || !groups_[member.group]) return;
+  Group& group = *groups_[member.group];
+  if (group.exec == nullptr || !group.params || group.current == member.shape ||
+      !group.params->contains(member.shape)) {
+    return;
+  }
+  patch(group, member.shape);
+  ++counters_.patches_ahead;
+}
+
+void SharedExecutables::patch(Group& group, uint32_t shape) {
   const auto start = std::chrono::steady_clock::now();
   std::vector<uint32_t> changed;
   if (group.current == kUnknownShape) {
     changed.resize(group.nodes.size());
     for (uint32_t i = 0; i < changed.size(); ++i) changed[i] = i;
   } else {
-    group.params->changed_nodes(group.current, member.shape, changed);
+    group.params->changed_nodes(group.current, shape, changed);
   }
   group.current = kUnknownShape;  // until every node is written
   core::Blob blob;
   for (uint32_t node : changed) {
-    group.params->decode(member.shape, node, blob);
+    group.params->decode(shape, node, blob);
     write_node(group.exec, group.nodes[node], group.kinds[node], blob);
   }
-  group.current = member.shape;
+  group.current = shape;
   ++counters_.switches;
   counters_.nodes_patched += static_cast<int64_t>(changed.size());
   counters_.patch_ns += std::chrono::duration_cast<std::chrono::nanoseconds>(
                             std::chrono::steady_clock::now() - start)
                             .count();
-  return group.exec;
 }
 
 int SharedExecutables::evict_to(size_t bytes, Member keep) {

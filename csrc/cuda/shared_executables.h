@@ -55,6 +55,11 @@ class SharedExecutables {
   // The executable holding `member`'s parameters, instantiated (`stream` receives its upload) and
   // patched as needed. Throws std::runtime_error when the driver refuses.
   cudaGraphExec_t prepare(Member member, cudaStream_t stream);
+  // Patches `member`'s executable to its parameters now, if it is resident, so that the next
+  // prepare() of it has nothing to write: called right after a launch with the member predicted
+  // to come next, the patching overlaps the launched work instead of delaying the next launch.
+  // Does nothing for an ended group or an evicted executable.
+  void prepare_ahead(Member member);
   // Destroys resident executables, least recently prepared first, until they hold at most `bytes`
   // of device memory; never `keep`'s. Returns how many it destroyed.
   int evict_to(size_t bytes, Member keep);
@@ -66,6 +71,7 @@ class SharedExecutables {
  private:
   struct Group;
   void instantiate(Group& group, cudaStream_t stream);
+  void patch(Group& group, uint32_t shape);  // requires a resident, shareable group
   void destroy_executable(Group& group);
 
   bool share_;

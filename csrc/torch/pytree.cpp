@@ -249,7 +249,11 @@ void Flattener::visit(py::handle obj_h, FlatCall& out, TreeSpec* spec) {
       spec->kind = TreeSpec::Kind::kDataclass;
       spec->type = py::reinterpret_borrow<py::object>(type);
       py::tuple names(fields.size());
-      for (size_t i = 0; i < fields.size(); ++i) names[i] = py::str(fields[i].first);
+      spec->field_init.resize(fields.size());
+      for (size_t i = 0; i < fields.size(); ++i) {
+        names[i] = py::str(fields[i].first);
+        spec->field_init[i] = fields[i].second;
+      }
       spec->keys = names;
     }
     visit_children([&](Py_ssize_t i) { return py::handle(values[static_cast<size_t>(i)]); },
@@ -512,21 +516,20 @@ py::object unflatten(const TreeSpec& spec, const std::vector<py::object>& leaves
       // the others are set afterwards.
       py::dict init_kwargs;
       std::vector<std::pair<py::object, py::object>> later;
-      py::object fields = py::module_::import("dataclasses").attr("fields")(spec.type);
       auto names = py::reinterpret_borrow<py::tuple>(spec.keys);
-      size_t i = 0;
-      for (py::handle f : fields) {
+      for (size_t i = 0; i < spec.children.size(); ++i) {
         py::object value = child(i);
-        if (f.attr("init").cast<bool>()) {
+        if (spec.field_init.at(i)) {
           init_kwargs[names[i]] = value;
         } else {
           later.emplace_back(names[i], value);
         }
-        ++i;
       }
       py::object obj = spec.type(**init_kwargs);
-      py::object setattr = py::module_::import("builtins").attr("object").attr("__setattr__");
-      for (auto& kv : later) setattr(obj, kv.first, kv.second);
+      if (!later.empty()) {
+        py::object setattr = py::module_::import("builtins").attr("object").attr("__setattr__");
+        for (auto& kv : later) setattr(obj, kv.first, kv.second);
+      }
       return obj;
     }
   }

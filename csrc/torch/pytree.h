@@ -31,6 +31,7 @@ struct TreeSpec {
   py::object constant;  // the leaf itself, for kConstant; the object, for kRecord
   int tensor_index = -1;
   int index = -1;  // kRecord, kRecordRef: the object's number among the call's records
+  std::vector<bool> field_init;  // kDataclass: whether __init__ takes each field
   std::vector<TreeSpec> children;
 };
 

@@ -707,6 +707,20 @@ CapturedGraph& Runtime::select_graph(Entry& entry, FlatCall& flat, const py::arg
   return *entry.chain_variants.back();
 }
 
+void Runtime::patch_ahead(const cuda::SharedExecutables::Member& launched) {
+  // Graphs tend to follow one another in the same order (a generation's growing shapes): the
+  // graph that followed this one last time is patched in now, while this one runs.
+  auto key = [](const cuda::SharedExecutables::Member& m) {
+    return (static_cast<uint64_t>(m.group) << 32) | m.shape;
+  };
+  if (last_launched_.valid()) successor_[key(last_launched_)] = launched;
+  last_launched_ = launched;
+  auto next = successor_.find(key(launched));
+  if (next != successor_.end() && next->second.group == launched.group) {
+    executables_->prepare_ahead(next->second);
+  }
+}
+
 bool Runtime::replay(Entry& entry, CapturedGraph& g, FlatCall& flat, py::object& result,
                      std::string& refusal) {
   GraphPool& pool = *pool_;
@@ -828,6 +842,7 @@ bool Runtime::replay(Entry& entry, CapturedGraph& g, FlatCall& flat, py::object&
     stats_.bytes_copied_back += static_cast<int64_t>(g.placeholders[i].bytes);
   }
   if (!segments.empty()) check_copy(cuda::launch_batched_copy(segments, stream));
+  patch_ahead(g.member);
 
   // 4. Outputs: fresh tensors over pool memory, views of inputs, or static tensors.
   std::vector<c10::Storage> out_storages(g.output_storages.size());
@@ -929,6 +944,7 @@ py::dict Runtime::stats() {
   d["evictions"] = ex.evictions;
   d["graphs_joined"] = ex.joins;
   d["executable_switches"] = ex.switches;
+  d["patches_ahead"] = ex.patches_ahead;
   d["nodes_patched"] = ex.nodes_patched;
   d["patch_seconds"] = static_cast<double>(ex.patch_ns) * 1e-9;
   d["params_bytes"] = static_cast<int64_t>(ex.params_bytes);

@@ -12,6 +12,9 @@
 
 #include "core/signature.h"
 #include "torch/pytree.h"
+#ifdef GRAPE_WITH_CUDA
+#include "cuda/shared_executables.h"
+#endif
 
 namespace grape {
 
@@ -104,6 +107,10 @@ class Runtime {
   CapturedGraph& select_graph(Entry& entry, FlatCall& flat, const py::args& args,
                               const py::kwargs& kwargs);
   bool fits(const CapturedGraph& graph, const FlatCall& flat) const;
+#ifdef GRAPE_WITH_CUDA
+  // After a launch: patches the shared executable for the graph predicted to come next.
+  void patch_ahead(const cuda::SharedExecutables::Member& launched);
+#endif
   // Whether input i can be its graph's placeholder in place: a live output of an earlier replay,
   // or a buffer of a predicted allocation site (`buffer`, when not null, receives it).
   bool can_alias(const FlatCall& flat, size_t i, std::shared_ptr<InputBuffer>* buffer) const;
@@ -131,6 +138,11 @@ class Runtime {
   std::shared_ptr<GraphPool> pool_;
   std::shared_ptr<cuda::SharedExecutables> executables_;  // outlives the graphs it serves
   std::unique_ptr<InputSites> sites_;  // null when alias prediction is off
+#ifdef GRAPE_WITH_CUDA
+  // The graph launched last, and for each launched graph the one launched after it last time.
+  cuda::SharedExecutables::Member last_launched_;
+  std::unordered_map<uint64_t, cuda::SharedExecutables::Member> successor_;
+#endif
   RuntimeStats stats_;
   std::string global_fallback_;  // set when graphs are impossible for every call (no CUDA)
   bool checked_cuda_ = false;
