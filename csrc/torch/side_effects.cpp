@@ -83,7 +83,7 @@ bool CaptureEffects::collect(const UnflattenLog& log, std::vector<Effect>& effec
   };
   for (size_t i = 0; i < records_.size(); ++i) {
     const py::dict now = attributes_of(records_[i]);
-    const py::dict& received = reinterpret_cast<const py::dict&>(received_[i]);
+    const py::dict& received = received_[i];
     for (auto item : received) {
       if (!now.contains(item.first)) {
         reason = "deletes the attribute " + attribute_text(records_[i], item.first) +

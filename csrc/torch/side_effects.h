@@ -54,8 +54,8 @@ class CaptureEffects {
 
  private:
   const std::vector<py::object>& records_;
-  std::vector<py::object> original_;  // each record's attributes as the caller left them
-  std::vector<py::object> received_;  // ... and as f received them
+  std::vector<py::dict> original_;  // each record's attributes as the caller left them
+  std::vector<py::dict> received_;  // ... and as f received them
 };
 
 // Sets every effect's attribute to its value (`values[i]` for effects[i]).
