@@ -62,19 +62,24 @@ def timed(fn):
     return out, time.perf_counter() - t0
 
 
-def measure_generate(model, ids, mask, kwargs, reps, steady_calls, desc) -> dict:
-    run = lambda: model.generate(ids, attention_mask=mask, **kwargs)
+def measure(run, new_tokens, reps, steady_calls, desc) -> dict:
+    """Times generations by `run()` (which returns the tokens): the first one, then `reps` once
+    `steady_calls` more have captured / compiled and recorded every shape."""
     tokens, first = timed(run)
-    for _ in progress(range(steady_calls), desc):  # capture / compile and record every shape
+    for _ in progress(range(steady_calls), desc):
         run()
     times = []
     for _ in range(reps):
         tokens, seconds = timed(run)
         times.append(seconds)
-    new = kwargs["max_new_tokens"]
-    return {"ms_per_token": harness.median(times) * 1e3 / new,
-            "ms_per_token_runs": [t * 1e3 / new for t in times],
+    return {"ms_per_token": harness.median(times) * 1e3 / new_tokens,
+            "ms_per_token_runs": [t * 1e3 / new_tokens for t in times],
             "first_call_s": first, "tokens": tokens}
+
+
+def measure_generate(model, ids, mask, kwargs, reps, steady_calls, desc) -> dict:
+    return measure(lambda: model.generate(ids, attention_mask=mask, **kwargs),
+                   kwargs["max_new_tokens"], reps, steady_calls, desc)
 
 
 def setup_eager(base, case):
@@ -150,17 +155,10 @@ def setup_grape_step(base, case):
         return torch.cat([ids, *out], 1)
 
     with torch.no_grad():
-        tokens, first = timed(generate)
-        for _ in progress(range(2), "grape_step"):
-            generate()
-        times = []
-        for _ in range(case["reps"]):
-            tokens, seconds = timed(generate)
-            times.append(seconds)
+        r = measure(generate, new, case["reps"], 2, "grape_step")
     s = grape.stats(step)
-    return {"ms_per_token": harness.median(times) * 1e3 / new,
-            "ms_per_token_runs": [t * 1e3 / new for t in times], "first_call_s": first,
-            "tokens": tokens, "graphs": s["graphs"], "fallbacks": s["fallbacks"]}
+    r.update(graphs=s["graphs"], fallbacks=s["fallbacks"])
+    return r
 
 
 SETUPS = {"eager": setup_eager, "static_compile": setup_static_compile, "grape": setup_grape,

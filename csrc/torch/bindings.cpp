@@ -133,8 +133,7 @@ PYBIND11_MODULE(_C, m) {
         {
           grape::CaptureEffects state(flat.records);
           grape::UnflattenLog log;
-          py::tuple call = grape::unflatten(flat.spec, leaves, &flat.records, &log);
-          state.arguments_ready();
+          py::tuple call = grape::rebuild_arguments(flat, leaves, state, log);
           result = fn(*call[0], **call[1]);
           if (!state.collect(log, effects, values, reason)) result = py::none();
         }

@@ -359,7 +359,7 @@ bool Flattener::visit_record(py::handle obj_h, FlatCall& out, TreeSpec* spec) {
   }
   PyObject* type = reinterpret_cast<PyObject*>(Py_TYPE(obj));
   if (out.tensors.size() == tensors_before) {
-    if (record_types_.find(type) == record_types_.end()) {
+    if (record_types_.count(type) == 0) {
       // No tensor inside: an ordinary object, keyed by hash or identity.
       sig.truncate(words_before);
       out.records.resize(index);
@@ -367,7 +367,7 @@ bool Flattener::visit_record(py::handle obj_h, FlatCall& out, TreeSpec* spec) {
       if (spec != nullptr) *spec = TreeSpec{};
       return false;
     }
-  } else if (record_types_.emplace(type, true).second) {
+  } else if (record_types_.insert(type).second) {
     identity_objects_.push_back(py::reinterpret_borrow<py::object>(type));  // keep the key alive
   }
   if (in_value_) {
@@ -459,9 +459,10 @@ py::object unflatten(const TreeSpec& spec, const std::vector<py::object>& leaves
                      const std::vector<py::object>* records, UnflattenLog* log) {
   using Kind = TreeSpec::Kind;
   auto child = [&](size_t i) { return unflatten(spec.children[i], leaves, records, log); };
-  auto logged = [&](py::object container, py::object contents) {
+  // Only a logging unflatten (a capture's arguments) copies what a container holds.
+  auto logged = [&](py::object container, auto contents_of) {
     if (log != nullptr) {
-      log->containers.push_back({container, std::move(contents), log->current_record,
+      log->containers.push_back({container, contents_of(container), log->current_record,
                                  log->current_attribute});
     }
     return container;
@@ -481,15 +482,17 @@ py::object unflatten(const TreeSpec& spec, const std::vector<py::object>& leaves
     case Kind::kList: {
       py::list items(spec.children.size());
       for (size_t i = 0; i < spec.children.size(); ++i) items[i] = child(i);
-      return logged(items, py::tuple(items));
+      return logged(items, [](const py::object& list) { return py::object(py::tuple(list)); });
     }
     case Kind::kDict: {
       py::dict d;
       auto keys = py::reinterpret_borrow<py::tuple>(spec.keys);
       for (size_t i = 0; i < spec.children.size(); ++i) d[keys[i]] = child(i);
-      PyObject* contents = PyDict_Copy(d.ptr());
-      if (contents == nullptr) throw py::error_already_set();
-      return logged(d, py::reinterpret_steal<py::object>(contents));
+      return logged(d, [](const py::object& dict) {
+        PyObject* contents = PyDict_Copy(dict.ptr());
+        if (contents == nullptr) throw py::error_already_set();
+        return py::reinterpret_steal<py::object>(contents);
+      });
     }
     case Kind::kRecord: {
       // The object itself, its attributes set to the rebuilt values (placeholders, in a capture).

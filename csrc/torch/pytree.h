@@ -7,6 +7,7 @@
 
 #include <string>
 #include <unordered_map>
+#include <unordered_set>
 #include <vector>
 
 #include "core/signature.h"
@@ -78,7 +79,7 @@ class Flattener {
   std::unordered_map<PyObject*, std::vector<std::pair<std::string, bool>>> dataclass_fields_;
   std::vector<std::string> path_;  // current path, only while flattening with paths
   bool with_paths_ = false;
-  std::unordered_map<PyObject*, bool> record_types_;  // types whose objects held tensors
+  std::unordered_set<PyObject*> record_types_;  // types whose objects held tensors
   const std::vector<py::object>* call_records_ = nullptr;  // while flattening a return value
   bool in_value_ = false;
 };

@@ -538,8 +538,7 @@ bool Runtime::capture(FlatCall& flat, std::unique_ptr<CapturedGraph>& into, std:
     UnflattenLog log;
     try {
       graph->capture_begin(pool.id(), cudaStreamCaptureModeGlobal);
-      py::tuple call = unflatten(flat.spec, leaves, &flat.records, &log);
-      record_state.arguments_ready();
+      py::tuple call = rebuild_arguments(flat, leaves, record_state, log);
       result = call_python(fn_, py::reinterpret_borrow<py::args>(call[0]),
                            py::reinterpret_borrow<py::kwargs>(call[1]));
       graph->capture_end();

@@ -118,6 +118,13 @@ bool CaptureEffects::collect(const UnflattenLog& log, std::vector<Effect>& effec
   return true;
 }
 
+py::tuple rebuild_arguments(const FlatCall& flat, const std::vector<py::object>& leaves,
+                            CaptureEffects& state, UnflattenLog& log) {
+  py::tuple call = unflatten(flat.spec, leaves, &flat.records, &log);
+  state.arguments_ready();
+  return call;
+}
+
 void apply_effects(const std::vector<py::object>& records, const std::vector<Effect>& effects,
                    py::handle values) {
   for (size_t i = 0; i < effects.size(); ++i) {

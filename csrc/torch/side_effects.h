@@ -58,6 +58,12 @@ class CaptureEffects {
   std::vector<py::dict> received_;  // ... and as f received them
 };
 
+// The (args, kwargs) that f is called with in a capture, rebuilt from `flat.spec` with `leaves`
+// for its tensors: records get their attributes set (the caller's `state` puts them back), and
+// `log` receives what the rebuild built, for state.collect() after the call.
+py::tuple rebuild_arguments(const FlatCall& flat, const std::vector<py::object>& leaves,
+                            CaptureEffects& state, UnflattenLog& log);
+
 // Sets every effect's attribute to its value (`values[i]` for effects[i]).
 void apply_effects(const std::vector<py::object>& records, const std::vector<Effect>& effects,
                    py::handle values);
