@@ -18,25 +18,16 @@ Writes JSON and a markdown table to benchmarks/results/ (a PNG plot too where ma
 from __future__ import annotations
 
 import copy
-import functools
-import time
 import warnings
 
 import torch
 
 import grape
-from benchmarks import harness
+from benchmarks import generation, harness
+from benchmarks.generation import measure, measure_generate
 
 MODES = ["eager", "static_compile", "grape", "grape_all_resident", "grape_step"]
 CASES = {"b1-greedy": (1, 1), "b8-greedy": (8, 1), "b1-beam4": (1, 4), "b8-beam4": (8, 4)}
-
-
-def progress(iterable, desc):
-    try:
-        from tqdm import tqdm
-    except ImportError:
-        return iterable
-    return tqdm(iterable, desc=desc, leave=False)
 
 
 def build_model(layers: int):
@@ -46,40 +37,6 @@ def build_model(layers: int):
     cfg = transformers.GPT2Config(n_layer=layers, bos_token_id=50256, eos_token_id=50256,
                                   pad_token_id=50256)
     return transformers.GPT2LMHeadModel(cfg).to("cuda", torch.float16).eval()
-
-
-def generate_kwargs(beams: int, new_tokens: int) -> dict:
-    # min_new_tokens: every mode generates the same number of tokens, EOS or not.
-    return dict(max_new_tokens=new_tokens, min_new_tokens=new_tokens, do_sample=False,
-                num_beams=beams)
-
-
-def timed(fn):
-    torch.cuda.synchronize()
-    t0 = time.perf_counter()
-    out = fn()
-    torch.cuda.synchronize()
-    return out, time.perf_counter() - t0
-
-
-def measure(run, new_tokens, reps, steady_calls, desc) -> dict:
-    """Times generations by `run()` (which returns the tokens): the first one, then `reps` once
-    `steady_calls` more have captured / compiled and recorded every shape."""
-    tokens, first = timed(run)
-    for _ in progress(range(steady_calls), desc):
-        run()
-    times = []
-    for _ in range(reps):
-        tokens, seconds = timed(run)
-        times.append(seconds)
-    return {"ms_per_token": harness.median(times) * 1e3 / new_tokens,
-            "ms_per_token_runs": [t * 1e3 / new_tokens for t in times],
-            "first_call_s": first, "tokens": tokens}
-
-
-def measure_generate(model, ids, mask, kwargs, reps, steady_calls, desc) -> dict:
-    return measure(lambda: model.generate(ids, attention_mask=mask, **kwargs),
-                   kwargs["max_new_tokens"], reps, steady_calls, desc)
 
 
 def setup_eager(base, case):
@@ -96,46 +53,16 @@ def setup_static_compile(base, case):
     return r
 
 
-def host_ms_per_forward(model, ids, mask, kwargs) -> float:
-    """CPU time of one compiled forward call inside generate (the call returns before the GPU is
-    done): one more generation with model.forward timed."""
-    compiled, spent = model.forward, []
-
-    @functools.wraps(compiled)  # generate reads forward's signature to choose its arguments
-    def timed_forward(*args, **kw):
-        t0 = time.perf_counter()
-        out = compiled(*args, **kw)
-        spent.append(time.perf_counter() - t0)
-        return out
-
-    model.forward = timed_forward
-    try:
-        model.generate(ids, attention_mask=mask, **kwargs)
-    finally:
-        model.forward = compiled
-    return harness.median(spent) * 1e3
-
-
 def setup_grape(base, case, share_executables=True):
     model = grape.compile(copy.deepcopy(base), share_executables=share_executables)
     r = measure_generate(model, *case["inputs"], case["kwargs"], case["reps"], 2, "grape")
-    r["host_ms_per_forward"] = host_ms_per_forward(model, *case["inputs"], case["kwargs"])
-    s = grape.stats(model)
-    r.update(graphs=s["graphs"], captures=s["captures"], capture_seconds=s["capture_seconds"],
-             fallbacks=s["fallbacks"], replays=s["replays"], calls=s["calls"],
-             topology_groups=s["topology_groups"], pool_bytes=s["pool_bytes"],
-             executable_bytes=s["executable_bytes"],
-             bytes_copied_in=s["bytes_copied_in"], alias_hits=s["alias_hits"],
-             alias_misses=s["alias_misses"], evacuations=s["evacuations"],
-             nodes_patched=s["nodes_patched"], patch_seconds=s["patch_seconds"],
-             patches_ahead=s["patches_ahead"])
+    r["host_ms_per_forward"] = generation.host_ms_per_forward(model, *case["inputs"], case["kwargs"])
+    r.update(generation.grape_stats(model))
     return r
 
 
 def setup_grape_step(base, case):
     """A decode step (forward + argmax) as one grape function, in a plain loop; greedy only."""
-    import transformers
-
     model = copy.deepcopy(base)
     ids, mask = case["inputs"]
     new = case["kwargs"]["max_new_tokens"]
@@ -145,19 +72,10 @@ def setup_grape_step(base, case):
         logits = model(input_ids=tok, past_key_values=cache, use_cache=True).logits
         return logits[:, -1:].argmax(-1)
 
-    def generate():
-        cache = transformers.DynamicCache(config=model.config)
-        tok = step(ids, cache)
-        out = [tok]
-        for _ in range(new - 1):
-            tok = step(tok, cache)
-            out.append(tok)
-        return torch.cat([ids, *out], 1)
-
+    generate = generation.decode_loop(step, model.config, ids, new)
     with torch.no_grad():
         r = measure(generate, new, case["reps"], 2, "grape_step")
-    s = grape.stats(step)
-    r.update(graphs=s["graphs"], fallbacks=s["fallbacks"])
+    r.update(generation.grape_stats(step, ("graphs", "fallbacks")))
     return r
 
 
@@ -170,7 +88,7 @@ SETUPS = {"eager": setup_eager, "static_compile": setup_static_compile, "grape":
 def run_case(base, name, batch, beams, new_tokens, reps, modes) -> dict:
     g = torch.Generator(device="cpu").manual_seed(1)
     ids = torch.randint(0, base.config.vocab_size, (batch, 8), generator=g).to("cuda")
-    case = {"inputs": (ids, torch.ones_like(ids)), "kwargs": generate_kwargs(beams, new_tokens),
+    case = {"inputs": (ids, torch.ones_like(ids)), "kwargs": generation.generate_kwargs(beams, new_tokens),
             "reps": reps}
     results = {}
     for mode in modes:
@@ -185,14 +103,7 @@ def run_case(base, name, batch, beams, new_tokens, reps, modes) -> dict:
     results["ptgraph"] = {"ms_per_token": None, "skipped": (
         "an unchanged generate() with a dynamic cache cannot replay plain CUDA graphs: the "
         "cache's tensors change shape and address at every step")}
-    reference = results.get("eager", {}).get("tokens")
-    eager_ms = results.get("eager", {}).get("ms_per_token")
-    for r in results.values():
-        tokens = r.pop("tokens", None)
-        if reference is not None and tokens is not None:
-            r["correct"] = bool(tokens.shape == reference.shape and torch.equal(tokens, reference))
-        if eager_ms and r.get("ms_per_token"):
-            r["speedup_vs_eager"] = eager_ms / r["ms_per_token"]
+    generation.compare_with_eager(results)
     grape_r, compiled = results.get("grape", {}), results.get("static_compile", {})
     if grape_r.get("ms_per_token") and compiled.get("ms_per_token"):
         grape_r["speedup_vs_static_compile"] = compiled["ms_per_token"] / grape_r["ms_per_token"]
@@ -202,42 +113,6 @@ def run_case(base, name, batch, beams, new_tokens, reps, modes) -> dict:
               "dtype": "float16", "batch": batch, "beams": beams, "prompt": 8,
               "new_tokens": new_tokens, "reps": reps}
     return {"name": name, "config": config, "modes": results}
-
-
-def markdown(cases) -> str:
-    lines = ["| case | mode | ms/token | vs eager | first call (s) | tokens equal eager |",
-             "|---|---|---|---|---|---|"]
-    for case in cases:
-        for mode, r in case["modes"].items():
-            ms, speedup, first = r.get("ms_per_token"), r.get("speedup_vs_eager"), r.get("first_call_s")
-            lines.append(f"| {case['name']} | {mode} | {f'{ms:.3f}' if ms else '-'} | "
-                         f"{f'{speedup:.2f}x' if speedup else '-'} | "
-                         f"{f'{first:.2f}' if first else '-'} | {r.get('correct', '-')} |")
-    return "\n".join(lines) + "\n"
-
-
-def plot(cases, path) -> bool:
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        return False
-    modes = [m for m in MODES if any(c["modes"].get(m, {}).get("ms_per_token") for c in cases)]
-    fig, ax = plt.subplots(figsize=(8, 4))
-    width = 0.8 / max(len(modes), 1)
-    for i, mode in enumerate(modes):
-        values = [c["modes"].get(mode, {}).get("ms_per_token") or 0 for c in cases]
-        ax.bar([x + i * width for x in range(len(cases))], values, width, label=mode)
-    ax.set_xticks([x + width * (len(modes) - 1) / 2 for x in range(len(cases))])
-    ax.set_xticklabels([c["name"] for c in cases])
-    ax.set_ylabel("ms per token")
-    ax.set_title("HF GPT-2 small generate, fp16")
-    ax.legend()
-    fig.tight_layout()
-    fig.savefig(path)
-    return True
 
 
 def main(argv=None):
@@ -259,10 +134,7 @@ def main(argv=None):
             cases.append(run_case(base, case_name, batch, beams, args.new_tokens, args.reps, modes))
             harness.print_table(cases[-1], "ms_per_token")
             path = harness.write_results(name, cases, args.out)
-    table = path.with_suffix(".md")
-    table.write_text(markdown(cases))
-    plotted = plot(cases, path.with_suffix(".png"))
-    print(f"\nwrote {path}, {table.name}" + (f", {path.with_suffix('.png').name}" if plotted else ""))
+    generation.write_table_and_plot(path, cases, MODES, "HF GPT-2 small generate, fp16")
     return cases
 
 

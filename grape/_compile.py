@@ -56,7 +56,7 @@ def _error_site(error: BaseException) -> Optional[str]:
 
 
 def _explain(reason: str) -> str:
-    if "synchroniz" in reason or "capturing" in reason or "cudaErrorStreamCapture" in reason:
+    if "synchroniz" in reason or "stream is capturing" in reason or "cudaErrorStreamCapture" in reason:
         return (
             f"{reason} (a host synchronization such as .item(), .cpu(), .tolist() or a "
             "data-dependent shape inside the function cannot be captured)"

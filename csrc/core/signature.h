@@ -36,6 +36,7 @@ enum class Tag : int64_t {
   kGlobalState,
   kRecord,     // an argument object that holds tensors, by type and attributes
   kRecordRef,  // an argument object seen earlier in the same call, by its index
+  kStaticTensor,  // a leaf tensor that requires grad (a parameter), by identity; static state
 };
 
 class Signature {

@@ -1,17 +1,13 @@
 #include "torch/allocator_hook.h"
 
 #include "torch/site_predictor.h"
+#include "torch/torch_version.h"
 
 #include <c10/cuda/CUDACachingAllocator.h>
 #include <c10/cuda/CUDAStream.h>
-#include <torch/version.h>
 
 #include <atomic>
 #include <mutex>
-
-#define GRAPE_TORCH_AT_LEAST(major, minor) \
-  (TORCH_VERSION_MAJOR > (major) ||        \
-   (TORCH_VERSION_MAJOR == (major) && TORCH_VERSION_MINOR >= (minor)))
 
 namespace grape {
 
@@ -20,6 +16,7 @@ namespace {
 namespace cca = c10::cuda::CUDACachingAllocator;
 
 thread_local AllocationRoute* current_route = nullptr;
+std::atomic<AllocationRoute*> all_threads_route{nullptr};
 std::atomic<int> active_routes{0};
 
 void delete_any(void* ptr);
@@ -31,12 +28,18 @@ class HookedAllocator final : public cca::CUDAAllocator {
   cca::CUDAAllocator* inner() const { return inner_; }
 
   c10::DataPtr allocate(size_t n) override {
-    AllocationRoute* route = current_route;
-    if (route != nullptr && n > 0 &&
-        c10::cuda::getCurrentCUDAStream().stream() == route->stream()) {
-      const ArenaLane lane =
-          route->placeholders() ? ArenaLane::kPlaceholder : GraphArena::lane_for(n);
-      return route->arena().allocate(lane, n);
+    AllocationRoute* mine = current_route;
+    AllocationRoute* shared = all_threads_route.load(std::memory_order_acquire);
+    if ((mine != nullptr || shared != nullptr) && n > 0) {
+      const cudaStream_t stream = c10::cuda::getCurrentCUDAStream().stream();
+      AllocationRoute* route = mine != nullptr && mine->stream() == stream ? mine
+                               : shared != nullptr && shared->stream() == stream ? shared
+                                                                                 : nullptr;
+      if (route != nullptr) {
+        const ArenaLane lane =
+            route->placeholders() ? ArenaLane::kPlaceholder : GraphArena::lane_for(n);
+        return route->arena().allocate(lane, n);
+      }
     }
     if (site_prediction_wanted()) return allocate_at_site(*inner_, n);
     return inner_->allocate(n);
@@ -233,15 +236,28 @@ bool allocator_hook_installed() {
 
 AllocationRoute* current_allocation_route() { return current_route; }
 
-AllocationRoute::AllocationRoute(GraphArena& arena, cudaStream_t stream, bool placeholders)
-    : arena_(arena), stream_(stream), placeholders_(placeholders), previous_(current_route) {
+bool allocation_routes_active() { return active_routes.load() > 0; }
+
+AllocationRoute::AllocationRoute(GraphArena& arena, cudaStream_t stream, bool placeholders,
+                                 bool for_all_threads)
+    : arena_(arena),
+      stream_(stream),
+      placeholders_(placeholders),
+      for_all_threads_(for_all_threads),
+      previous_(current_route) {
   TORCH_CHECK(allocator_hook_installed(),
               "grape: the allocator hook was removed; captures need it installed");
+  if (for_all_threads_) {
+    AllocationRoute* none = nullptr;
+    TORCH_CHECK(all_threads_route.compare_exchange_strong(none, this),
+                "grape: another capture routes all threads' allocations");
+  }
   current_route = this;
   ++active_routes;
 }
 
 AllocationRoute::~AllocationRoute() {
+  if (for_all_threads_) all_threads_route.store(nullptr, std::memory_order_release);
   current_route = previous_;
   --active_routes;
 }

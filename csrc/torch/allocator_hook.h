@@ -27,10 +27,14 @@ bool uninstall_allocator_hook();
 bool allocator_hook_installed();
 
 // While alive, allocations this thread makes on `stream` come from `arena`: placeholders from its
-// placeholder lane, anything else from the lane its size selects.
+// placeholder lane, anything else from the lane its size selects. A route `for_all_threads` also
+// takes other threads' allocations on `stream`: a capture's backward pass runs on the autograd
+// engine's device thread, on the stream of the forward it differentiates (one such route at a
+// time: a capture's).
 class AllocationRoute {
  public:
-  AllocationRoute(GraphArena& arena, cudaStream_t stream, bool placeholders);
+  AllocationRoute(GraphArena& arena, cudaStream_t stream, bool placeholders,
+                  bool for_all_threads = false);
   ~AllocationRoute();
   AllocationRoute(const AllocationRoute&) = delete;
   AllocationRoute& operator=(const AllocationRoute&) = delete;
@@ -43,10 +47,13 @@ class AllocationRoute {
   GraphArena& arena_;
   cudaStream_t stream_;
   bool placeholders_;
+  bool for_all_threads_;
   AllocationRoute* previous_;
 };
 
 // The innermost route of this thread, or null.
 AllocationRoute* current_allocation_route();
+// Whether any thread has a route (a capture is underway).
+bool allocation_routes_active();
 
 }  // namespace grape

@@ -8,6 +8,7 @@
 #include <c10/util/Exception.h>
 
 #include "cuda/driver.h"
+#include "torch/allocator_hook.h"
 
 #include <algorithm>
 #include <string>
@@ -38,7 +39,13 @@ size_t round_up(size_t v, size_t a) { return (v + a - 1) / a * a; }
 struct Registry {
   std::mutex mutex;
   std::vector<std::shared_ptr<GraphArena>> arenas;
+  std::vector<std::shared_ptr<GraphArena>> released;  // to destroy once no capture runs
 };
+
+bool capture_underway() {
+  return c10::cuda::currentStreamCaptureStatusMayInitCtx() != c10::cuda::CaptureStatus::None ||
+         allocation_routes_active();
+}
 Registry& registry() {
   static auto* r = new Registry();  // never destroyed: blocks may be freed during exit
   return *r;
@@ -275,6 +282,13 @@ void GraphArena::release_owner() {
     self = std::move(*it);
     arenas.erase(it);
   }
+  if (capture_underway()) registry().released.push_back(std::move(self));
+}
+
+void GraphArena::destroy_released() {
+  std::vector<std::shared_ptr<GraphArena>> released;  // destroyed outside the registry's lock
+  std::lock_guard<std::mutex> lock(registry().mutex);
+  released.swap(registry().released);
 }
 
 bool GraphArena::free_if_owned(void* ptr) {

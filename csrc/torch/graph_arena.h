@@ -72,7 +72,11 @@ class GraphArena : public std::enable_shared_from_this<GraphArena> {
   c10::DeviceIndex device() const { return device_; }
 
   // Called by the owner when it no longer needs the arena: it goes away with its last block.
+  // Not during a stream capture (its destructor synchronizes the device, which would invalidate
+  // the capture): an arena whose last block is freed then (by Python's garbage collector, say)
+  // waits for destroy_released(), which each capture calls once it has ended.
   void release_owner();
+  static void destroy_released();
   // The deleter of every arena block; frees `ptr` in whichever arena holds it.
   static void free_block(void* ptr);
   // Frees `ptr` if an arena holds it; false (nothing done) otherwise.

@@ -1,12 +1,16 @@
 #include "torch/graph_pool.h"
 
 #include <ATen/cuda/CUDAContext.h>
+#include <ATen/core/CachingHostAllocator.h>
 #include <c10/cuda/CUDACachingAllocator.h>
 #include <c10/cuda/CUDAException.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/util/Exception.h>
 
+#include "torch/torch_version.h"
+
 #include <algorithm>
+#include <mutex>
 #include <utility>
 
 namespace grape {
@@ -19,6 +23,61 @@ struct PoolReference {
   std::shared_ptr<GraphPool> pool;
 };
 void release_pool_reference(void* ctx) { delete static_cast<PoolReference*>(ctx); }
+
+// Capture streams outlive their pools: PyTorch keeps using a stream it has seen (cuBLAS keeps a
+// workspace per (handle, stream), a block records the streams that used it, an autograd node
+// runs on its forward's stream), so a pool's stream goes back to this list for the next pool.
+struct StreamList {
+  std::mutex mutex;
+  std::vector<std::pair<c10::DeviceIndex, cudaStream_t>> free;
+};
+StreamList& capture_streams() {
+  static auto* list = new StreamList();  // never destroyed: streams live as long as the process
+  return *list;
+}
+
+cudaStream_t take_capture_stream(c10::DeviceIndex device) {
+  {
+    StreamList& list = capture_streams();
+    std::lock_guard<std::mutex> lock(list.mutex);
+    for (auto it = list.free.begin(); it != list.free.end(); ++it) {
+      if (it->first == device) {
+        cudaStream_t stream = it->second;
+        list.free.erase(it);
+        return stream;
+      }
+    }
+  }
+  cudaStream_t stream = nullptr;
+  C10_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  return stream;
+}
+
+void give_back_capture_stream(c10::DeviceIndex device, cudaStream_t stream) {
+  StreamList& list = capture_streams();
+  std::lock_guard<std::mutex> lock(list.mutex);
+  list.free.emplace_back(device, stream);
+}
+// PyTorch's pinned-host allocator keeps a pool per graph pool id (torch >= 2.11), counted by the
+// captures that use it; an id whose count fell to zero cannot be used again (an internal assert).
+// A failed capture releases its count, so the GraphPool holds one of its own for its lifetime.
+void hold_host_pool(c10::MempoolId_t id) {
+#if GRAPE_TORCH_AT_LEAST(2, 11)
+  at::HostAllocator* host = at::getHostAllocator(at::kCUDA);
+  host->begin_allocate_to_pool(id, [](c10::Stream) { return false; });
+  host->end_allocate_to_pool(id);
+#else
+  (void)id;
+#endif
+}
+
+void release_host_pool(c10::MempoolId_t id) {
+#if GRAPE_TORCH_AT_LEAST(2, 11)
+  at::getHostAllocator(at::kCUDA)->release_pool(id);
+#else
+  (void)id;
+#endif
+}
 }  // namespace
 
 std::shared_ptr<GraphPool> GraphPool::create(c10::DeviceIndex device) {
@@ -32,7 +91,8 @@ GraphPool::GraphPool(c10::DeviceIndex device)
   c10::cuda::CUDAGuard guard(device_);
   arena_ = GraphArena::create(device_);
   allocator::createOrIncrefPool(device_, id_);
-  C10_CUDA_CHECK(cudaStreamCreateWithFlags(&raw_stream_, cudaStreamNonBlocking));
+  hold_host_pool(id_);
+  raw_stream_ = take_capture_stream(device_);
   C10_CUDA_CHECK(cudaEventCreateWithFlags(&ready_event_, cudaEventDisableTiming));
   capture_stream_ = at::cuda::getStreamFromExternal(raw_stream_, device_);
   // cuBLAS keeps one workspace per (handle, stream) for the process's life. Create the capture
@@ -47,9 +107,10 @@ GraphPool::~GraphPool() {
   try {
     c10::cuda::CUDAGuard guard(device_);
     allocator::releasePool(device_, id_);
+    release_host_pool(id_);
     arena_->release_owner();
     if (ready_event_ != nullptr) C10_CUDA_CHECK_WARN(cudaEventDestroy(ready_event_));
-    if (raw_stream_ != nullptr) C10_CUDA_CHECK_WARN(cudaStreamDestroy(raw_stream_));
+    if (raw_stream_ != nullptr) give_back_capture_stream(device_, raw_stream_);
   } catch (const std::exception& e) {
     TORCH_WARN("grape: releasing a graph pool failed: ", e.what());
   }
@@ -69,6 +130,7 @@ void GraphPool::release_to(int count) {
 void GraphPool::hold_for_graph(int before) {
   for (int count = allocator_use_count(); count < before + 1; ++count) {
     allocator::createOrIncrefPool(device_, id_);
+  hold_host_pool(id_);
   }
 }
 

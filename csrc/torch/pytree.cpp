@@ -85,6 +85,15 @@ const std::vector<std::pair<std::string, bool>>& Flattener::dataclass_fields(py:
   return dataclass_fields_.emplace(type.ptr(), std::move(fields)).first->second;
 }
 
+int64_t Flattener::identity_id(py::handle obj) {
+  auto it = identity_ids_.find(obj.ptr());
+  if (it != identity_ids_.end()) return it->second;
+  const auto id = static_cast<int64_t>(identity_ids_.size());
+  identity_ids_.emplace(obj.ptr(), id);
+  identity_objects_.push_back(py::reinterpret_borrow<py::object>(obj));
+  return id;
+}
+
 void Flattener::push_interned(py::handle obj, FlatCall& out) {
   // Subclasses of int/float (IntEnum, numpy scalars...) compare equal to plain numbers; the type
   // keeps them apart.
@@ -125,12 +134,26 @@ void Flattener::visit_tensor(py::handle obj, FlatCall& out, TreeSpec* spec) {
   }
   sig.push(static_cast<int64_t>(t.requires_grad()) | (static_cast<int64_t>(t.is_conj()) << 1) |
            (static_cast<int64_t>(t.is_neg()) << 2));
+  const bool trained = t.requires_grad() && !in_value_;
   if (t.layout() != c10::kStrided || t.is_quantized() || t.is_nested()) {
     mark_unsupported(out, "sparse, quantized or nested tensor (only strided tensors)");
+  } else if (trained && !t.is_leaf()) {
+    mark_unsupported(out, "tensor that requires grad and is not a leaf (a graph cannot join an "
+                          "autograd graph built outside it: compute it inside the function, or "
+                          "pass it detached)");
   } else if (!t.is_cuda()) {
     mark_unsupported(out, "tensor on " + t.device().str() + " (graphs read CUDA tensors only)");
-  } else if (t.requires_grad()) {
-    mark_unsupported(out, "tensor that requires grad (training is not captured yet)");
+  } else if (trained) {
+    // A parameter passed as an argument: keyed by identity and used in place, like a module's
+    // parameters, so that a backward pass inside the function reaches its .grad.
+    sig.push(Tag::kStaticTensor);
+    sig.push(identity_id(obj));
+    if (spec != nullptr) {
+      spec->kind = TreeSpec::Kind::kConstant;
+      spec->constant = py::reinterpret_borrow<py::object>(obj);
+    }
+    out.static_leaves.push_back(t);
+    return;
   } else if (t.is_conj() || t.is_neg()) {
     mark_unsupported(out, "tensor with a lazy conjugate/negative bit");
   }
@@ -261,17 +284,8 @@ void Flattener::visit(py::handle obj_h, FlatCall& out, TreeSpec* spec) {
                    [&](Py_ssize_t i) { return "." + fields[static_cast<size_t>(i)].first; });
   } else if (PyObject_IsInstance(obj, tt.module) == 1) {
     // A module's parameters and buffers are static state of the graph, checked on every replay.
-    auto it = identity_ids_.find(obj);
-    int64_t id;
-    if (it == identity_ids_.end()) {
-      id = static_cast<int64_t>(identity_ids_.size());
-      identity_ids_.emplace(obj, id);
-      identity_objects_.push_back(py::reinterpret_borrow<py::object>(obj));
-    } else {
-      id = it->second;
-    }
     sig.push(Tag::kModule);
-    sig.push(id);
+    sig.push(identity_id(obj_h));
     out.modules.push_back(py::reinterpret_borrow<py::object>(obj));
     constant_leaf();
   } else {
@@ -280,17 +294,8 @@ void Flattener::visit(py::handle obj_h, FlatCall& out, TreeSpec* spec) {
       push_interned(obj_h, out);
     } else {
       PyErr_Clear();
-      auto it = identity_ids_.find(obj);
-      int64_t id;
-      if (it == identity_ids_.end()) {
-        id = static_cast<int64_t>(identity_ids_.size());
-        identity_ids_.emplace(obj, id);
-        identity_objects_.push_back(py::reinterpret_borrow<py::object>(obj));
-      } else {
-        id = it->second;
-      }
       sig.push(Tag::kObject);
-      sig.push(id);
+      sig.push(identity_id(obj_h));
     }
     constant_leaf();
   }
@@ -383,6 +388,7 @@ void Flattener::flatten_call(py::handle args, py::handle kwargs, FlatCall& out, 
   out.signature.clear();
   out.tensors.clear();
   out.modules.clear();
+  out.static_leaves.clear();
   out.records.clear();
   out.unsupported.clear();
   out.unsupported_path.clear();
@@ -411,6 +417,7 @@ void Flattener::flatten_value(py::handle value, FlatCall& out,
   out.signature.clear();
   out.tensors.clear();
   out.modules.clear();
+  out.static_leaves.clear();
   out.records.clear();
   out.unsupported.clear();
   out.unsupported_path.clear();

@@ -42,6 +42,9 @@ struct FlatCall {
   core::Signature signature;
   std::vector<at::Tensor> tensors;
   std::vector<py::object> modules;  // nn.Module arguments: their parameters are static state
+  // Leaf tensor arguments that require grad (parameters): used in place, static state like a
+  // module's parameters, so a backward inside the function reaches their .grad.
+  std::vector<at::Tensor> static_leaves;
   std::vector<py::object> records;  // argument objects that hold tensors, in visiting order
   std::string unsupported;
   std::string unsupported_path;
@@ -70,6 +73,8 @@ class Flattener {
   // false (nothing pushed) otherwise.
   bool visit_record(py::handle obj, FlatCall& out, TreeSpec* spec);
   void push_interned(py::handle obj, FlatCall& out);
+  // The id of an object keyed by identity (held alive, so the id stays unique).
+  int64_t identity_id(py::handle obj);
   void mark_unsupported(FlatCall& out, std::string reason);
   const std::vector<std::pair<std::string, bool>>& dataclass_fields(py::handle type);
 

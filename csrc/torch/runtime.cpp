@@ -9,6 +9,7 @@
 #include "core/alias_sites.h"
 #include "core/replay_plan.h"
 #include "cuda/executable_stats.h"
+#include "torch/torch_version.h"
 
 #ifdef GRAPE_WITH_CUDA
 #include <ATen/cuda/CUDAGraph.h>
@@ -63,6 +64,32 @@ py::object call_python(const py::object& fn, const py::args& args, const py::kwa
   return py::reinterpret_steal<py::object>(result);
 }
 
+// A Python context manager, entered for this object's lifetime.
+class EnteredContext {
+ public:
+  explicit EnteredContext(py::object context) : context_(std::move(context)) {
+    context_.attr("__enter__")();
+  }
+  ~EnteredContext() {
+    try {
+      context_.attr("__exit__")(py::none(), py::none(), py::none());
+    } catch (py::error_already_set& e) {
+      e.discard_as_unraisable(__func__);
+    }
+  }
+  EnteredContext(const EnteredContext&) = delete;
+  EnteredContext& operator=(const EnteredContext&) = delete;
+  const py::object& get() const { return context_; }
+
+ private:
+  py::object context_;
+};
+
+// Optimizers stepped while it is entered are recorded in `seen` and made capturable.
+py::object step_watch(const py::object& seen) {
+  return py::module_::import("grape._training").attr("StepWatch")(seen);
+}
+
 }  // namespace
 
 // What one capture recorded: the graph, where its inputs go, and how to rebuild its outputs.
@@ -112,10 +139,44 @@ struct CapturedGraph {
   std::vector<OutputStorage> output_storages;
   std::vector<OutputTensor> output_tensors;
   std::vector<std::pair<at::Tensor, const void*>> static_tensors;
-  // Attributes of argument objects that f rebinds (Note [Argument objects]); when there are
-  // any, the outputs are (f's result, the effects' values).
+  // Attributes of argument objects that f rebinds (Note [Argument objects]) and gradients that
+  // its backward pass replaces (Note [Gradients of a captured step]); when there are any, the
+  // outputs are (f's result, the effects' values).
   std::vector<Effect> effects;
+  // Gradients the graph reads or accumulates into where they are: leaf.grad must still be at
+  // `grad` (nullptr: None) when it is replayed.
+  struct GradGuard {
+    at::Tensor leaf;
+    const void* grad = nullptr;
+  };
+  std::vector<GradGuard> grad_guards;
+  // (param group, key, value): the optimizers' settings the graph baked in.
+  py::list hyperparameters;
+  // Pinned host tensors the graph copies to the device (grape._host_constants).
+  py::list host_constants;
 };
+
+// Note [Gradients of a captured step]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// A training step (forward, loss.backward(), optimizer.step()) captures like any function: the
+// backward pass runs on the autograd engine's device thread, on the capture stream, and its
+// allocations go to the arena too (AllocationRoute for_all_threads). What needs care is the state
+// it leaves outside the arguments:
+// - Parameters and optimizer state are static, like a module's parameters: the graph reads and
+//   writes them in place, and a replay whose parameters or optimizer state moved captures again.
+//   The *tracked leaves* are the parameters that require grad of the compiled module, of module
+//   arguments, of parameter arguments, and of every optimizer the function stepped during its
+//   warm-up (grape._training.StepWatch, which also sets capturable=True on them).
+// - A gradient the step replaces (optimizer.zero_grad() sets it to None, backward makes a new
+//   one) is an effect, like a rebound attribute: the new gradient is an output of the graph, and
+//   each replay sets leaf.grad to its own. A gradient the step accumulates into in place is
+//   static, moved out of the pool before the capture. A replay whose gradients are not where the
+//   capture found them (or not None where they were None) captures again.
+// - Optimizer settings that are Python values (a float lr) are baked into the kernels: a replay
+//   after a scheduler changed one captures again (a setting given as a CUDA tensor is read by the
+//   kernels and stays valid).
+// An output that requires grad (the loss) is returned detached, once the step ran a backward pass;
+// without one the graph could not join the caller's autograd graph, and the capture fails.
 
 void set_propagated_errors(py::tuple types) { propagated_error_types() = std::move(types); }
 
@@ -231,15 +292,18 @@ py::object Runtime::call(py::args args, py::kwargs kwargs) {
   }
 
   if (entry.graph) {
-    bool statics_moved = false;
-    for (const auto& [tensor, ptr] : entry.graph->static_tensors) {
-      if (tensor.data_ptr() != ptr) {
-        statics_moved = true;
-        break;
-      }
-    }
-    if (statics_moved) {
+    std::string changed;
+    if (!static_state_holds(*entry.graph, changed)) {
       ++stats_.recaptures;
+      if (changed.find("optimizer setting") != std::string::npos && !warned_settings_) {
+        warned_settings_ = true;
+        const std::string message =
+            "grape: " + changed + " since the step was captured: capturing it again. A setting "
+            "that changes every step (a float lr under a scheduler) makes every step a capture; "
+            "give it as a CUDA tensor, e.g. lr=torch.tensor(1e-3, device='cuda')";
+        if (PyErr_WarnEx(PyExc_UserWarning, message.c_str(), 1) != 0) throw py::error_already_set();
+      }
+      last_recapture_reason_ = std::move(changed);
       retired_.push_back(std::move(entry.graph));
       for (auto& variant : entry.chain_variants) retired_.push_back(std::move(variant));
       entry.chain_variants.clear();
@@ -280,6 +344,7 @@ py::object Runtime::call(py::args args, py::kwargs kwargs) {
   if (entry.warmup_runs < warmup_) {
     ++entry.warmup_runs;
     ++stats_.warmup_calls;
+    EnteredContext watch(step_watch(seen_optimizers()));  // optimizers it steps become capturable
     return run_eager(args, kwargs);
   }
 
@@ -290,6 +355,9 @@ py::object Runtime::call(py::args args, py::kwargs kwargs) {
   if (!capture_with_retry(flat, entry.graph, reason, error)) {
     ++stats_.capture_failures;
     set_fallback(entry, reason, error);
+    // The error's traceback holds f's frames: what they reference (an autograd graph whose
+    // nodes run on the capture stream) must not outlive the capture into the eager run.
+    error = py::none();
     ++stats_.eager_calls;
     return run_eager(args, kwargs);
   }
@@ -303,6 +371,63 @@ py::object Runtime::call(py::args args, py::kwargs kwargs) {
 #else
   return run_eager(args, kwargs);
 #endif
+}
+
+py::object& Runtime::seen_optimizers() {
+  if (seen_optimizers_.is_none()) {
+    seen_optimizers_ = py::module_::import("weakref").attr("WeakSet")();
+  }
+  return seen_optimizers_;
+}
+
+std::vector<at::Tensor> Runtime::tracked_leaves(const FlatCall& flat) {
+  py::list modules;
+  if (!static_module_.is_none()) modules.append(static_module_);
+  for (const auto& m : flat.modules) modules.append(m);
+  std::vector<at::Tensor> leaves = flat.static_leaves;
+  for (py::handle t : py::module_::import("grape._training").attr("leaves_of")(seen_optimizers(),
+                                                                             modules)) {
+    const at::Tensor& leaf = THPVariable_Unpack(t.ptr());
+    bool known = false;
+    for (const auto& l : leaves) known |= l.unsafeGetTensorImpl() == leaf.unsafeGetTensorImpl();
+    if (!known) leaves.push_back(leaf);
+  }
+  return leaves;
+}
+
+bool Runtime::static_state_holds(const CapturedGraph& g, std::string& changed) const {
+  for (const auto& [tensor, ptr] : g.static_tensors) {
+    if (tensor.data_ptr() != ptr) {
+      changed = "a parameter, buffer or optimizer state tensor moved";
+      return false;
+    }
+  }
+  for (const auto& guard : g.grad_guards) {
+    const at::Tensor& grad = guard.leaf.grad();
+    if ((grad.defined() ? grad.data_ptr() : nullptr) != guard.grad) {
+      changed = "a gradient is not where the capture found it";
+      return false;
+    }
+  }
+  for (py::handle item : g.hyperparameters) {
+    PyObject* group = PyTuple_GET_ITEM(item.ptr(), 0);
+    PyObject* key = PyTuple_GET_ITEM(item.ptr(), 1);
+    PyObject* value = PyTuple_GET_ITEM(item.ptr(), 2);
+    PyObject* now = PyDict_GetItemWithError(group, key);  // borrowed
+    if (now == nullptr && PyErr_Occurred()) throw py::error_already_set();
+    if (now == value) continue;
+    // A tensor setting is read by the kernels: only its identity matters (and == would sync).
+    int equal = now == nullptr || THPVariable_Check(now) || THPVariable_Check(value)
+                    ? 0
+                    : PyObject_RichCompareBool(now, value, Py_EQ);
+    if (equal < 0) throw py::error_already_set();
+    if (equal == 0) {
+      changed = "the optimizer setting '" + py::str(key).cast<std::string>() +
+                "' changed (a Python value is baked into the graph; a CUDA tensor is not)";
+      return false;
+    }
+  }
+  return true;
 }
 
 std::vector<std::pair<at::Tensor, const void*>> Runtime::gather_static_tensors(
@@ -342,6 +467,81 @@ class SyncDebugModeGuard {
   c10::cuda::SyncDebugMode previous_;
 };
 
+// Whether nothing but its leaf's .grad holds `grad` (no other tensor, view or Python name).
+bool held_by_leaf_only(const at::Tensor& grad) {
+  if (grad.storage().use_count() != 1) return false;
+  const auto count = grad.use_count();
+  if (count == 1) return true;
+#if GRAPE_TORCH_AT_LEAST(2, 10)
+  // The tensor's Python object holds it too, and is itself held by the tensor alone when no
+  // Python name refers to it.
+  PyObject* obj = grad.unsafeGetTensorImpl()->pyobj_slot()->load_pyobj();
+  return count == 2 && obj != nullptr && Py_REFCNT(obj) == 1;
+#else
+  return false;
+#endif
+}
+
+// Points a live handed-out storage at a copy outside the pool: a gradient that a graph
+// accumulates into in place must not be memory that other graphs' replays may write.
+void move_out_of_pool(GraphPool& pool, const at::Tensor& t, cudaStream_t stream) {
+  c10::StorageImpl* impl = t.storage().unsafeGetStorageImpl();
+  if (pool.find_live(impl) == nullptr || impl->nbytes() == 0) return;
+  c10::DataPtr fresh = allocator::get()->allocate(impl->nbytes());
+  check_copy(cudaMemcpyAsync(fresh.get(), impl->data(), impl->nbytes(), cudaMemcpyDeviceToDevice,
+                             stream));
+  pool.move_out(impl, std::move(fresh));
+}
+
+// The tracked leaves' gradients across one capture (Note [Gradients of a captured step]): taken
+// before f, in-place ones moved out of the pool; compared after f; put back when it ends.
+class CaptureGradients {
+ public:
+  CaptureGradients(std::vector<at::Tensor> leaves, GraphPool& pool, cudaStream_t stream)
+      : leaves_(std::move(leaves)) {
+    for (const auto& leaf : leaves_) {
+      const at::Tensor& grad = leaf.grad();
+      if (grad.defined() && grad.is_cuda()) move_out_of_pool(pool, grad, stream);
+      before_.push_back(grad);
+      versions_.push_back(grad.defined() ? grad._version() : 0);
+    }
+  }
+  ~CaptureGradients() {
+    for (size_t i = 0; i < leaves_.size(); ++i) leaves_[i].mutable_grad() = before_[i];
+  }
+  CaptureGradients(const CaptureGradients&) = delete;
+  CaptureGradients& operator=(const CaptureGradients&) = delete;
+
+  const std::vector<at::Tensor>& leaves() const { return leaves_; }
+
+  // After f: a gradient f replaced is an effect (its new value appended to `values`); one it left
+  // in place is guarded. Returns whether f ran a backward pass that reached the leaves.
+  bool collect(std::vector<Effect>& effects, py::list& values,
+               std::vector<CapturedGraph::GradGuard>& guards) const {
+    bool backward_ran = false;
+    for (size_t i = 0; i < leaves_.size(); ++i) {
+      const at::Tensor& grad = leaves_[i].grad();
+      if (grad.unsafeGetTensorImpl() != before_[i].unsafeGetTensorImpl()) {
+        effects.push_back({-1, py::none(), leaves_[i]});
+        values.append(grad.defined() ? py::reinterpret_steal<py::object>(THPVariable_Wrap(grad))
+                                     : py::object(py::none()));
+        backward_ran = true;
+        // Where there was no gradient, eager makes one; where there was, eager accumulates.
+        if (!before_[i].defined()) guards.push_back({leaves_[i], nullptr});
+      } else {
+        backward_ran |= grad.defined() && grad._version() != versions_[i];
+        guards.push_back({leaves_[i], grad.defined() ? grad.data_ptr() : nullptr});
+      }
+    }
+    return backward_ran;
+  }
+
+ private:
+  std::vector<at::Tensor> leaves_;
+  std::vector<at::Tensor> before_;
+  std::vector<int64_t> versions_;
+};
+
 // Ends a capture that failed part-way and puts the allocator's pool bookkeeping back where it was.
 // Torch versions differ in how much of this CUDAGraph::reset() does itself, so we compare the
 // pool's use count with its value before the capture rather than assume either.
@@ -371,6 +571,7 @@ void abort_capture(std::unique_ptr<ReplayGraph>& graph, GraphPool& pool,
     }
     pool.release_to(use_count_before);
   }
+  GraphArena::destroy_released();
 }
 
 // Whether input `i` is its whole storage, laid out as a placeholder would be, and the only input
@@ -481,6 +682,23 @@ bool Runtime::capture(FlatCall& flat, std::unique_ptr<CapturedGraph>& into, std:
     arena.set_limit(budget > executables ? budget - executables : 0);
   }
   install_allocator_hook();  // again, in case it was removed since the pool was made
+
+  // Gradients before f (Note [Gradients of a captured step]); put back when the capture ends.
+  std::vector<at::Tensor> grad_leaves = tracked_leaves(flat);
+  if (!grad_leaves.empty() && !backward_stream_ready_) {
+    at::cuda::CUDAStreamGuard on_capture_stream(pool.capture_stream());
+    const py::object cuda =
+        py::module_::import("torch").attr("device")("cuda", static_cast<int>(device));
+    py::module_::import("grape._training").attr("prepare_backward")(cuda);
+    backward_stream_ready_ = true;
+  }
+  const CaptureGradients gradients(std::move(grad_leaves), pool,
+                                   at::cuda::getCurrentCUDAStream(pool.device()).stream());
+  EnteredContext stepped_optimizers(step_watch(seen_optimizers()));
+  // Tensors f makes from Python values on the device come from pinned memory the graph keeps.
+  const py::object host_constants =
+      py::module_::import("grape._host_constants").attr("PinnedHostConstants")();
+
   std::vector<at::Tensor> placeholders;
   std::vector<int64_t> versions;
   std::vector<bool> chained(flat.tensors.size(), false);
@@ -488,6 +706,8 @@ bool Runtime::capture(FlatCall& flat, std::unique_ptr<CapturedGraph>& into, std:
   py::object result;
   std::vector<Effect> effects;
   py::list effect_values;
+  std::vector<CapturedGraph::GradGuard> grad_guards;
+  bool backward_ran = false;
   bool effects_ok = true;
   std::string effects_reason;
   {
@@ -531,7 +751,8 @@ bool Runtime::capture(FlatCall& flat, std::unique_ptr<CapturedGraph>& into, std:
     // A host synchronization inside the function raises before it reaches CUDA (which would
     // invalidate the capture and leave the RNG in capture mode on older torch).
     SyncDebugModeGuard raise_on_sync;
-    AllocationRoute to_arena(arena, stream, /*placeholders=*/false);
+    // The backward pass of a training step allocates from the autograd engine's device thread.
+    AllocationRoute to_arena(arena, stream, /*placeholders=*/false, /*for_all_threads=*/true);
     // f runs on the caller's argument objects, placeholders set in them; they are put back as
     // they were when this scope ends, and the replay sets what f rebound.
     CaptureEffects record_state(flat.records);
@@ -539,10 +760,14 @@ bool Runtime::capture(FlatCall& flat, std::unique_ptr<CapturedGraph>& into, std:
     try {
       graph->capture_begin(pool.id(), cudaStreamCaptureModeGlobal);
       py::tuple call = rebuild_arguments(flat, leaves, record_state, log);
-      result = call_python(fn_, py::reinterpret_borrow<py::args>(call[0]),
-                           py::reinterpret_borrow<py::kwargs>(call[1]));
+      {
+        EnteredContext pinned(host_constants);
+        result = call_python(fn_, py::reinterpret_borrow<py::args>(call[0]),
+                             py::reinterpret_borrow<py::kwargs>(call[1]));
+      }
       graph->capture_end();
       effects_ok = record_state.collect(log, effects, effect_values, effects_reason);
+      backward_ran = gradients.collect(effects, effect_values, grad_guards);
     } catch (py::error_already_set& e) {
       if (!e.matches(PyExc_Exception) || propagates(e)) {  // not a reason to run eagerly
         result = py::none();
@@ -569,6 +794,7 @@ bool Runtime::capture(FlatCall& flat, std::unique_ptr<CapturedGraph>& into, std:
     }
   }
 
+  GraphArena::destroy_released();  // arenas whose last block died during the capture
   pool.hold_for_graph(use_count_before);
   auto captured = std::make_unique<CapturedGraph>();
   captured->pool = pool_;
@@ -613,9 +839,10 @@ bool Runtime::capture(FlatCall& flat, std::unique_ptr<CapturedGraph>& into, std:
                " (computed once while capturing; a replay would not update it)";
       return false;
     }
-    if (t.requires_grad()) {
-      reason = "an output requires grad (training is not captured yet; call it under "
-               "torch.no_grad() or torch.inference_mode())";
+    if (t.requires_grad() && !t.is_leaf() && !backward_ran) {
+      reason = "an output requires grad and the function ran no backward pass (a graph cannot "
+               "join the caller's autograd graph: call backward inside the function, or run it "
+               "under torch.no_grad() or torch.inference_mode())";
       return false;
     }
     CapturedGraph::OutputTensor slot;
@@ -659,6 +886,20 @@ bool Runtime::capture(FlatCall& flat, std::unique_ptr<CapturedGraph>& into, std:
   }
   captured->output_spec = std::move(out.spec);
   captured->static_tensors = gather_static_tensors(flat);
+  for (const auto& leaf : gradients.leaves()) {
+    captured->static_tensors.emplace_back(leaf, leaf.data_ptr());
+  }
+  captured->grad_guards = std::move(grad_guards);
+  {
+    py::module_ training = py::module_::import("grape._training");
+    const py::list stepped = stepped_optimizers.get().attr("stepped");
+    for (py::handle t : training.attr("state_tensors")(stepped)) {
+      const at::Tensor& tensor = THPVariable_Unpack(t.ptr());
+      captured->static_tensors.emplace_back(tensor, tensor.data_ptr());
+    }
+    captured->hyperparameters = training.attr("hyperparameters")(stepped);
+  }
+  captured->host_constants = host_constants.attr("kept");
   into = std::move(captured);
   ++stats_.captures;
   stats_.capture_ns +=
@@ -724,6 +965,13 @@ bool Runtime::replay(Entry& entry, CapturedGraph& g, FlatCall& flat, py::object&
                      std::string& refusal) {
   GraphPool& pool = *pool_;
   const size_t n = flat.tensors.size();
+  // A gradient the step replaces and nothing else holds is dropped now, as eager drops it, so
+  // this replay need not move it out of its way.
+  for (const auto& e : g.effects) {
+    if (!e.leaf.defined()) continue;
+    at::Tensor& grad = e.leaf.mutable_grad();
+    if (grad.defined() && held_by_leaf_only(grad)) grad.reset();
+  }
   pool.prune_live();
 
   // Describe this call's memory for the plan (see Note [Liveness of graph outputs]).
@@ -923,6 +1171,8 @@ py::dict Runtime::stats() {
   d["bytes_avoided"] = stats_.bytes_avoided;
   d["chain_variants"] = stats_.chain_variants;
   d["capture_oom_retries"] = stats_.capture_oom_retries;
+  d["last_recapture_reason"] =
+      last_recapture_reason_.empty() ? py::object(py::none()) : py::str(last_recapture_reason_);
   d["memory_budget"] = memory_budget_ < 0 ? py::object(py::none()) : py::int_(memory_budget_);
   cuda::ExecutableStats ex;
   std::string unshareable_reason;
@@ -1016,6 +1266,7 @@ void Runtime::reset() {
 int Runtime::traverse(visitproc visit, void* arg) {
   Py_VISIT(fn_.ptr());
   Py_VISIT(static_module_.ptr());
+  Py_VISIT(seen_optimizers_.ptr());
   return 0;
 }
 
@@ -1024,6 +1275,7 @@ void Runtime::clear_references() {
   retired_.clear();
   fn_ = py::none();
   static_module_ = py::none();
+  seen_optimizers_ = py::none();
 }
 
 }  // namespace grape

@@ -122,10 +122,20 @@ class Runtime {
   void report(const std::string& description, const std::string& reason, const py::object& error);
   std::string describe(const FlatCall& flat) const;
   std::vector<std::pair<at::Tensor, const void*>> gather_static_tensors(const FlatCall& flat);
+  // Training steps (Note [Gradients of a captured step]): the optimizers stepped in warm-up
+  // calls (a weakref.WeakSet), the leaves whose gradients a capture watches, and whether a
+  // graph's static state (parameters, gradients, optimizer state and settings) is as captured.
+  py::object& seen_optimizers();
+  std::vector<at::Tensor> tracked_leaves(const FlatCall& flat);
+  bool static_state_holds(const CapturedGraph& graph, std::string& changed) const;
   FlatCall& scratch();
 
   py::object fn_;
   py::object static_module_;
+  py::object seen_optimizers_ = py::none();
+  std::string last_recapture_reason_;
+  bool warned_settings_ = false;        // recaptures for changed optimizer settings: warned once
+  bool backward_stream_ready_ = false;  // grape._training.prepare_backward ran on the pool
   int warmup_;
   bool alias_prediction_;
   int64_t memory_budget_;  // < 0: none

@@ -1,5 +1,7 @@
 #include "torch/side_effects.h"
 
+#include <torch/csrc/autograd/python_variable.h>
+
 namespace grape {
 
 namespace {
@@ -129,8 +131,17 @@ void apply_effects(const std::vector<py::object>& records, const std::vector<Eff
                    py::handle values) {
   for (size_t i = 0; i < effects.size(); ++i) {
     const Effect& e = effects[i];
+    PyObject* value = PyTuple_GET_ITEM(values.ptr(), i);
+    if (e.leaf.defined()) {
+      if (value == Py_None) {
+        e.leaf.mutable_grad().reset();
+      } else {
+        e.leaf.mutable_grad() = THPVariable_Unpack(value);
+      }
+      continue;
+    }
     py::dict dict = attributes_of(records.at(static_cast<size_t>(e.record)));
-    if (PyDict_SetItem(dict.ptr(), e.attribute.ptr(), PyTuple_GET_ITEM(values.ptr(), i)) != 0) {
+    if (PyDict_SetItem(dict.ptr(), e.attribute.ptr(), value) != 0) {
       throw py::error_already_set();
     }
   }

@@ -31,10 +31,13 @@ namespace grape {
 
 namespace py = pybind11;
 
-// An attribute of a record that f rebinds: records[record].<attribute> = the next value.
+// An attribute of a record that f rebinds: records[record].<attribute> = the next value; or, when
+// `leaf` is defined, the gradient of a leaf tensor (a parameter) that f's backward pass set:
+// leaf.grad = the next value (Note [Gradients of a captured step] in torch/runtime.cpp).
 struct Effect {
   int record = -1;
   py::object attribute;
+  at::Tensor leaf;
 };
 
 // The records' state across one capture; the destructor puts them back as they were.
@@ -64,7 +67,7 @@ class CaptureEffects {
 py::tuple rebuild_arguments(const FlatCall& flat, const std::vector<py::object>& leaves,
                             CaptureEffects& state, UnflattenLog& log);
 
-// Sets every effect's attribute to its value (`values[i]` for effects[i]).
+// Sets every effect's attribute (or gradient) to its value (`values[i]` for effects[i]).
 void apply_effects(const std::vector<py::object>& records, const std::vector<Effect>& effects,
                    py::handle values);
 

@@ -146,3 +146,12 @@ def test_the_default_memory_budget_applies_to_functions_compiled_after_it():
     finally:
         grape.set_memory_budget(None)
     assert grape.stats(grape.compile(lambda x: x))["memory_budget"] is None
+
+
+def test_pinned_host_constants_leave_host_tensors_alone():
+    from grape._host_constants import PinnedHostConstants
+
+    with PinnedHostConstants() as mode:
+        t = torch.tensor([1.0, 2.0])
+        u = torch.as_tensor(3, device="cpu")
+    assert t.device.type == "cpu" and u.item() == 3 and mode.kept == []

@@ -207,13 +207,15 @@ def test_exception_during_capture_falls_back_for_that_signature():
     assert "boom" in grape.stats(step)["fallbacks"][0]["reason"]
 
 
-def test_inputs_that_require_grad_run_eagerly():
+def test_outputs_for_the_callers_backward_run_eagerly():
+    # A leaf argument that requires grad is static state (a parameter); an output that needs the
+    # caller's autograd graph cannot come from a graph, so the signature runs eagerly.
     step = grape.compile(lambda x: x * 2, warmup=0)
     x = torch.ones(3, device=DEV, requires_grad=True)
     y = step(x)
     y.sum().backward()
     assert torch.equal(x.grad, torch.full((3,), 2.0, device=DEV))
-    assert "requires grad" in grape.stats(step)["fallbacks"][0]["reason"]
+    assert "no backward pass" in grape.stats(step)["fallbacks"][0]["reason"]
 
 
 def test_cpu_and_mixed_inputs_run_eagerly_with_the_argument_named():
@@ -248,9 +250,9 @@ def test_module_parameters_are_static_and_tracked():
 def test_outputs_requiring_grad_fall_back():
     model = torch.nn.Linear(4, 4).to(DEV)
     grape.compile(model, warmup=0)
-    out = model(torch.randn(2, 4, device=DEV))  # grad mode on: training is a later feature
-    assert out.requires_grad
-    assert "requires grad" in grape.stats(model)["fallbacks"][0]["reason"]
+    out = model(torch.randn(2, 4, device=DEV))  # grad mode on, and no backward inside
+    assert out.requires_grad  # eager semantics kept: the caller can still call backward
+    assert "no backward pass" in grape.stats(model)["fallbacks"][0]["reason"]
 
 
 def test_random_numbers_differ_between_replays_like_eager():
@@ -449,3 +451,22 @@ def test_allocator_hook_can_be_removed_and_captures_reinstall_it():
     assert _C.allocator_hook_installed()
     assert grape.stats(step)["captures"] == 2
     del keep
+
+
+def test_device_tensors_made_from_python_values_are_captured():
+    # torch.tensor(value, device="cuda") copies from pageable memory, which a capture refuses;
+    # grape builds it in pinned memory the graph keeps, so each graph copies its own value.
+    def make(scale):
+        def f(x):
+            return x * torch.tensor(scale, device=x.device) + torch.as_tensor([1.0, 2.0], device=x.device)
+
+        return grape.compile(f)
+
+    halve, triple = make(0.5), make(3.0)
+    x = torch.ones(2, device=DEV)
+    for _ in range(4):
+        torch.testing.assert_close(halve(x), torch.tensor([1.5, 2.5], device=DEV))
+        torch.testing.assert_close(triple(x), torch.tensor([4.0, 5.0], device=DEV))
+    for compiled in (halve, triple):
+        s = grape.stats(compiled)
+        assert s["fallbacks"] == [] and s["replays"] == 3

@@ -1,0 +1,186 @@
+"""What the benchmarks of Hugging Face `generate` share (hf_gpt2, hf_gptj): timing a generation per
+new token, grape's counters, the comparison with eager, the markdown table and the plot.
+
+A mode's result: {"ms_per_token", "ms_per_token_runs", "first_call_s", "tokens", ...}; `tokens` is
+popped by `compare_with_eager`, which adds "correct" and "speedup_vs_eager".
+"""
+
+from __future__ import annotations
+
+import functools
+import time
+from pathlib import Path
+from typing import Callable, Iterable, Sequence
+
+import torch
+
+import grape
+from benchmarks import harness
+
+# grape.stats keys that a compiled `generate` records (hf_gpt2 and hf_gptj, mode `grape`).
+GRAPE_STATS = ("graphs", "captures", "capture_seconds", "fallbacks", "replays", "calls",
+               "topology_groups", "pool_bytes", "executable_bytes", "bytes_copied_in",
+               "alias_hits", "alias_misses", "evacuations", "nodes_patched", "patch_seconds",
+               "patches_ahead")
+
+
+def progress(iterable: Iterable, desc: str) -> Iterable:
+    try:
+        from tqdm import tqdm
+    except ImportError:
+        return iterable
+    return tqdm(iterable, desc=desc, leave=False)
+
+
+def generate_kwargs(beams: int, new_tokens: int) -> dict:
+    # min_new_tokens: every mode generates the same number of tokens, EOS or not.
+    return dict(max_new_tokens=new_tokens, min_new_tokens=new_tokens, do_sample=False,
+                num_beams=beams)
+
+
+def timed(fn: Callable[[], object]) -> tuple[object, float]:
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    out = fn()
+    torch.cuda.synchronize()
+    return out, time.perf_counter() - t0
+
+
+def measure(run: Callable[[], torch.Tensor], new_tokens: int, reps: int, steady_calls: int,
+            desc: str) -> dict:
+    """Times generations by `run()` (which returns the tokens): the first one, then `reps` once
+    `steady_calls` more have captured / compiled and recorded every shape."""
+    tokens, first = timed(run)
+    for _ in progress(range(steady_calls), desc):
+        run()
+    times = []
+    for _ in range(reps):
+        tokens, seconds = timed(run)
+        times.append(seconds)
+    return {"ms_per_token": harness.median(times) * 1e3 / new_tokens,
+            "ms_per_token_runs": [t * 1e3 / new_tokens for t in times],
+            "first_call_s": first, "tokens": tokens}
+
+
+def measure_generate(model, ids: torch.Tensor, mask: torch.Tensor, kwargs: dict, reps: int,
+                     steady_calls: int, desc: str) -> dict:
+    return measure(lambda: model.generate(ids, attention_mask=mask, **kwargs),
+                   kwargs["max_new_tokens"], reps, steady_calls, desc)
+
+
+def host_ms_per_forward(model, ids: torch.Tensor, mask: torch.Tensor, kwargs: dict) -> float:
+    """CPU time of one compiled forward call inside generate (the call returns before the GPU is
+    done): one more generation with model.forward timed."""
+    compiled, spent = model.forward, []
+
+    @functools.wraps(compiled)  # generate reads forward's signature to choose its arguments
+    def timed_forward(*args, **kw):
+        t0 = time.perf_counter()
+        out = compiled(*args, **kw)
+        spent.append(time.perf_counter() - t0)
+        return out
+
+    model.forward = timed_forward
+    try:
+        model.generate(ids, attention_mask=mask, **kwargs)
+    finally:
+        model.forward = compiled
+    return harness.median(spent) * 1e3
+
+
+def decode_loop(step: Callable, config, ids: torch.Tensor, new_tokens: int) -> Callable[[], torch.Tensor]:
+    """A generation as a plain loop of `step(tokens, cache) -> next token` over a fresh
+    DynamicCache (the `grape_step` modes): returns a function that runs one and returns the
+    tokens."""
+    import transformers
+
+    def generate() -> torch.Tensor:
+        cache = transformers.DynamicCache(config=config)
+        tok = step(ids, cache)
+        out = [tok]
+        for _ in range(new_tokens - 1):
+            tok = step(tok, cache)
+            out.append(tok)
+        return torch.cat([ids, *out], 1)
+
+    return generate
+
+
+def grape_stats(fn, keys: Sequence[str] = GRAPE_STATS) -> dict:
+    """The `keys` of grape.stats(fn) (a compiled function or module); None for a key it lacks."""
+    s = grape.stats(fn)
+    return {k: s.get(k) for k in keys}
+
+
+def compare_with_eager(results: dict) -> None:
+    """Pops every mode's tokens; adds `correct` (tokens equal eager's) and `speedup_vs_eager`."""
+    reference = results.get("eager", {}).get("tokens")
+    eager_ms = results.get("eager", {}).get("ms_per_token")
+    for r in results.values():
+        tokens = r.pop("tokens", None)
+        if reference is not None and tokens is not None:
+            r["correct"] = bool(tokens.shape == reference.shape and torch.equal(tokens, reference))
+        if eager_ms and r.get("ms_per_token"):
+            r["speedup_vs_eager"] = eager_ms / r["ms_per_token"]
+
+
+def _fmt(value, spec: str) -> str:
+    return spec.format(value) if value else "-"
+
+
+def markdown(cases: list[dict], extra: Sequence[tuple[str, str, str]] = ()) -> str:
+    """One row per case and mode; `extra`: more columns after "vs eager", each (header, key of the
+    mode's result, format such as "{:.2f}x")."""
+    headers = ["case", "mode", "ms/token", "vs eager", *(h for h, _, _ in extra), "first call (s)",
+               "tokens equal eager"]
+    lines = ["| " + " | ".join(headers) + " |", "|" + "---|" * len(headers)]
+    for case in cases:
+        for mode, r in case["modes"].items():
+            cells = [case["name"], mode, _fmt(r.get("ms_per_token"), "{:.3f}"),
+                     _fmt(r.get("speedup_vs_eager"), "{:.2f}x"),
+                     *(_fmt(r.get(key), spec) for _, key, spec in extra),
+                     _fmt(r.get("first_call_s"), "{:.2f}"), str(r.get("correct", "-"))]
+            lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def plot(cases: list[dict], path: Path, modes: Sequence[str], title: str) -> bool:
+    """Bars of ms per token, one group per case; a case whose config has `floor_ms_per_token`
+    gets it as a dashed line across its group. False where matplotlib is missing."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return False
+    modes = [m for m in modes if any(c["modes"].get(m, {}).get("ms_per_token") for c in cases)]
+    fig, ax = plt.subplots(figsize=(8, 4))
+    width = 0.8 / max(len(modes), 1)
+    for i, mode in enumerate(modes):
+        values = [c["modes"].get(mode, {}).get("ms_per_token") or 0 for c in cases]
+        ax.bar([x + i * width for x in range(len(cases))], values, width, label=mode)
+    floor_label = "HBM-bandwidth floor"
+    for x, c in enumerate(cases):
+        floor = c["config"].get("floor_ms_per_token")
+        if floor:
+            ax.hlines(floor, x - width / 2, x + width * (len(modes) - 0.5), colors="black",
+                      linestyles="dashed", label=floor_label)
+            floor_label = None
+    ax.set_xticks([x + width * (len(modes) - 1) / 2 for x in range(len(cases))])
+    ax.set_xticklabels([c["name"] for c in cases])
+    ax.set_ylabel("ms per token")
+    ax.set_title(title)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path)
+    return True
+
+
+def write_table_and_plot(path: Path, cases: list[dict], modes: Sequence[str], title: str,
+                         extra: Sequence[tuple[str, str, str]] = (), preface: str = "") -> None:
+    """The markdown table and the PNG plot next to the results JSON at `path`."""
+    table = path.with_suffix(".md")
+    table.write_text(preface + markdown(cases, extra))
+    plotted = plot(cases, path.with_suffix(".png"), modes, title)
+    print(f"\nwrote {path}, {table.name}" + (f", {path.with_suffix('.png').name}" if plotted else ""))

@@ -1,0 +1,620 @@
+"""Hugging Face wav2vec2-base (Wav2Vec2ForCTC, vocab 32, random weights), batch 8, on audio of
+hundreds of distinct lengths: inference (fp16 weights) and a whole CTC training step (autocast
+fp16, GradScaler, fused AdamW), eager and grape.compile side by side on the same weights and data.
+
+    python -m benchmarks.hf_wav2vec2            # infer and train, 200 batches, 4 epochs a mode
+    python -m benchmarks.hf_wav2vec2 --quick    # smoke run: 12 batches, 3 epochs
+    python -m benchmarks.hf_wav2vec2 --tiny     # a 2-layer, 64-wide Wav2Vec2 (runs anywhere fast)
+
+Data: one dataset of --batches batches of 8 clips (seeded), built once and kept on the device.
+Clip lengths are drawn uniformly from 1 to 4 s at 16 kHz and quantized to --quantum samples
+(default 160 = 10 ms, half an encoder frame: wav2vec2's conv stack has a 320-sample stride);
+clips are grouped by length into batches (sorted, then the batch order shuffled: the bucketing
+of ASR data loaders) and each batch is zero-padded to its longest clip, with no attention mask
+(wav2vec2-base takes zero-padded input without one). Every distinct padded length is one call
+signature: the default run has ~190 of them over 200 batches (`distinct_shapes` in the config),
+--quick about 12. Labels: every sample uses the whole padded length, T = the encoder's frame
+count, and T // 4 label ids in 1..31 (0 is the CTC blank), so lengths are functions of the shape.
+
+Timing: every mode runs the same epochs (passes over every batch, in the same order). grape warms
+up each signature once (warmup=1: its first call runs eagerly) and captures it at its second
+call, so where a shape comes once an epoch, as most do here, epoch 1 is grape's warm-up of every
+shape and epoch 2 its capture of every shape. Reported: `first_epoch_s` and `second_epoch_s` (wall
+time; the cost of reaching the steady state is in these two, `first_two_epochs_s`), then --reps
+more epochs, each timed: `ms_per_step` = median epoch time / batches, the steady state (every
+shape captured, as in later epochs of a training run). For grape, `epoch_counters` gives the
+warm-ups, captures and replays of each of the first two epochs and `steady_counters` those of the
+timed epochs (`steady_state`: every call there a replay). Each mode gets its own deep copy of
+the same initial model (and a fresh optimizer and GradScaler), so the training trajectories are
+comparable.
+
+Model config, for capturability and determinism: mask_time_prob=0.0 (SpecAugment draws its masks
+with numpy on the host, which a graph would freeze), layerdrop=0.0 (it branches on a random host
+value), every dropout 0 (hidden, activation, attention, feat_proj, final) so that eager and grape
+losses can be compared step by step; feat_extract_norm="group" (the base default).
+
+Training step (`make_train_step`, compiled as a whole by grape): forward under autocast fp16
+(parameters stay fp32, model.train(), the feature encoder is trained too), CTC loss on the fp32
+log-probs, scaler.scale(loss).backward(), scaler.step(opt), scaler.update(), zero_grad.
+  - The optimizer is AdamW(lr=1e-4, fused=True) with torch.amp.GradScaler("cuda"): fused AdamW
+    takes the scale and found-inf tensors on the device, so scaler.step does not sync (the
+    non-fused path calls .item()). grape sets capturable=True on the optimizers a compiled
+    function steps (its runtime does, during warm-up).
+  - CTC lengths are Python ints derived from the shape: every sample uses the padded length.
+    Per-sample lengths would make every batch a signature of its own (or need a host sync). HF's
+    own `labels=` loss path calls labels.max() on the host (a sync), so it is not used.
+  - --ctc cudnn (default): cuDNN's CTC loss with the lengths as int32 device tensors made inside
+    the step (torch._cudnn_ctc_loss, the op F.ctc_loss dispatches to when cuDNN applies, with its
+    autograd formula), "mean" reduction as F.ctc_loss's. PyTorch's own CUDA kernel
+    (F.ctc_loss with int lengths, --ctc native) copies the lengths from pageable host memory
+    to the device inside the op (at::tensor(lengths).cuda(), a synchronizing copy), and
+    F.ctc_loss with tensor lengths reads them back to the host: both are host synchronizations,
+    which cannot be captured (grape runs such a signature eagerly, with the reason in
+    `fallbacks`). The cuDNN path is checked against F.ctc_loss at startup; where it is not
+    available the benchmark uses native and says why (`ctc_note`).
+  - The loss of every step is copied into a preallocated device buffer (a device-side copy,
+    no sync, the same for both modes); after the run, grape's losses are compared with eager's:
+    the first 50 steps of epoch 1 (`max_rel_loss_diff`, `losses_match`), and every epoch's mean
+    loss (`max_rel_epoch_loss_diff`, `epoch_losses_match`: epochs 2 on are grape's captures and
+    replays). Tolerance relative 2e-2: the runs use the same kernels, but atomics in some
+    backward kernels make fp16 rounding differ, so the trajectories drift apart slowly (and
+    GradScaler may skip a step in one run and not in the other near overflow).
+
+Inference: model.half().eval() under torch.no_grad(): logits and argmax ids. After the timed
+epochs, each mode runs the first 16 batches once more (grape: replays) and grape's logits and ids
+are compared with eager's (`max_abs_logit_diff`, `ids_equal_fraction`; correct: diff <= 1e-2 and
+>= 99% equal ids: argmax of near-tied random logits may flip where logits differ in the last bit).
+
+Memory: `gpu_mem_bytes` is the mode's steady-state peak: PyTorch's peak allocated bytes over the
+timed epochs (model, optimizer state, gradients and activations of eager; what grape allocates
+through PyTorch), minus what was allocated before the mode started, plus, for grape, its graph
+arena (`arena_bytes`: grape's pool outside PyTorch's allocator statistics) and the device memory of
+its instantiated executables. `first_epochs_gpu_mem_bytes` is the same over setup and the first
+two epochs (grape's eager warm-ups of new shapes run beside its arena). `resident_bytes`: what the
+mode keeps once done, read from cudaMemGetInfo after PyTorch's cache is released. Acceptance
+targets, printed next to the results: grape >= 3x eager (steady) for training and inference;
+grape's memory within 1.3x of eager's.
+
+Writes JSON, a markdown table and (where matplotlib exists) a PNG plot to benchmarks/results/.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+import copy
+import itertools
+import math
+import time
+import warnings
+
+import torch
+import torch.nn.functional as F
+
+import grape
+from benchmarks import harness
+
+MODES = ["eager", "grape"]
+CASES = ["infer", "train"]
+DEVICE = "cuda"
+
+SAMPLE_RATE = 16000
+MIN_SECONDS, MAX_SECONDS = 1.0, 4.0
+BATCH = 8
+VOCAB = 32
+LABELS_PER_FRAME = 4           # T // 4 labels per sample
+WARMUP = 1                     # grape.compile's warmup: eager calls of a signature before its capture
+SETTLE_EPOCHS = WARMUP + 1     # epochs before grape's steady state where shapes come once an epoch
+LOSS_STEPS_COMPARED = 50       # epoch 1's first steps whose losses are compared
+LOSS_RTOL = 2e-2
+INFER_BATCHES_COMPARED = 16
+INFER_ATOL = 1e-2              # fp16 logits
+INFER_IDS_EQUAL = 0.99
+TARGET_SPEEDUP = 3.0
+TARGET_MEM_RATIO = 1.3
+
+# grape.stats keys recorded for the grape mode (those the running build has).
+GRAPE_STATS = ("graphs", "shapes", "signatures", "captures", "capture_seconds", "fallbacks",
+               "replays", "calls", "warmup_calls", "eager_calls", "topology_groups",
+               "graphs_joined", "instantiations", "pool_bytes", "arena_bytes", "executable_bytes",
+               "bytes_copied_in", "evacuations", "bytes_evacuated", "nodes_patched",
+               "patch_seconds")
+
+
+def progress(iterable, desc, total=None):
+    try:
+        from tqdm import tqdm
+    except ImportError:
+        return iterable
+    return tqdm(iterable, desc=desc, total=total, leave=False, mininterval=0.5)
+
+
+# ----------------------------------------------------------------------------------------- model
+
+def build_config(tiny: bool):
+    import transformers
+
+    small = dict(num_hidden_layers=2, hidden_size=64, num_attention_heads=2, intermediate_size=128,
+                 conv_dim=(32,) * 7, num_conv_pos_embeddings=16, num_conv_pos_embedding_groups=2)
+    return transformers.Wav2Vec2Config(
+        vocab_size=VOCAB, pad_token_id=0,
+        # Capturable and deterministic: no SpecAugment (numpy masks on the host), no LayerDrop
+        # (a branch on a random host value), no dropout (losses comparable step by step).
+        mask_time_prob=0.0, mask_feature_prob=0.0, layerdrop=0.0,
+        hidden_dropout=0.0, activation_dropout=0.0, attention_dropout=0.0, feat_proj_dropout=0.0,
+        final_dropout=0.0, feat_extract_norm="group",
+        **(small if tiny else {}))  # the defaults are wav2vec2-base: 12 layers, hidden 768
+
+
+def build_model(tiny: bool):
+    """Random weights (seeded), fp32, on the CPU: each mode copies it to the device."""
+    import transformers
+
+    transformers.logging.set_verbosity_error()
+    torch.manual_seed(0)
+    return transformers.Wav2Vec2ForCTC(build_config(tiny))
+
+
+def frames(config, samples: int) -> int:
+    """Encoder frames of `samples` audio samples (the conv stack's output length)."""
+    for kernel, stride in zip(config.conv_kernel, config.conv_stride):
+        samples = (samples - kernel) // stride + 1
+    return samples
+
+
+# ------------------------------------------------------------------------------------------ data
+
+def build_dataset(config, n_batches: int, quantum: int, device, seed: int = 0) -> dict:
+    """`n_batches` batches of BATCH clips: (input_values float32 (B, S), labels int64 (B, L)).
+
+    Clip lengths: uniform in [MIN_SECONDS, MAX_SECONDS], multiples of `quantum` samples; sorted
+    and cut into batches (length bucketing), batch order shuffled; each batch zero-padded to its
+    longest clip. Labels: L = T // LABELS_PER_FRAME ids in 1..vocab-1, T the padded frame count.
+    """
+    g = torch.Generator().manual_seed(seed)
+    lo = math.ceil(MIN_SECONDS * SAMPLE_RATE / quantum)
+    hi = math.floor(MAX_SECONDS * SAMPLE_RATE / quantum)
+    units = torch.randint(lo, hi + 1, (n_batches * BATCH,), generator=g).sort().values
+    units = units.view(n_batches, BATCH)[torch.randperm(n_batches, generator=g)]
+    inputs, labels, padded, n_frames = [], [], [], []
+    for row in units.tolist():
+        lengths = [u * quantum for u in row]
+        width = max(lengths)
+        x = torch.zeros(BATCH, width)
+        for j, n in enumerate(lengths):
+            x[j, :n] = torch.randn(n, generator=g)  # normalized audio: zero mean, unit variance
+        t = frames(config, width)
+        y = torch.randint(1, config.vocab_size, (BATCH, max(1, t // LABELS_PER_FRAME)), generator=g)
+        inputs.append(x.to(device))
+        labels.append(y.to(device))
+        padded.append(width)
+        n_frames.append(t)
+    return {"inputs": inputs, "labels": labels, "padded": padded, "frames": n_frames}
+
+
+def dataset_config(data: dict, quantum: int) -> dict:
+    return {"batches": len(data["inputs"]), "batch": BATCH, "sample_rate": SAMPLE_RATE,
+            "clip_seconds": [MIN_SECONDS, MAX_SECONDS], "quantum_samples": quantum,
+            "batching": "length-sorted buckets, batch order shuffled, padded to the longest clip",
+            "distinct_shapes": len(set(data["padded"])),
+            "padded_samples": [min(data["padded"]), max(data["padded"])],
+            "frames": [min(data["frames"]), max(data["frames"])],
+            "labels_per_sample": f"frames // {LABELS_PER_FRAME}"}
+
+
+# ----------------------------------------------------------------------------------------- steps
+
+def ctc_loss(log_probs: torch.Tensor, labels: torch.Tensor, impl: str) -> torch.Tensor:
+    """F.ctc_loss(reduction="mean", blank=0) of log_probs (T, N, C) against labels (N, L), every
+    sample using all T frames and all L labels (Python ints from the shapes)."""
+    T, N = log_probs.shape[:2]
+    L = labels.shape[1]
+    if impl == "cudnn":
+        # cuDNN's CTC with the lengths as device tensors: no host synchronization, so it can be
+        # captured. zero_infinity matters only for infeasible targets, which these never are.
+        input_lengths = torch.full((N,), T, dtype=torch.int32, device=log_probs.device)
+        target_lengths = torch.full((N,), L, dtype=torch.int32, device=log_probs.device)
+        costs, _ = torch._cudnn_ctc_loss(log_probs.contiguous(), labels.reshape(-1).to(torch.int32),
+                                         input_lengths, target_lengths, 0, True, True)
+        return (costs / L).mean()
+    # PyTorch's kernel: on CUDA it copies the lengths to the device with a host sync.
+    return F.ctc_loss(log_probs, labels, [T] * N, [L] * N, blank=0, zero_infinity=True)
+
+
+def make_train_step(model, opt, scaler, ctc: str = "cudnn", device_type: str = "cuda",
+                    amp_dtype: torch.dtype = torch.float16):
+    """The user's training step, closing over one mode's model, optimizer and GradScaler."""
+
+    def train_step(input_values, labels):
+        with torch.autocast(device_type, dtype=amp_dtype):
+            logits = model(input_values).logits
+        log_probs = logits.float().log_softmax(-1).transpose(0, 1)  # (T, N, C)
+        loss = ctc_loss(log_probs, labels, ctc)
+        scaler.scale(loss).backward()
+        scaler.step(opt)
+        scaler.update()
+        opt.zero_grad(set_to_none=True)
+        return loss.detach()
+
+    return train_step
+
+
+def make_infer_step(model):
+    """Inference on one mode's fp16, eval-mode copy: logits and greedy (argmax) ids."""
+
+    def infer_step(input_values):
+        with torch.no_grad():
+            logits = model(input_values).logits
+        return logits, logits.argmax(-1)
+
+    return infer_step
+
+
+def choose_ctc(requested: str, device) -> tuple[str, str | None]:
+    """The CTC implementation to use, and why where it is not the one requested: the cuDNN path
+    is run once (forward and backward) and compared with F.ctc_loss."""
+    if requested != "cudnn":
+        return requested, None
+    try:
+        g = torch.Generator().manual_seed(0)
+        logits = torch.randn(40, 2, VOCAB, generator=g).to(device).requires_grad_()
+        labels = torch.randint(1, VOCAB, (2, 10), generator=g).to(device)
+        loss = ctc_loss(logits.log_softmax(-1), labels, "cudnn")
+        loss.backward()
+        reference = ctc_loss(logits.detach().log_softmax(-1), labels, "native")
+        if not torch.allclose(loss.detach(), reference, rtol=1e-4, atol=1e-4):
+            return "native", f"cuDNN CTC loss {loss.item()} differs from F.ctc_loss {reference.item()}"
+        return "cudnn", None
+    except Exception as e:  # no cuDNN, or an op this build lacks
+        return "native", f"cuDNN CTC unavailable: {type(e).__name__}: {e}"[:300]
+
+
+# ---------------------------------------------------------------------------------------- timing
+
+def timed(fn):
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    fn()
+    torch.cuda.synchronize()
+    return time.perf_counter() - t0
+
+
+def grape_stats(fn) -> dict:
+    s = grape.stats(fn)
+    return {k: s[k] for k in GRAPE_STATS if k in s}
+
+
+COUNTERS = ("warmup_calls", "captures", "replays", "eager_calls")
+
+
+def counters(compiled) -> dict:
+    s = grape.stats(compiled)
+    return {k: s.get(k, 0) for k in COUNTERS}
+
+
+def delta(after: dict, before: dict) -> dict:
+    return {k: after[k] - before[k] for k in after}
+
+
+def measure(mode: str, step, compiled, epoch, n_batches: int, reps: int, desc: str,
+            allocated0: int) -> dict:
+    """Runs epoch(step, index, desc) SETTLE_EPOCHS times (each timed, wall), then `reps` times
+    (each timed with CUDA events: the steady state). PyTorch's peak allocated memory over each
+    part; grape's counters over each settling epoch and over the steady part."""
+    r = {"epochs_s": []}
+    for index in range(SETTLE_EPOCHS):
+        before = counters(compiled) if compiled is not None else None
+        seconds = timed(lambda: epoch(step, index, f"{desc} epoch {index + 1}"))
+        r["epochs_s"].append(seconds)
+        note = ""
+        if compiled is not None:
+            r.setdefault("epoch_counters", []).append(delta(counters(compiled), before))
+            c = r["epoch_counters"][-1]
+            note = f" ({c['warmup_calls']} warm-ups, {c['captures']} captures, {c['replays']} replays)"
+        print(f"    {mode}: epoch {index + 1}: {seconds:.1f} s{note}", flush=True)
+    r["first_epoch_s"] = r["epochs_s"][0]
+    r["second_epoch_s"] = r["epochs_s"][1] if SETTLE_EPOCHS > 1 else None
+    r["first_two_epochs_s"] = sum(r["epochs_s"][:2])
+    r["first_epochs_peak_allocated_bytes"] = torch.cuda.max_memory_allocated() - allocated0
+    torch.cuda.reset_peak_memory_stats()
+    before = counters(compiled) if compiled is not None else None
+    count = itertools.count(SETTLE_EPOCHS)
+
+    def steady():
+        index = next(count)
+        epoch(step, index, f"{desc} epoch {index + 1}")
+
+    times = harness.time_ms(steady, reps)
+    r["peak_allocated_bytes"] = torch.cuda.max_memory_allocated() - allocated0
+    if compiled is not None:
+        r["steady_counters"] = delta(counters(compiled), before)
+        # Every call of the timed epochs a replay: no warm-up, capture or eager call.
+        r["steady_state"] = all(r["steady_counters"][k] == 0
+                                for k in ("warmup_calls", "captures", "eager_calls"))
+    r["ms_per_step"] = harness.median(times) / n_batches
+    r["ms_per_step_runs"] = [t / n_batches for t in times]
+    print(f"    {mode}: steady {r['ms_per_step']:.2f} ms/step (epochs "
+          f"{', '.join(f'{t / 1e3:.1f}' for t in times)} s)", flush=True)
+    return r
+
+
+def finish_memory(r: dict, compiled, free0: int) -> None:
+    """gpu_mem_bytes (steady) and first_epochs_gpu_mem_bytes: PyTorch's peaks plus, for grape, its
+    arena and executables; resident_bytes: what the mode keeps (cudaMemGetInfo)."""
+    outside = 0
+    if compiled is not None:
+        s = grape.stats(compiled)
+        outside = s.get("arena_bytes", s["pool_bytes"]) + s.get("executable_bytes", 0)
+    r["gpu_mem_bytes"] = r["peak_allocated_bytes"] + outside
+    r["first_epochs_gpu_mem_bytes"] = r["first_epochs_peak_allocated_bytes"] + outside
+    torch.cuda.empty_cache()
+    r["resident_bytes"] = free0 - harness.free_bytes()
+
+
+# ----------------------------------------------------------------------------------------- cases
+
+def run_train(mode: str, base, data: dict, reps: int, ctc: str) -> tuple[dict, torch.Tensor]:
+    """One mode of the training case; returns its result and every step's loss (epochs x batches)."""
+    harness.clear_memory()
+    free0 = harness.free_bytes()
+    allocated0 = torch.cuda.memory_allocated()
+    torch.cuda.reset_peak_memory_stats()
+    model = copy.deepcopy(base).to(DEVICE).train()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=True)
+    scaler = torch.amp.GradScaler(DEVICE)
+    step = make_train_step(model, opt, scaler, ctc, DEVICE)
+    compiled = grape.compile(step, warmup=WARMUP) if mode == "grape" else None
+    n = len(data["inputs"])
+    losses = torch.zeros(SETTLE_EPOCHS + reps, n, device=DEVICE)
+
+    def epoch(fn, index, desc):
+        row = losses[index]
+        for i in progress(range(n), desc):
+            # A device-side copy (no sync); the step's output is dropped before the next call.
+            row[i].copy_(fn(data["inputs"][i], data["labels"][i]))
+
+    run = compiled if compiled is not None else step
+    r = measure(mode, run, compiled, epoch, n, reps, f"train {mode}", allocated0)
+    if compiled is not None:
+        r.update(grape_stats(compiled))
+    finish_memory(r, compiled, free0)
+    losses = losses.cpu()
+    r["loss_first_steps"] = losses[0, :5].tolist()
+    r["epoch_mean_losses"] = losses.mean(1).tolist()
+    return r, losses
+
+
+def run_infer(mode: str, base, data: dict, reps: int, ctc: str) -> tuple[dict, tuple]:
+    """One mode of the inference case; returns its result and (logits, ids) of the first batches."""
+    harness.clear_memory()
+    free0 = harness.free_bytes()
+    allocated0 = torch.cuda.memory_allocated()
+    torch.cuda.reset_peak_memory_stats()
+    model = copy.deepcopy(base).to(DEVICE).half().eval()
+    step = make_infer_step(model)
+    compiled = grape.compile(step, warmup=WARMUP) if mode == "grape" else None
+    inputs = data["inputs_fp16"]
+    n = len(inputs)
+
+    def epoch(fn, index, desc):
+        for i in progress(range(n), desc):
+            fn(inputs[i])  # outputs dropped at once: nothing held across calls
+
+    with torch.no_grad():
+        run = compiled if compiled is not None else step
+        r = measure(mode, run, compiled, epoch, n, reps, f"infer {mode}", allocated0)
+        logits, ids = [], []
+        for x in inputs[:INFER_BATCHES_COMPARED]:  # replays for grape: every shape is captured
+            out_logits, out_ids = run(x)
+            logits.append(out_logits.float().cpu())
+            ids.append(out_ids.cpu())
+            del out_logits, out_ids
+    if compiled is not None:
+        r.update(grape_stats(compiled))
+    finish_memory(r, compiled, free0)
+    return r, (logits, ids)
+
+
+def compare_train(results: dict, outputs: dict) -> None:
+    if "eager" not in outputs:
+        return
+    reference = outputs["eager"][0, :LOSS_STEPS_COMPARED]
+    results["eager"]["correct"] = "reference"
+    for mode, losses in outputs.items():
+        if mode == "eager":
+            continue
+        got = losses[0, :LOSS_STEPS_COMPARED]
+        rel = ((got - reference).abs() / reference.abs().clamp_min(1e-6)).max().item()
+        finite = bool(torch.isfinite(got).all() and torch.isfinite(reference).all())
+        r = results[mode]
+        means, reference_means = losses.mean(1), outputs["eager"].mean(1)
+        epoch_rel = ((means - reference_means).abs() / reference_means.abs().clamp_min(1e-6)).tolist()
+        r["loss_steps_compared"] = len(got)
+        r["max_rel_loss_diff"] = rel
+        r["losses_match"] = finite and rel <= LOSS_RTOL
+        r["max_rel_epoch_loss_diff"] = epoch_rel
+        r["epoch_losses_match"] = bool(torch.isfinite(means).all()) and max(epoch_rel) <= LOSS_RTOL
+        r["losses_bit_identical"] = bool(torch.equal(losses, outputs["eager"]))
+        r["correct"] = r["losses_match"] and r["epoch_losses_match"]
+
+
+def compare_infer(results: dict, outputs: dict) -> None:
+    if "eager" not in outputs:
+        return
+    ref_logits, ref_ids = outputs["eager"]
+    results["eager"]["correct"] = "reference"
+    for mode, (logits, ids) in outputs.items():
+        if mode == "eager":
+            continue
+        diff = max((a - b).abs().max().item() for a, b in zip(logits, ref_logits))
+        equal = sum(int((a == b).sum()) for a, b in zip(ids, ref_ids))
+        total = sum(b.numel() for b in ref_ids)
+        r = results[mode]
+        r["batches_compared"] = len(ref_ids)
+        r["max_abs_logit_diff"] = diff
+        r["ids_equal_fraction"] = equal / total
+        r["logits_bit_identical"] = all(torch.equal(a, b) for a, b in zip(logits, ref_logits))
+        r["correct"] = diff <= INFER_ATOL and equal / total >= INFER_IDS_EQUAL
+
+
+RUNNERS = {"infer": (run_infer, compare_infer), "train": (run_train, compare_train)}
+
+
+def run_case(name: str, base, data: dict, modes: list[str], reps: int, ctc: str, config: dict) -> dict:
+    run, compare = RUNNERS[name]
+    results, outputs = {}, {}
+    for mode in modes:
+        print(f"  {mode} ...", flush=True)
+        try:
+            results[mode], outputs[mode] = run(mode, base, data, reps, ctc)
+        except Exception as e:  # a mode that fails is reported, not fatal to the others
+            results[mode] = {"ms_per_step": None, "error": f"{type(e).__name__}: {e}"[:500]}
+        harness.clear_memory()
+    compare(results, outputs)
+    eager = results.get("eager", {})
+    for mode, r in results.items():
+        if mode == "eager" or not r.get("ms_per_step") or not eager.get("ms_per_step"):
+            continue
+        r["speedup_vs_eager"] = eager["ms_per_step"] / r["ms_per_step"]
+        for key in ("first_epoch_s", "second_epoch_s", "first_two_epochs_s"):
+            if r.get(key) and eager.get(key):
+                r[key[:-2] + "_ratio_to_eager"] = r[key] / eager[key]
+        r["mem_ratio_to_eager"] = r["gpu_mem_bytes"] / eager["gpu_mem_bytes"]
+        r["first_epochs_mem_ratio_to_eager"] = (r["first_epochs_gpu_mem_bytes"]
+                                                / eager["first_epochs_gpu_mem_bytes"])
+        r["meets_targets"] = bool(r["speedup_vs_eager"] >= TARGET_SPEEDUP
+                                  and r["mem_ratio_to_eager"] <= TARGET_MEM_RATIO)
+    config = dict(config, grape_warmup=WARMUP, targets={"speedup_vs_eager": TARGET_SPEEDUP,
+                                                        "mem_ratio_to_eager": TARGET_MEM_RATIO})
+    return {"name": name, "config": config, "modes": results}
+
+
+def print_targets(case: dict) -> None:
+    g = case["modes"].get("grape", {})
+    if g.get("speedup_vs_eager") is None:
+        return
+    ratio = [g.get(f"{k}_ratio_to_eager") for k in ("first_epoch", "second_epoch", "first_two_epochs")]
+    ratio = [f"{x:.2f}x" if x is not None else "-" for x in ratio]
+    print(f"  grape: {g['speedup_vs_eager']:.2f}x eager steady (target >= {TARGET_SPEEDUP:.0f}x); "
+          f"epoch 1 / epoch 2 / both take {' / '.join(ratio)} eager's time; memory "
+          f"{g['mem_ratio_to_eager']:.2f}x eager's (target <= {TARGET_MEM_RATIO}x; first epochs "
+          f"{g['first_epochs_mem_ratio_to_eager']:.2f}x); {g.get('graphs')} graphs, "
+          f"{len(g.get('fallbacks') or [])} fallbacks, steady state {g.get('steady_state')}"
+          + ("" if g.get("meets_targets") else "  << below target"))
+
+
+# ---------------------------------------------------------------------------------------- output
+
+def markdown(cases) -> str:
+    lines = ["| case | mode | ms/step | vs eager | epoch 1 (s) | epoch 2 (s) | epochs 1-2 vs eager "
+             "| GPU MB | mem vs eager | correct | graphs | fallbacks |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+
+    def fmt(value, spec, suffix=""):
+        return f"{value:{spec}}{suffix}" if value is not None else "-"
+
+    for case in cases:
+        for mode, r in case["modes"].items():
+            mem = r.get("gpu_mem_bytes")
+            fallbacks = r.get("fallbacks")
+            lines.append(
+                f"| {case['name']} | {mode} | {fmt(r.get('ms_per_step'), '.2f')} | "
+                f"{fmt(r.get('speedup_vs_eager'), '.2f', 'x')} | {fmt(r.get('first_epoch_s'), '.1f')} | "
+                f"{fmt(r.get('second_epoch_s'), '.1f')} | "
+                f"{fmt(r.get('first_two_epochs_ratio_to_eager'), '.2f', 'x')} | "
+                f"{fmt(mem / 2**20 if mem is not None else None, '.0f')} | "
+                f"{fmt(r.get('mem_ratio_to_eager'), '.2f', 'x')} | {r.get('correct', '-')} | "
+                f"{r.get('graphs', '-')} | {len(fallbacks) if fallbacks is not None else '-'} |")
+    return "\n".join(lines) + "\n"
+
+
+def plot(cases, path, title) -> bool:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return False
+    modes = [m for m in MODES if any(c["modes"].get(m, {}).get("ms_per_step") for c in cases)]
+    fig, axes = plt.subplots(1, 2, figsize=(10, 4))
+    width = 0.8 / max(len(modes), 1)
+    for ax, metric, label in ((axes[0], "ms_per_step", "ms per step (steady state)"),
+                              (axes[1], "first_two_epochs_s", "epochs 1-2 (s): warm-ups, captures")):
+        for i, mode in enumerate(modes):
+            values = [c["modes"].get(mode, {}).get(metric) or 0 for c in cases]
+            ax.bar([x + i * width for x in range(len(cases))], values, width, label=mode)
+        ax.set_xticks([x + width * (len(modes) - 1) / 2 for x in range(len(cases))])
+        ax.set_xticklabels([c["name"] for c in cases])
+        ax.set_ylabel(label)
+        ax.legend()
+    fig.suptitle(title)
+    fig.tight_layout()
+    fig.savefig(path)
+    return True
+
+
+def main(argv=None):
+    parser = harness.argument_parser(
+        __doc__, MODES, "smoke run: 12 batches, 3 epochs (1 timed)",
+        tiny_help="a tiny Wav2Vec2 (2 layers, hidden 64) instead of wav2vec2-base")
+    parser.set_defaults(reps=2)  # steady-state epochs, timed after the two that warm up and capture
+    parser.add_argument("--cudnn-benchmark", action=argparse.BooleanOptionalAction, default=True,
+                        help="torch.backends.cudnn.benchmark for every mode (default on: the "
+                             "convolutions' algorithms are tuned per shape, in eager calls)")
+    parser.add_argument("--cases", default=",".join(CASES), help="from: " + ", ".join(CASES))
+    parser.add_argument("--batches", type=int, default=200, help="batches per epoch (default 200)")
+    parser.add_argument("--quantum", type=int, default=160,
+                        help="clip lengths are multiples of this many samples (default 160)")
+    parser.add_argument("--ctc", choices=["cudnn", "native"], default="cudnn",
+                        help="CTC loss: cuDNN with device lengths (capturable), or F.ctc_loss "
+                             "with int lengths (a host sync on CUDA)")
+    args, modes = harness.parse(parser, argv, MODES, "hf_wav2vec2 needs a CUDA device")
+    if args.quick:
+        args.batches, args.reps = 12, 1
+    cases = args.cases.split(",")
+    unknown = set(cases) - set(CASES)
+    if unknown:
+        parser.error(f"unknown cases {sorted(unknown)}; choose from {CASES}")
+    warnings.simplefilter("ignore", grape.FallbackWarning)  # they are in the JSON
+    torch.backends.cudnn.benchmark = args.cudnn_benchmark
+
+    base = build_model(args.tiny)
+    data = build_dataset(base.config, args.batches, args.quantum, DEVICE)
+    ctc, ctc_note = choose_ctc(args.ctc, DEVICE)
+    if ctc_note:
+        print(f"note: {ctc_note}; using F.ctc_loss", flush=True)
+    common = {"model": "wav2vec2-tiny" if args.tiny else "wav2vec2-base",
+              "layers": base.config.num_hidden_layers, "hidden": base.config.hidden_size,
+              "vocab": VOCAB, "attn_implementation": base.config._attn_implementation,
+              **dataset_config(data, args.quantum), "epochs": SETTLE_EPOCHS + args.reps,
+              "steady_epochs": args.reps, "cudnn_benchmark": args.cudnn_benchmark}
+    print(f"{common['model']}: {args.batches} batches of {BATCH}, {common['distinct_shapes']} "
+          f"distinct padded lengths ({common['padded_samples'][0]}..{common['padded_samples'][1]} "
+          f"samples), {SETTLE_EPOCHS + args.reps} epochs per mode", flush=True)
+    name = "hf_wav2vec2" + ("-tiny" if args.tiny else "") + ("-quick" if args.quick else "")
+    results = []
+    for case_name in cases:
+        print(f"{case_name}:", flush=True)
+        if case_name == "infer":
+            data["inputs_fp16"] = [x.half() for x in data["inputs"]]
+            config = dict(common, dtype="float16", grad=False)
+        else:
+            config = dict(common, dtype="float32 parameters, autocast float16", optimizer=
+                          "AdamW(lr=1e-4, fused=True)", grad_scaler=True, ctc=ctc,
+                          ctc_note=ctc_note, loss_rtol=LOSS_RTOL)
+        results.append(run_case(case_name, base, data, modes, args.reps, ctc, config))
+        data.pop("inputs_fp16", None)
+        harness.print_table(results[-1], "ms_per_step")
+        print_targets(results[-1])
+        path = harness.write_results(name, results, args.out)
+    table = path.with_suffix(".md")
+    table.write_text(markdown(results))
+    title = f"HF {common['model']} (CTC), batch {BATCH}, {common['distinct_shapes']} shapes"
+    plotted = plot(results, path.with_suffix(".png"), title)
+    print(f"\nwrote {path}, {table.name}" + (f", {path.with_suffix('.png').name}" if plotted else ""))
+    return results
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,89 @@
+"""What a compiled training step relies on that runs without a GPU: which optimizers and leaves
+grape watches, the settings a graph bakes in, and which arguments that require grad can be
+captured (Note [Gradients of a captured step])."""
+
+import weakref
+
+import torch
+
+from grape import _C, _training
+
+
+def model():
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.ReLU(), torch.nn.Linear(8, 2))
+
+
+def one_step(m, opt):
+    m(torch.randn(3, 4)).sum().backward()
+    opt.step()
+
+
+def test_step_watch_records_the_optimizers_stepped_while_entered():
+    m = model()
+    opt = torch.optim.Adam(m.parameters(), lr=1e-3)
+    seen = weakref.WeakSet()
+    with _training.StepWatch(seen) as watch:
+        one_step(m, opt)
+        one_step(m, opt)
+    assert opt in seen and watch.stepped == [opt]
+    # CPU parameters cannot be capturable (the GPU tests check that CUDA ones are made so).
+    assert opt.param_groups[0]["capturable"] is False
+    # The hook is gone once the watch is left.
+    other = torch.optim.SGD(model().parameters(), lr=0.1)
+    one_step(model(), other)
+    assert other not in seen
+
+
+def test_optimizers_without_the_option_are_left_alone():
+    m = model()
+    opt = torch.optim.SGD(m.parameters(), lr=0.1, momentum=0.9)
+    with _training.StepWatch(weakref.WeakSet()) as watch:
+        one_step(m, opt)
+    assert watch.stepped == [opt] and "capturable" not in opt.param_groups[0]
+
+
+def test_step_watch_forgets_optimizers_that_die():
+    seen = weakref.WeakSet()
+    m = model()
+    opt = torch.optim.AdamW(m.parameters())
+    with _training.StepWatch(seen):
+        one_step(m, opt)
+    del opt
+    assert len(seen) == 0
+
+
+def test_leaves_are_parameters_that_require_grad_once():
+    m = model()
+    m[2].bias.requires_grad_(False)
+    opt = torch.optim.AdamW(list(m[0].parameters()) + list(m[2].parameters()))
+    leaves = _training.leaves_of([opt], [m, m[0]])
+    assert [id(p) for p in leaves] == [id(m[0].weight), id(m[0].bias), id(m[2].weight)]
+
+
+def test_hyperparameters_are_the_settings_a_graph_bakes_in():
+    m = model()
+    lr = torch.tensor(1e-3)
+    opt = torch.optim.AdamW([{"params": m[0].parameters()}, {"params": m[2].parameters(), "lr": lr}],
+                            lr=0.5)
+    settings = _training.hyperparameters([opt])
+    keys = {(id(group), key) for group, key, _ in settings}
+    assert (id(opt.param_groups[0]), "lr") in keys and (id(opt.param_groups[1]), "betas") in keys
+    assert all(key != "params" for _, key, _ in settings)
+    lrs = [value for group, key, value in settings if key == "lr"]
+    assert lrs[0] == 0.5 and lrs[1] is lr
+
+
+def test_state_tensors_are_the_optimizers_moments_and_steps():
+    m = model()
+    opt = torch.optim.Adam(m.parameters())
+    assert _training.state_tensors([opt]) == []
+    one_step(m, opt)
+    assert len(_training.state_tensors([opt])) == 3 * len(list(m.parameters()))
+
+
+def test_non_leaf_that_requires_grad_is_unsupported_with_the_reason():
+    w = torch.ones(2, requires_grad=True)
+    sig = _C.signature(w * 2)
+    assert "not a leaf" in sig["unsupported"]
+

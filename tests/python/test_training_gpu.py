@@ -1,0 +1,233 @@
+"""Training steps under grape.compile (Note [Gradients of a captured step]): forward, backward and
+optimizer step captured per shape, parameters, gradients and optimizer state equal to eager's
+on the same weights, for the usual places of zero_grad, AMP, parameter arguments, settings
+changed by a scheduler, and what must run eagerly."""
+
+import copy
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import grape
+
+pytestmark = [pytest.mark.gpu]
+
+DEV = "cuda"
+
+
+def mlp(seed=0):
+    torch.manual_seed(seed)
+    return torch.nn.Sequential(torch.nn.Linear(16, 64), torch.nn.GELU(), torch.nn.LayerNorm(64),
+                               torch.nn.Linear(64, 4)).to(DEV)
+
+
+def batches(n, sizes=(8, 12), seed=1):
+    g = torch.Generator(device="cpu").manual_seed(seed)
+    out = []
+    for i in range(n):
+        b = sizes[i % len(sizes)]
+        out.append((torch.randn(b, 16, generator=g).to(DEV), torch.randn(b, 4, generator=g).to(DEV)))
+    return out
+
+
+def adamw(model, **kw):
+    # capturable=True on both sides: grape sets it on the optimizers a compiled step uses, and
+    # the capturable update rounds differently from the host-side one.
+    return torch.optim.AdamW(model.parameters(), lr=1e-2, capturable=True, **kw)
+
+
+def make_step(model, opt, zero_grad):
+    def step(x, y):
+        if zero_grad == "start":
+            opt.zero_grad()
+        loss = F.mse_loss(model(x), y)
+        loss.backward()
+        opt.step()
+        if zero_grad == "end":
+            opt.zero_grad()
+        return loss.detach()
+
+    return step
+
+
+def assert_same_state(a, b, opt_a, opt_b):
+    for pa, pb in zip(a.parameters(), b.parameters()):
+        torch.testing.assert_close(pa, pb)
+        assert (pa.grad is None) == (pb.grad is None)
+        if pa.grad is not None:
+            torch.testing.assert_close(pa.grad, pb.grad)
+    for pa, pb in zip(a.parameters(), b.parameters()):
+        for key, value in opt_a.state[pa].items():
+            torch.testing.assert_close(value, opt_b.state[pb][key])
+
+
+@pytest.mark.parametrize("zero_grad", ["start", "end", "outside"])
+def test_step_equals_eager_over_shapes(zero_grad):
+    eager_model = mlp()
+    model = copy.deepcopy(eager_model)
+    eager_opt, opt = adamw(eager_model), adamw(model)
+    eager_step = make_step(eager_model, eager_opt, zero_grad)
+    step = grape.compile(make_step(model, opt, zero_grad))
+    for i, (x, y) in enumerate(batches(10)):
+        if zero_grad == "outside":
+            eager_opt.zero_grad()
+            opt.zero_grad()
+        want = eager_step(x, y)
+        got = step(x, y)
+        assert not got.requires_grad
+        torch.testing.assert_close(got, want)
+        assert_same_state(model, eager_model, opt, eager_opt)
+    s = grape.stats(step)
+    assert s["fallbacks"] == []
+    assert s["graphs"] == 2 and s["captures"] == 2
+    assert s["replays"] == 10 - 2  # two warm-up calls, the rest replays (captures included)
+    assert s["recaptures"] == 0
+    if zero_grad == "start":
+        # Gradients only the parameters hold are dropped before a replay, not moved out of its
+        # way (the losses the loop still holds are).
+        assert s["bytes_evacuated"] < sum(p.numel() * p.element_size() for p in model.parameters())
+
+
+def test_gradients_stay_valid_while_held():
+    """A gradient the caller keeps is not overwritten by the next replay (it is moved first)."""
+    model = mlp()
+    opt = adamw(model)
+    step = grape.compile(make_step(model, opt, "start"))
+    data = batches(6)
+    for x, y in data[:4]:
+        step(x, y)
+    held = model[0].weight.grad
+    snapshot = held.clone()
+    step(*data[4])
+    step(*data[5])
+    torch.testing.assert_close(held, snapshot)
+    assert model[0].weight.grad is not held
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_amp_step_equals_eager(dtype):
+    def make(model, opt, scaler):
+        def step(x, y):
+            with torch.autocast("cuda", dtype=dtype):
+                loss = F.mse_loss(model(x).float(), y)
+            if scaler is None:
+                loss.backward()
+                opt.step()
+            else:
+                scaler.scale(loss).backward()
+                scaler.step(opt)
+                scaler.update()
+            opt.zero_grad()
+            return loss.detach()
+
+        return step
+
+    eager_model = mlp()
+    model = copy.deepcopy(eager_model)
+    # fused AdamW reads GradScaler's scale and found-inf flags on the device (no host sync).
+    eager_opt, opt = adamw(eager_model, fused=True), adamw(model, fused=True)
+    scaled = dtype == torch.float16
+    eager_scaler = torch.amp.GradScaler("cuda") if scaled else None
+    scaler = torch.amp.GradScaler("cuda") if scaled else None
+    eager_step, step = make(eager_model, eager_opt, eager_scaler), grape.compile(make(model, opt, scaler))
+    for x, y in batches(8):
+        torch.testing.assert_close(step(x, y), eager_step(x, y))
+    assert_same_state(model, eager_model, opt, eager_opt)
+    if scaled:
+        assert scaler.get_scale() == eager_scaler.get_scale()
+    s = grape.stats(step)
+    assert s["fallbacks"] == [] and s["replays"] == 6
+
+
+def test_parameter_arguments_are_used_in_place():
+    torch.manual_seed(0)
+    w_eager = torch.randn(16, 4, device=DEV, requires_grad=True)
+    w = w_eager.detach().clone().requires_grad_()
+
+    def step(w, x, y):
+        loss = ((x @ w - y) ** 2).mean()
+        loss.backward()
+        with torch.no_grad():
+            w -= 0.1 * w.grad
+        w.grad = None
+        return loss.detach()
+
+    compiled = grape.compile(step)
+    for x, y in batches(6, sizes=(8,)):
+        torch.testing.assert_close(compiled(w, x, y), step(w_eager, x, y))
+        torch.testing.assert_close(w, w_eager)
+        assert w.grad is None
+    s = grape.stats(compiled)
+    assert s["fallbacks"] == [] and s["replays"] == 5
+
+
+def test_float_learning_rate_change_captures_again():
+    eager_model = mlp()
+    model = copy.deepcopy(eager_model)
+    eager_opt, opt = adamw(eager_model), adamw(model)
+    eager_sched = torch.optim.lr_scheduler.StepLR(eager_opt, step_size=3, gamma=0.5)
+    sched = torch.optim.lr_scheduler.StepLR(opt, step_size=3, gamma=0.5)
+    eager_step = make_step(eager_model, eager_opt, "start")
+    step = grape.compile(make_step(model, opt, "start"))
+    with pytest.warns(UserWarning, match="lr"):
+        for x, y in batches(9, sizes=(8,)):
+            torch.testing.assert_close(step(x, y), eager_step(x, y))
+            sched.step()
+            eager_sched.step()
+    assert_same_state(model, eager_model, opt, eager_opt)
+    s = grape.stats(step)
+    assert s["recaptures"] == 2
+    assert "lr" in s["last_recapture_reason"]
+
+
+def test_tensor_learning_rate_keeps_one_graph():
+    eager_model = mlp()
+    model = copy.deepcopy(eager_model)
+    eager_opt = torch.optim.AdamW(eager_model.parameters(), lr=torch.tensor(1e-2, device=DEV),
+                                  capturable=True)
+    opt = torch.optim.AdamW(model.parameters(), lr=torch.tensor(1e-2, device=DEV), capturable=True)
+    eager_step = make_step(eager_model, eager_opt, "start")
+    step = grape.compile(make_step(model, opt, "start"))
+    for i, (x, y) in enumerate(batches(8, sizes=(8,))):
+        torch.testing.assert_close(step(x, y), eager_step(x, y))
+        if i == 3:
+            opt.param_groups[0]["lr"].fill_(5e-3)
+            eager_opt.param_groups[0]["lr"].fill_(5e-3)
+    assert_same_state(model, eager_model, opt, eager_opt)
+    s = grape.stats(step)
+    assert s["recaptures"] == 0 and s["replays"] == 7
+
+
+def test_optimizer_is_made_capturable_by_warm_up():
+    model = mlp()
+    opt = torch.optim.Adam(model.parameters(), lr=1e-3)  # capturable=False
+    step = grape.compile(make_step(model, opt, "start"))
+    for x, y in batches(4, sizes=(8,)):
+        step(x, y)
+    assert opt.param_groups[0]["capturable"] is True
+    assert grape.stats(step)["replays"] == 3
+
+
+def test_optimizer_first_stepped_in_a_capture_runs_eagerly(quiet_fallbacks):
+    model = mlp()
+    opt = adamw(model)
+    x, y = batches(1)[0]
+    F.mse_loss(model(x), y).backward()  # the backward thread's cuBLAS is set up: not the reason
+    step = grape.compile(make_step(model, opt, "start"), warmup=0)
+    step(x, y)
+    (fallback,) = grape.stats(step)["fallbacks"]
+    assert "warm-up" in fallback["reason"]
+
+
+def test_non_leaf_argument_that_requires_grad_runs_eagerly(quiet_fallbacks):
+    w = torch.randn(16, 4, device=DEV, requires_grad=True)
+
+    @grape.compile
+    def f(h):
+        return h.sum()
+
+    h = (torch.randn(8, 16, device=DEV) @ w)
+    f(h)
+    (fallback,) = grape.stats(f)["fallbacks"]
+    assert "not a leaf" in fallback["reason"]
