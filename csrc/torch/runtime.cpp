@@ -85,6 +85,32 @@ class EnteredContext {
   py::object context_;
 };
 
+// Python's cyclic garbage collector paused for this object's lifetime: a collection during a
+// capture may destroy another compiled function's graphs and memory, whose CUDA calls
+// (synchronizing ones among them) would invalidate the capture. torch.cuda.graph collects
+// before capturing for the same reason; a pause costs nothing per capture.
+class GarbageCollectionPaused {
+ public:
+  GarbageCollectionPaused() : gc_(py::module_::import("gc")) {
+    was_enabled_ = gc_.attr("isenabled")().cast<bool>();
+    if (was_enabled_) gc_.attr("disable")();
+  }
+  ~GarbageCollectionPaused() {
+    if (!was_enabled_) return;
+    try {
+      gc_.attr("enable")();
+    } catch (py::error_already_set& e) {
+      e.discard_as_unraisable(__func__);
+    }
+  }
+  GarbageCollectionPaused(const GarbageCollectionPaused&) = delete;
+  GarbageCollectionPaused& operator=(const GarbageCollectionPaused&) = delete;
+
+ private:
+  py::module_ gc_;
+  bool was_enabled_ = false;
+};
+
 // Optimizers stepped while it is entered are recorded in `seen` and made capturable.
 py::object step_watch(const py::object& seen) {
   return py::module_::import("grape._training").attr("StepWatch")(seen);
@@ -711,6 +737,7 @@ bool Runtime::capture(FlatCall& flat, std::unique_ptr<CapturedGraph>& into, std:
   bool effects_ok = true;
   std::string effects_reason;
   {
+    const GarbageCollectionPaused no_collection_while_capturing;
     // The capture stream follows the caller's stream, as torch.cuda.graph does.
     pool.wait_for(at::cuda::getCurrentCUDAStream(pool.device()));
     at::cuda::CUDAStreamGuard stream_guard(pool.capture_stream());

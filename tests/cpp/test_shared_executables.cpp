@@ -58,6 +58,8 @@ struct Buffers {
     cudaMemset(copy_dst, 0, kBytes);
     cudaMemset(memcpy_dst, 0, kBytes);
     cudaMemset(memset_dst, 0, kBytes);
+    // The tests launch on a non-blocking stream, which does not wait for the legacy stream.
+    cudaDeviceSynchronize();
   }
 };
 
