@@ -10,11 +10,10 @@ from __future__ import annotations
 import functools
 import time
 from pathlib import Path
-from typing import Callable, Iterable, Sequence
+from typing import Callable, Sequence
 
 import torch
 
-import grape
 from benchmarks import harness
 
 # grape.stats keys that a compiled `generate` records (hf_gpt2 and hf_gptj, mode `grape`).
@@ -24,38 +23,22 @@ GRAPE_STATS = ("graphs", "captures", "capture_seconds", "fallbacks", "replays", 
                "patches_ahead")
 
 
-def progress(iterable: Iterable, desc: str) -> Iterable:
-    try:
-        from tqdm import tqdm
-    except ImportError:
-        return iterable
-    return tqdm(iterable, desc=desc, leave=False)
-
-
 def generate_kwargs(beams: int, new_tokens: int) -> dict:
     # min_new_tokens: every mode generates the same number of tokens, EOS or not.
     return dict(max_new_tokens=new_tokens, min_new_tokens=new_tokens, do_sample=False,
                 num_beams=beams)
 
 
-def timed(fn: Callable[[], object]) -> tuple[object, float]:
-    torch.cuda.synchronize()
-    t0 = time.perf_counter()
-    out = fn()
-    torch.cuda.synchronize()
-    return out, time.perf_counter() - t0
-
-
 def measure(run: Callable[[], torch.Tensor], new_tokens: int, reps: int, steady_calls: int,
             desc: str) -> dict:
     """Times generations by `run()` (which returns the tokens): the first one, then `reps` once
     `steady_calls` more have captured / compiled and recorded every shape."""
-    tokens, first = timed(run)
-    for _ in progress(range(steady_calls), desc):
+    tokens, first = harness.timed(run)
+    for _ in harness.progress(range(steady_calls), desc):
         run()
     times = []
     for _ in range(reps):
-        tokens, seconds = timed(run)
+        tokens, seconds = harness.timed(run)
         times.append(seconds)
     return {"ms_per_token": harness.median(times) * 1e3 / new_tokens,
             "ms_per_token_runs": [t * 1e3 / new_tokens for t in times],
@@ -104,12 +87,6 @@ def decode_loop(step: Callable, config, ids: torch.Tensor, new_tokens: int) -> C
         return torch.cat([ids, *out], 1)
 
     return generate
-
-
-def grape_stats(fn, keys: Sequence[str] = GRAPE_STATS) -> dict:
-    """The `keys` of grape.stats(fn) (a compiled function or module); None for a key it lacks."""
-    s = grape.stats(fn)
-    return {k: s.get(k) for k in keys}
 
 
 def compare_with_eager(results: dict) -> None:

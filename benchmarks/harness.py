@@ -14,8 +14,9 @@ import json
 import os
 import statistics
 import subprocess
+import time
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Iterable, Sequence
 
 import torch
 
@@ -99,6 +100,32 @@ def time_ms(fn: Callable[[], object], reps: int) -> list[float]:
         torch.cuda.synchronize()
         times.append(start.elapsed_time(end))
     return times
+
+
+def timed(fn: Callable[[], object]) -> tuple[object, float]:
+    """fn's result and its wall time in seconds, the device synchronized before and after."""
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    out = fn()
+    torch.cuda.synchronize()
+    return out, time.perf_counter() - t0
+
+
+def progress(iterable: Iterable, desc: str, total: int | None = None) -> Iterable:
+    """A tqdm progress bar where tqdm is installed."""
+    try:
+        from tqdm import tqdm
+    except ImportError:
+        return iterable
+    return tqdm(iterable, desc=desc, total=total, leave=False, mininterval=0.5)
+
+
+def grape_stats(fn, keys: Sequence[str]) -> dict:
+    """The `keys` of grape.stats(fn) that the running build has."""
+    import grape
+
+    s = grape.stats(fn)
+    return {k: s[k] for k in keys if k in s}
 
 
 def median(values: list[float]) -> float:

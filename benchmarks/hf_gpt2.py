@@ -57,7 +57,7 @@ def setup_grape(base, case, share_executables=True):
     model = grape.compile(copy.deepcopy(base), share_executables=share_executables)
     r = measure_generate(model, *case["inputs"], case["kwargs"], case["reps"], 2, "grape")
     r["host_ms_per_forward"] = generation.host_ms_per_forward(model, *case["inputs"], case["kwargs"])
-    r.update(generation.grape_stats(model))
+    r.update(harness.grape_stats(model, generation.GRAPE_STATS))
     return r
 
 
@@ -75,7 +75,7 @@ def setup_grape_step(base, case):
     generate = generation.decode_loop(step, model.config, ids, new)
     with torch.no_grad():
         r = measure(generate, new, case["reps"], 2, "grape_step")
-    r.update(generation.grape_stats(step, ("graphs", "fallbacks")))
+    r.update(harness.grape_stats(step, ("graphs", "fallbacks")))
     return r
 
 

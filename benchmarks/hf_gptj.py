@@ -138,7 +138,7 @@ def setup_grape(model, case, share_executables=True):
         r = measure_generate(model, *case["inputs"], case["kwargs"], case["reps"], 2, "grape")
         r["host_ms_per_forward"] = generation.host_ms_per_forward(model, *case["inputs"],
                                                                   case["kwargs"])
-        r.update(generation.grape_stats(model, (*generation.GRAPE_STATS, "arena_bytes")))
+        r.update(harness.grape_stats(model, (*generation.GRAPE_STATS, "arena_bytes")))
     return r
 
 
@@ -158,7 +158,7 @@ def setup_grape_step(model, case):
 
     generate = generation.decode_loop(step, model.config, ids, new)
     r = measure(generate, new, case["reps"], 2, "grape_step")
-    r.update(generation.grape_stats(step, ("graphs", "captures", "replays", "fallbacks", "pool_bytes",
+    r.update(harness.grape_stats(step, ("graphs", "captures", "replays", "fallbacks", "pool_bytes",
                                            "arena_bytes", "executable_bytes")))
     return r
 

@@ -85,7 +85,6 @@ import argparse
 import copy
 import itertools
 import math
-import time
 import warnings
 
 import torch
@@ -119,14 +118,6 @@ GRAPE_STATS = ("graphs", "shapes", "signatures", "captures", "capture_seconds", 
                "graphs_joined", "instantiations", "pool_bytes", "arena_bytes", "executable_bytes",
                "bytes_copied_in", "evacuations", "bytes_evacuated", "nodes_patched",
                "patch_seconds")
-
-
-def progress(iterable, desc, total=None):
-    try:
-        from tqdm import tqdm
-    except ImportError:
-        return iterable
-    return tqdm(iterable, desc=desc, total=total, leave=False, mininterval=0.5)
 
 
 # ----------------------------------------------------------------------------------------- model
@@ -271,19 +262,6 @@ def choose_ctc(requested: str, device) -> tuple[str, str | None]:
 
 # ---------------------------------------------------------------------------------------- timing
 
-def timed(fn):
-    torch.cuda.synchronize()
-    t0 = time.perf_counter()
-    fn()
-    torch.cuda.synchronize()
-    return time.perf_counter() - t0
-
-
-def grape_stats(fn) -> dict:
-    s = grape.stats(fn)
-    return {k: s[k] for k in GRAPE_STATS if k in s}
-
-
 COUNTERS = ("warmup_calls", "captures", "replays", "eager_calls")
 
 
@@ -304,7 +282,7 @@ def measure(mode: str, step, compiled, epoch, n_batches: int, reps: int, desc: s
     r = {"epochs_s": []}
     for index in range(SETTLE_EPOCHS):
         before = counters(compiled) if compiled is not None else None
-        seconds = timed(lambda: epoch(step, index, f"{desc} epoch {index + 1}"))
+        _, seconds = harness.timed(lambda: epoch(step, index, f"{desc} epoch {index + 1}"))
         r["epochs_s"].append(seconds)
         note = ""
         if compiled is not None:
@@ -369,14 +347,14 @@ def run_train(mode: str, base, data: dict, reps: int, ctc: str) -> tuple[dict, t
 
     def epoch(fn, index, desc):
         row = losses[index]
-        for i in progress(range(n), desc):
+        for i in harness.progress(range(n), desc):
             # A device-side copy (no sync); the step's output is dropped before the next call.
             row[i].copy_(fn(data["inputs"][i], data["labels"][i]))
 
     run = compiled if compiled is not None else step
     r = measure(mode, run, compiled, epoch, n, reps, f"train {mode}", allocated0)
     if compiled is not None:
-        r.update(grape_stats(compiled))
+        r.update(harness.grape_stats(compiled, GRAPE_STATS))
     finish_memory(r, compiled, free0)
     losses = losses.cpu()
     r["loss_first_steps"] = losses[0, :5].tolist()
@@ -397,7 +375,7 @@ def run_infer(mode: str, base, data: dict, reps: int, ctc: str) -> tuple[dict, t
     n = len(inputs)
 
     def epoch(fn, index, desc):
-        for i in progress(range(n), desc):
+        for i in harness.progress(range(n), desc):
             fn(inputs[i])  # outputs dropped at once: nothing held across calls
 
     with torch.no_grad():
@@ -410,7 +388,7 @@ def run_infer(mode: str, base, data: dict, reps: int, ctc: str) -> tuple[dict, t
             ids.append(out_ids.cpu())
             del out_logits, out_ids
     if compiled is not None:
-        r.update(grape_stats(compiled))
+        r.update(harness.grape_stats(compiled, GRAPE_STATS))
     finish_memory(r, compiled, free0)
     return r, (logits, ids)
 
