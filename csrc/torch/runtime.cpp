@@ -22,6 +22,7 @@
 #include "cuda/shared_executables.h"
 #include "torch/allocator_hook.h"
 #include "torch/graph_pool.h"
+#include "torch/python_scopes.h"
 #include "torch/side_effects.h"
 #include "torch/site_predictor.h"
 #else
@@ -62,58 +63,6 @@ py::object call_python(const py::object& fn, const py::args& args, const py::kwa
   PyObject* result = PyObject_Call(fn.ptr(), args.ptr(), kwargs.ptr());
   if (result == nullptr) throw py::error_already_set();
   return py::reinterpret_steal<py::object>(result);
-}
-
-// A Python context manager, entered for this object's lifetime.
-class EnteredContext {
- public:
-  explicit EnteredContext(py::object context) : context_(std::move(context)) {
-    context_.attr("__enter__")();
-  }
-  ~EnteredContext() {
-    try {
-      context_.attr("__exit__")(py::none(), py::none(), py::none());
-    } catch (py::error_already_set& e) {
-      e.discard_as_unraisable(__func__);
-    }
-  }
-  EnteredContext(const EnteredContext&) = delete;
-  EnteredContext& operator=(const EnteredContext&) = delete;
-  const py::object& get() const { return context_; }
-
- private:
-  py::object context_;
-};
-
-// Python's cyclic garbage collector paused for this object's lifetime: a collection during a
-// capture may destroy another compiled function's graphs and memory, whose CUDA calls
-// (synchronizing ones among them) would invalidate the capture. torch.cuda.graph collects
-// before capturing for the same reason; a pause costs nothing per capture.
-class GarbageCollectionPaused {
- public:
-  GarbageCollectionPaused() : gc_(py::module_::import("gc")) {
-    was_enabled_ = gc_.attr("isenabled")().cast<bool>();
-    if (was_enabled_) gc_.attr("disable")();
-  }
-  ~GarbageCollectionPaused() {
-    if (!was_enabled_) return;
-    try {
-      gc_.attr("enable")();
-    } catch (py::error_already_set& e) {
-      e.discard_as_unraisable(__func__);
-    }
-  }
-  GarbageCollectionPaused(const GarbageCollectionPaused&) = delete;
-  GarbageCollectionPaused& operator=(const GarbageCollectionPaused&) = delete;
-
- private:
-  py::module_ gc_;
-  bool was_enabled_ = false;
-};
-
-// Optimizers stepped while it is entered are recorded in `seen` and made capturable.
-py::object step_watch(const py::object& seen) {
-  return py::module_::import("grape._training").attr("StepWatch")(seen);
 }
 
 }  // namespace
@@ -169,40 +118,13 @@ struct CapturedGraph {
   // its backward pass replaces (Note [Gradients of a captured step]); when there are any, the
   // outputs are (f's result, the effects' values).
   std::vector<Effect> effects;
-  // Gradients the graph reads or accumulates into where they are: leaf.grad must still be at
-  // `grad` (nullptr: None) when it is replayed.
-  struct GradGuard {
-    at::Tensor leaf;
-    const void* grad = nullptr;
-  };
+  // Gradients the graph reads or accumulates into where they are.
   std::vector<GradGuard> grad_guards;
   // (param group, key, value): the optimizers' settings the graph baked in.
   py::list hyperparameters;
   // Pinned host tensors the graph copies to the device (grape._host_constants).
   py::list host_constants;
 };
-
-// Note [Gradients of a captured step]
-// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
-// A training step (forward, loss.backward(), optimizer.step()) captures like any function: the
-// backward pass runs on the autograd engine's device thread, on the capture stream, and its
-// allocations go to the arena too (AllocationRoute for_all_threads). What needs care is the state
-// it leaves outside the arguments:
-// - Parameters and optimizer state are static, like a module's parameters: the graph reads and
-//   writes them in place, and a replay whose parameters or optimizer state moved captures again.
-//   The *tracked leaves* are the parameters that require grad of the compiled module, of module
-//   arguments, of parameter arguments, and of every optimizer the function stepped during its
-//   warm-up (grape._training.StepWatch, which also sets capturable=True on them).
-// - A gradient the step replaces (optimizer.zero_grad() sets it to None, backward makes a new
-//   one) is an effect, like a rebound attribute: the new gradient is an output of the graph, and
-//   each replay sets leaf.grad to its own. A gradient the step accumulates into in place is
-//   static, moved out of the pool before the capture. A replay whose gradients are not where the
-//   capture found them (or not None where they were None) captures again.
-// - Optimizer settings that are Python values (a float lr) are baked into the kernels: a replay
-//   after a scheduler changed one captures again (a setting given as a CUDA tensor is read by the
-//   kernels and stays valid).
-// An output that requires grad (the loss) is returned detached, once the step ran a backward pass;
-// without one the graph could not join the caller's autograd graph, and the capture fails.
 
 void set_propagated_errors(py::tuple types) { propagated_error_types() = std::move(types); }
 
@@ -370,7 +292,7 @@ py::object Runtime::call(py::args args, py::kwargs kwargs) {
   if (entry.warmup_runs < warmup_) {
     ++entry.warmup_runs;
     ++stats_.warmup_calls;
-    EnteredContext watch(step_watch(seen_optimizers()));  // optimizers it steps become capturable
+    EnteredContext watch(training_.step_watch());  // optimizers it steps become capturable
     return run_eager(args, kwargs);
   }
 
@@ -399,62 +321,6 @@ py::object Runtime::call(py::args args, py::kwargs kwargs) {
 #endif
 }
 
-py::object& Runtime::seen_optimizers() {
-  if (seen_optimizers_.is_none()) {
-    seen_optimizers_ = py::module_::import("weakref").attr("WeakSet")();
-  }
-  return seen_optimizers_;
-}
-
-std::vector<at::Tensor> Runtime::tracked_leaves(const FlatCall& flat) {
-  py::list modules;
-  if (!static_module_.is_none()) modules.append(static_module_);
-  for (const auto& m : flat.modules) modules.append(m);
-  std::vector<at::Tensor> leaves = flat.static_leaves;
-  for (py::handle t : py::module_::import("grape._training").attr("leaves_of")(seen_optimizers(),
-                                                                             modules)) {
-    const at::Tensor& leaf = THPVariable_Unpack(t.ptr());
-    bool known = false;
-    for (const auto& l : leaves) known |= l.unsafeGetTensorImpl() == leaf.unsafeGetTensorImpl();
-    if (!known) leaves.push_back(leaf);
-  }
-  return leaves;
-}
-
-bool Runtime::static_state_holds(const CapturedGraph& g, std::string& changed) const {
-  for (const auto& [tensor, ptr] : g.static_tensors) {
-    if (tensor.data_ptr() != ptr) {
-      changed = "a parameter, buffer or optimizer state tensor moved";
-      return false;
-    }
-  }
-  for (const auto& guard : g.grad_guards) {
-    const at::Tensor& grad = guard.leaf.grad();
-    if ((grad.defined() ? grad.data_ptr() : nullptr) != guard.grad) {
-      changed = "a gradient is not where the capture found it";
-      return false;
-    }
-  }
-  for (py::handle item : g.hyperparameters) {
-    PyObject* group = PyTuple_GET_ITEM(item.ptr(), 0);
-    PyObject* key = PyTuple_GET_ITEM(item.ptr(), 1);
-    PyObject* value = PyTuple_GET_ITEM(item.ptr(), 2);
-    PyObject* now = PyDict_GetItemWithError(group, key);  // borrowed
-    if (now == nullptr && PyErr_Occurred()) throw py::error_already_set();
-    if (now == value) continue;
-    // A tensor setting is read by the kernels: only its identity matters (and == would sync).
-    int equal = now == nullptr || THPVariable_Check(now) || THPVariable_Check(value)
-                    ? 0
-                    : PyObject_RichCompareBool(now, value, Py_EQ);
-    if (equal < 0) throw py::error_already_set();
-    if (equal == 0) {
-      changed = "the optimizer setting '" + py::str(key).cast<std::string>() +
-                "' changed (a Python value is baked into the graph; a CUDA tensor is not)";
-      return false;
-    }
-  }
-  return true;
-}
 
 std::vector<std::pair<at::Tensor, const void*>> Runtime::gather_static_tensors(
     const FlatCall& flat) {
@@ -476,6 +342,23 @@ std::vector<std::pair<at::Tensor, const void*>> Runtime::gather_static_tensors(
 
 namespace allocator = c10::cuda::CUDACachingAllocator;
 
+bool Runtime::static_state_holds(const CapturedGraph& g, std::string& changed) const {
+  for (const auto& [tensor, ptr] : g.static_tensors) {
+    if (tensor.data_ptr() != ptr) {
+      changed = "a parameter, buffer or optimizer state tensor moved";
+      return false;
+    }
+  }
+  for (const auto& guard : g.grad_guards) {
+    const at::Tensor& grad = guard.leaf.grad();
+    if ((grad.defined() ? grad.data_ptr() : nullptr) != guard.grad) {
+      changed = "a gradient is not where the capture found it";
+      return false;
+    }
+  }
+  return optimizer_settings_hold(g.hyperparameters, changed);
+}
+
 namespace {
 
 void check_copy(cudaError_t err) { C10_CUDA_CHECK(err); }
@@ -491,81 +374,6 @@ class SyncDebugModeGuard {
 
  private:
   c10::cuda::SyncDebugMode previous_;
-};
-
-// Whether nothing but its leaf's .grad holds `grad` (no other tensor, view or Python name).
-bool held_by_leaf_only(const at::Tensor& grad) {
-  if (grad.storage().use_count() != 1) return false;
-  const auto count = grad.use_count();
-  if (count == 1) return true;
-#if GRAPE_TORCH_AT_LEAST(2, 10)
-  // The tensor's Python object holds it too, and is itself held by the tensor alone when no
-  // Python name refers to it.
-  PyObject* obj = grad.unsafeGetTensorImpl()->pyobj_slot()->load_pyobj();
-  return count == 2 && obj != nullptr && Py_REFCNT(obj) == 1;
-#else
-  return false;
-#endif
-}
-
-// Points a live handed-out storage at a copy outside the pool: a gradient that a graph
-// accumulates into in place must not be memory that other graphs' replays may write.
-void move_out_of_pool(GraphPool& pool, const at::Tensor& t, cudaStream_t stream) {
-  c10::StorageImpl* impl = t.storage().unsafeGetStorageImpl();
-  if (pool.find_live(impl) == nullptr || impl->nbytes() == 0) return;
-  c10::DataPtr fresh = allocator::get()->allocate(impl->nbytes());
-  check_copy(cudaMemcpyAsync(fresh.get(), impl->data(), impl->nbytes(), cudaMemcpyDeviceToDevice,
-                             stream));
-  pool.move_out(impl, std::move(fresh));
-}
-
-// The tracked leaves' gradients across one capture (Note [Gradients of a captured step]): taken
-// before f, in-place ones moved out of the pool; compared after f; put back when it ends.
-class CaptureGradients {
- public:
-  CaptureGradients(std::vector<at::Tensor> leaves, GraphPool& pool, cudaStream_t stream)
-      : leaves_(std::move(leaves)) {
-    for (const auto& leaf : leaves_) {
-      const at::Tensor& grad = leaf.grad();
-      if (grad.defined() && grad.is_cuda()) move_out_of_pool(pool, grad, stream);
-      before_.push_back(grad);
-      versions_.push_back(grad.defined() ? grad._version() : 0);
-    }
-  }
-  ~CaptureGradients() {
-    for (size_t i = 0; i < leaves_.size(); ++i) leaves_[i].mutable_grad() = before_[i];
-  }
-  CaptureGradients(const CaptureGradients&) = delete;
-  CaptureGradients& operator=(const CaptureGradients&) = delete;
-
-  const std::vector<at::Tensor>& leaves() const { return leaves_; }
-
-  // After f: a gradient f replaced is an effect (its new value appended to `values`); one it left
-  // in place is guarded. Returns whether f ran a backward pass that reached the leaves.
-  bool collect(std::vector<Effect>& effects, py::list& values,
-               std::vector<CapturedGraph::GradGuard>& guards) const {
-    bool backward_ran = false;
-    for (size_t i = 0; i < leaves_.size(); ++i) {
-      const at::Tensor& grad = leaves_[i].grad();
-      if (grad.unsafeGetTensorImpl() != before_[i].unsafeGetTensorImpl()) {
-        effects.push_back({-1, py::none(), leaves_[i]});
-        values.append(grad.defined() ? py::reinterpret_steal<py::object>(THPVariable_Wrap(grad))
-                                     : py::object(py::none()));
-        backward_ran = true;
-        // Where there was no gradient, eager makes one; where there was, eager accumulates.
-        if (!before_[i].defined()) guards.push_back({leaves_[i], nullptr});
-      } else {
-        backward_ran |= grad.defined() && grad._version() != versions_[i];
-        guards.push_back({leaves_[i], grad.defined() ? grad.data_ptr() : nullptr});
-      }
-    }
-    return backward_ran;
-  }
-
- private:
-  std::vector<at::Tensor> leaves_;
-  std::vector<at::Tensor> before_;
-  std::vector<int64_t> versions_;
 };
 
 // Ends a capture that failed part-way and puts the allocator's pool bookkeeping back where it was.
@@ -710,17 +518,11 @@ bool Runtime::capture(FlatCall& flat, std::unique_ptr<CapturedGraph>& into, std:
   install_allocator_hook();  // again, in case it was removed since the pool was made
 
   // Gradients before f (Note [Gradients of a captured step]); put back when the capture ends.
-  std::vector<at::Tensor> grad_leaves = tracked_leaves(flat);
-  if (!grad_leaves.empty() && !backward_stream_ready_) {
-    at::cuda::CUDAStreamGuard on_capture_stream(pool.capture_stream());
-    const py::object cuda =
-        py::module_::import("torch").attr("device")("cuda", static_cast<int>(device));
-    py::module_::import("grape._training").attr("prepare_backward")(cuda);
-    backward_stream_ready_ = true;
-  }
+  std::vector<at::Tensor> grad_leaves = training_.tracked_leaves(static_module_, flat);
+  if (!grad_leaves.empty()) training_.prepare_backward(pool);
   const CaptureGradients gradients(std::move(grad_leaves), pool,
                                    at::cuda::getCurrentCUDAStream(pool.device()).stream());
-  EnteredContext stepped_optimizers(step_watch(seen_optimizers()));
+  EnteredContext stepped_optimizers(training_.step_watch());
   // Tensors f makes from Python values on the device come from pinned memory the graph keeps.
   const py::object host_constants =
       py::module_::import("grape._host_constants").attr("PinnedHostConstants")();
@@ -732,7 +534,7 @@ bool Runtime::capture(FlatCall& flat, std::unique_ptr<CapturedGraph>& into, std:
   py::object result;
   std::vector<Effect> effects;
   py::list effect_values;
-  std::vector<CapturedGraph::GradGuard> grad_guards;
+  std::vector<GradGuard> grad_guards;
   bool backward_ran = false;
   bool effects_ok = true;
   std::string effects_reason;
@@ -1293,8 +1095,7 @@ void Runtime::reset() {
 int Runtime::traverse(visitproc visit, void* arg) {
   Py_VISIT(fn_.ptr());
   Py_VISIT(static_module_.ptr());
-  Py_VISIT(seen_optimizers_.ptr());
-  return 0;
+  return training_.traverse(visit, arg);
 }
 
 void Runtime::clear_references() {
@@ -1302,7 +1103,7 @@ void Runtime::clear_references() {
   retired_.clear();
   fn_ = py::none();
   static_module_ = py::none();
-  seen_optimizers_ = py::none();
+  training_.clear();
 }
 
 }  // namespace grape

@@ -12,6 +12,7 @@
 
 #include "core/signature.h"
 #include "torch/pytree.h"
+#include "torch/training.h"
 #ifdef GRAPE_WITH_CUDA
 #include "cuda/shared_executables.h"
 #endif
@@ -122,20 +123,16 @@ class Runtime {
   void report(const std::string& description, const std::string& reason, const py::object& error);
   std::string describe(const FlatCall& flat) const;
   std::vector<std::pair<at::Tensor, const void*>> gather_static_tensors(const FlatCall& flat);
-  // Training steps (Note [Gradients of a captured step]): the optimizers stepped in warm-up
-  // calls (a weakref.WeakSet), the leaves whose gradients a capture watches, and whether a
-  // graph's static state (parameters, gradients, optimizer state and settings) is as captured.
-  py::object& seen_optimizers();
-  std::vector<at::Tensor> tracked_leaves(const FlatCall& flat);
+  // Whether a graph's static state (parameters, buffers, gradients, optimizer state and
+  // settings) is as it was captured; if not, `changed` says what changed.
   bool static_state_holds(const CapturedGraph& graph, std::string& changed) const;
   FlatCall& scratch();
 
   py::object fn_;
   py::object static_module_;
-  py::object seen_optimizers_ = py::none();
+  TrainingState training_;  // Note [Gradients of a captured step]
   std::string last_recapture_reason_;
-  bool warned_settings_ = false;        // recaptures for changed optimizer settings: warned once
-  bool backward_stream_ready_ = false;  // grape._training.prepare_backward ran on the pool
+  bool warned_settings_ = false;  // recaptures for changed optimizer settings: warned once
   int warmup_;
   bool alias_prediction_;
   int64_t memory_budget_;  // < 0: none

@@ -1,0 +1,134 @@
+#include "torch/training.h"
+
+#include <c10/cuda/CUDACachingAllocator.h>
+#include <c10/cuda/CUDAException.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <torch/csrc/autograd/python_variable.h>
+
+#include "torch/graph_pool.h"
+#include "torch/torch_version.h"
+
+namespace grape {
+
+namespace {
+
+// Points a live handed-out storage at a copy outside the pool: a gradient that a graph
+// accumulates into in place must not be memory that other graphs' replays may write.
+void move_out_of_pool(GraphPool& pool, const at::Tensor& t, cudaStream_t stream) {
+  c10::StorageImpl* impl = t.storage().unsafeGetStorageImpl();
+  if (pool.find_live(impl) == nullptr || impl->nbytes() == 0) return;
+  c10::DataPtr fresh = c10::cuda::CUDACachingAllocator::get()->allocate(impl->nbytes());
+  C10_CUDA_CHECK(cudaMemcpyAsync(fresh.get(), impl->data(), impl->nbytes(),
+                                 cudaMemcpyDeviceToDevice, stream));
+  pool.move_out(impl, std::move(fresh));
+}
+
+py::module_ training_module() { return py::module_::import("grape._training"); }
+
+}  // namespace
+
+py::object TrainingState::step_watch() {
+  if (seen_optimizers_.is_none()) {
+    seen_optimizers_ = py::module_::import("weakref").attr("WeakSet")();
+  }
+  return training_module().attr("StepWatch")(seen_optimizers_);
+}
+
+std::vector<at::Tensor> TrainingState::tracked_leaves(const py::object& static_module,
+                                                      const FlatCall& flat) {
+  std::vector<at::Tensor> leaves = flat.static_leaves;
+  py::list modules;
+  if (!static_module.is_none()) modules.append(static_module);
+  for (const auto& m : flat.modules) modules.append(m);
+  const py::object optimizers =
+      seen_optimizers_.is_none() ? py::object(py::list()) : seen_optimizers_;
+  for (py::handle t : training_module().attr("leaves_of")(optimizers, modules)) {
+    const at::Tensor& leaf = THPVariable_Unpack(t.ptr());
+    bool known = false;
+    for (const auto& l : leaves) known |= l.unsafeGetTensorImpl() == leaf.unsafeGetTensorImpl();
+    if (!known) leaves.push_back(leaf);
+  }
+  return leaves;
+}
+
+void TrainingState::prepare_backward(GraphPool& pool) {
+  if (backward_prepared_) return;
+  at::cuda::CUDAStreamGuard on_capture_stream(pool.capture_stream());
+  const py::object device =
+      py::module_::import("torch").attr("device")("cuda", static_cast<int>(pool.device()));
+  training_module().attr("prepare_backward")(device);
+  backward_prepared_ = true;
+}
+
+bool optimizer_settings_hold(const py::list& settings, std::string& changed) {
+  for (py::handle item : settings) {
+    PyObject* group = PyTuple_GET_ITEM(item.ptr(), 0);
+    PyObject* key = PyTuple_GET_ITEM(item.ptr(), 1);
+    PyObject* value = PyTuple_GET_ITEM(item.ptr(), 2);
+    PyObject* now = PyDict_GetItemWithError(group, key);  // borrowed
+    if (now == nullptr && PyErr_Occurred()) throw py::error_already_set();
+    if (now == value) continue;
+    // A tensor setting is read by the kernels: only its identity matters (and == would sync).
+    const int equal = now == nullptr || THPVariable_Check(now) || THPVariable_Check(value)
+                          ? 0
+                          : PyObject_RichCompareBool(now, value, Py_EQ);
+    if (equal < 0) throw py::error_already_set();
+    if (equal == 0) {
+      changed = "the optimizer setting '" + py::str(key).cast<std::string>() +
+                "' changed (a Python value is baked into the graph; a CUDA tensor is not)";
+      return false;
+    }
+  }
+  return true;
+}
+
+bool held_by_leaf_only(const at::Tensor& grad) {
+  if (grad.storage().use_count() != 1) return false;
+  const auto count = grad.use_count();
+  if (count == 1) return true;
+#if GRAPE_TORCH_AT_LEAST(2, 10)
+  // The tensor's Python object holds it too, and is itself held by the tensor alone when no
+  // Python name refers to it.
+  PyObject* obj = grad.unsafeGetTensorImpl()->pyobj_slot()->load_pyobj();
+  return count == 2 && obj != nullptr && Py_REFCNT(obj) == 1;
+#else
+  return false;
+#endif
+}
+
+CaptureGradients::CaptureGradients(std::vector<at::Tensor> leaves, GraphPool& pool,
+                                   cudaStream_t stream)
+    : leaves_(std::move(leaves)) {
+  for (const auto& leaf : leaves_) {
+    const at::Tensor& grad = leaf.grad();
+    if (grad.defined() && grad.is_cuda()) move_out_of_pool(pool, grad, stream);
+    before_.push_back(grad);
+    versions_.push_back(grad.defined() ? grad._version() : 0);
+  }
+}
+
+CaptureGradients::~CaptureGradients() {
+  for (size_t i = 0; i < leaves_.size(); ++i) leaves_[i].mutable_grad() = before_[i];
+}
+
+bool CaptureGradients::collect(std::vector<Effect>& effects, py::list& values,
+                               std::vector<GradGuard>& guards) const {
+  bool backward_ran = false;
+  for (size_t i = 0; i < leaves_.size(); ++i) {
+    const at::Tensor& grad = leaves_[i].grad();
+    if (grad.unsafeGetTensorImpl() != before_[i].unsafeGetTensorImpl()) {
+      effects.push_back({-1, py::none(), leaves_[i]});
+      values.append(grad.defined() ? py::reinterpret_steal<py::object>(THPVariable_Wrap(grad))
+                                   : py::object(py::none()));
+      backward_ran = true;
+      // Where there was no gradient, eager makes one; where there was, eager accumulates.
+      if (!before_[i].defined()) guards.push_back({leaves_[i], nullptr});
+    } else {
+      backward_ran |= grad.defined() && grad._version() != versions_[i];
+      guards.push_back({leaves_[i], grad.defined() ? grad.data_ptr() : nullptr});
+    }
+  }
+  return backward_ran;
+}
+
+}  // namespace grape

@@ -1,0 +1,101 @@
+#pragma once
+// Note [Gradients of a captured step]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// A training step (forward, loss.backward(), optimizer.step()) captures like any function: the
+// backward pass runs on the autograd engine's device thread, on the capture stream, and its
+// allocations go to the arena too (AllocationRoute for_all_threads). What needs care is the state
+// it leaves outside the arguments:
+// - Parameters and optimizer state are static, like a module's parameters: the graph reads and
+//   writes them in place, and a replay whose parameters or optimizer state moved captures again.
+//   The *tracked leaves* are the parameters that require grad of the compiled module, of module
+//   arguments, of parameter arguments, and of every optimizer the function stepped during its
+//   warm-up (grape._training.StepWatch, which also sets capturable=True on them).
+// - A gradient the step replaces (optimizer.zero_grad() sets it to None, backward makes a new
+//   one) is an effect, like a rebound attribute: the new gradient is an output of the graph, and
+//   each replay sets leaf.grad to its own. A gradient the step accumulates into in place is
+//   static, moved out of the pool before the capture. A replay whose gradients are not where the
+//   capture found them (or not None where they were None) captures again.
+// - Optimizer settings that are Python values (a float lr) are baked into the kernels: a replay
+//   after a scheduler changed one captures again (a setting given as a CUDA tensor is read by the
+//   kernels and stays valid).
+// An output that requires grad (the loss) is returned detached, once the step ran a backward pass;
+// without one the graph could not join the caller's autograd graph, and the capture fails.
+
+#include <ATen/core/Tensor.h>
+#include <pybind11/pybind11.h>
+
+#include <string>
+#include <vector>
+
+#include "torch/pytree.h"
+#include "torch/side_effects.h"
+
+// The CUDA runtime's stream handle, without its header (this one is read by CPU-only builds too).
+typedef struct CUstream_st* cudaStream_t;
+
+namespace grape {
+
+namespace py = pybind11;
+
+class GraphPool;
+
+// A gradient a graph reads or accumulates into where it is: leaf.grad must still be at `grad`
+// (nullptr: None) when the graph is replayed.
+struct GradGuard {
+  at::Tensor leaf;
+  const void* grad = nullptr;
+};
+
+// What one compiled function knows of the training steps it runs.
+class TrainingState {
+ public:
+  // A context manager for a warm-up or capture call: the optimizers stepped inside it are
+  // remembered (weakly) and made capturable (grape._training.StepWatch).
+  py::object step_watch();
+  // The leaves whose gradients a capture of `flat` watches: parameter arguments, then the
+  // parameters that require grad of the known optimizers, `static_module` and module arguments.
+  std::vector<at::Tensor> tracked_leaves(const py::object& static_module, const FlatCall& flat);
+  // Before the first capture that tracks leaves: a small backward pass on the capture stream,
+  // outside any capture (grape._training.prepare_backward).
+  void prepare_backward(GraphPool& pool);
+
+  int traverse(visitproc visit, void* arg) {
+    Py_VISIT(seen_optimizers_.ptr());
+    return 0;
+  }
+  void clear() { seen_optimizers_ = py::none(); }
+
+ private:
+  py::object seen_optimizers_ = py::none();  // a weakref.WeakSet
+  bool backward_prepared_ = false;
+};
+
+// Whether the optimizer settings a graph baked in, (param group, key, value) tuples, still hold;
+// if not, `changed` says which.
+bool optimizer_settings_hold(const py::list& settings, std::string& changed);
+
+// Whether nothing but its leaf's .grad holds `grad` (no other tensor, view or Python name).
+bool held_by_leaf_only(const at::Tensor& grad);
+
+// The tracked leaves' gradients across one capture: taken before f (in-place ones moved out of
+// the pool), compared after f, put back when the capture ends.
+class CaptureGradients {
+ public:
+  CaptureGradients(std::vector<at::Tensor> leaves, GraphPool& pool, cudaStream_t stream);
+  ~CaptureGradients();
+  CaptureGradients(const CaptureGradients&) = delete;
+  CaptureGradients& operator=(const CaptureGradients&) = delete;
+
+  const std::vector<at::Tensor>& leaves() const { return leaves_; }
+  // After f: a gradient f replaced is an effect (its new value appended to `values`); one it left
+  // in place is guarded. Returns whether f ran a backward pass that reached the leaves.
+  bool collect(std::vector<Effect>& effects, py::list& values,
+               std::vector<GradGuard>& guards) const;
+
+ private:
+  std::vector<at::Tensor> leaves_;
+  std::vector<at::Tensor> before_;
+  std::vector<int64_t> versions_;
+};
+
+}  // namespace grape
