@@ -88,6 +88,21 @@ PYBIND11_MODULE(_C, m) {
         "Whether the current CUDA stream is capturing a graph.");
   m.def("conditional_unsupported_reason", &grape::conditional_unsupported_reason, py::arg("kind"),
         "Why conditional nodes of `kind` cannot be captured here, or '' when they can.");
+
+  // What a replay checks of a training step's graph (Note [Gradients of a captured step]; tests).
+  m.def(
+      "_optimizer_settings_hold",
+      [](py::list settings) {
+        std::string changed;
+        const bool hold = grape::optimizer_settings_hold(settings, changed);
+        return py::make_tuple(hold, changed);
+      },
+      py::arg("settings"),
+      "Whether (param group, key, value) settings still hold, and what changed if not.");
+  m.def(
+      "_grad_held_by_leaf_only",
+      [](const at::Tensor& leaf) { return grape::held_by_leaf_only(leaf.grad()); },
+      py::arg("leaf"), "Whether nothing but leaf.grad holds the leaf's gradient.");
 #endif
 
   // The signature words and tensors of a call, as the runtime computes them (for tests).

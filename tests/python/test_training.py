@@ -4,6 +4,7 @@ captured (Note [Gradients of a captured step])."""
 
 import weakref
 
+import pytest
 import torch
 
 from grape import _C, _training
@@ -87,3 +88,41 @@ def test_non_leaf_that_requires_grad_is_unsupported_with_the_reason():
     sig = _C.signature(w * 2)
     assert "not a leaf" in sig["unsupported"]
 
+
+
+needs_cuda_build = pytest.mark.skipif(not _C.built_with_cuda,
+                                      reason="grape was built without CUDA: no training runtime")
+
+
+@needs_cuda_build
+def test_settings_hold_by_value_and_tensor_settings_by_identity():
+    m = model()
+    lr = torch.tensor(1e-3)
+    opt = torch.optim.AdamW([{"params": m[0].parameters()}, {"params": m[2].parameters(), "lr": lr}],
+                            lr=0.5)
+    settings = _training.hyperparameters([opt])
+    assert _C._optimizer_settings_hold(settings) == (True, "")
+    opt.param_groups[1]["lr"].fill_(5e-4)  # read by the kernels: the graph stays valid
+    opt.param_groups[0]["betas"] = (0.9, 0.999)  # an equal value
+    assert _C._optimizer_settings_hold(settings)[0]
+    opt.param_groups[0]["lr"] = 0.25  # a scheduler's step: baked into the graph
+    hold, changed = _C._optimizer_settings_hold(settings)
+    assert not hold and "'lr'" in changed
+    opt.param_groups[0]["lr"] = 0.5
+    opt.param_groups[1]["lr"] = torch.tensor(1e-3)  # another tensor: not the one the graph reads
+    assert not _C._optimizer_settings_hold(settings)[0]
+
+
+@needs_cuda_build
+def test_a_gradient_is_dropped_before_a_replay_only_when_nothing_else_holds_it():
+    p = torch.zeros(4, requires_grad=True)
+    p.grad = torch.ones(4)
+    assert _C._grad_held_by_leaf_only(p)
+    held = p.grad
+    assert not _C._grad_held_by_leaf_only(p)
+    del held
+    assert _C._grad_held_by_leaf_only(p)
+    view = p.grad[:2]
+    assert not _C._grad_held_by_leaf_only(p)
+    del view
+    assert _C._grad_held_by_leaf_only(p)
