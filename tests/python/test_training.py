@@ -62,11 +62,16 @@ def test_leaves_are_parameters_that_require_grad_once():
     assert [id(p) for p in leaves] == [id(m[0].weight), id(m[0].bias), id(m[2].weight)]
 
 
-def test_hyperparameters_are_the_settings_a_graph_bakes_in():
+def two_groups():
+    """AdamW over two param groups: one with a float lr (0.5), one with a tensor lr."""
     m = model()
     lr = torch.tensor(1e-3)
-    opt = torch.optim.AdamW([{"params": m[0].parameters()}, {"params": m[2].parameters(), "lr": lr}],
-                            lr=0.5)
+    groups = [{"params": m[0].parameters()}, {"params": m[2].parameters(), "lr": lr}]
+    return torch.optim.AdamW(groups, lr=0.5), lr
+
+
+def test_hyperparameters_are_the_settings_a_graph_bakes_in():
+    opt, lr = two_groups()
     settings = _training.hyperparameters([opt])
     keys = {(id(group), key) for group, key, _ in settings}
     assert (id(opt.param_groups[0]), "lr") in keys and (id(opt.param_groups[1]), "betas") in keys
@@ -96,10 +101,7 @@ needs_cuda_build = pytest.mark.skipif(not _C.built_with_cuda,
 
 @needs_cuda_build
 def test_settings_hold_by_value_and_tensor_settings_by_identity():
-    m = model()
-    lr = torch.tensor(1e-3)
-    opt = torch.optim.AdamW([{"params": m[0].parameters()}, {"params": m[2].parameters(), "lr": lr}],
-                            lr=0.5)
+    opt, lr = two_groups()
     settings = _training.hyperparameters([opt])
     assert _C._optimizer_settings_hold(settings) == (True, "")
     opt.param_groups[1]["lr"].fill_(5e-4)  # read by the kernels: the graph stays valid
