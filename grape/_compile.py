@@ -227,7 +227,8 @@ def stats(fn: Any) -> dict:
     """What a compiled function (or compiled module) did so far.
 
     Keys: ``calls``, ``replays``, ``captures``, ``warmup_calls``, ``eager_calls``, ``graphs``,
-    ``signatures``, ``capture_seconds``, ``bytes_copied_in`` / ``bytes_copied_back`` (input copies),
+    ``signatures``, ``recaptures`` and ``last_recapture_reason`` (graphs captured again because
+    static state changed: a parameter moved, a gradient, an optimizer setting), ``capture_seconds``, ``bytes_copied_in`` / ``bytes_copied_back`` (input copies),
     ``bytes_evacuated`` and ``evacuations`` (live outputs moved out of the pool),
     ``inputs_moved`` / ``inputs_in_place``, ``pool_bytes`` (device memory of the shared pool:
     ``arena_bytes`` of mapped arena lanes, per lane in ``arena_lane_bytes``, plus the private

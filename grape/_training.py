@@ -1,8 +1,8 @@
 """Training steps under grape.compile: the optimizers a compiled function steps, the parameters
 whose gradients its graphs produce, and the hyperparameters baked into its graphs.
 
-The runtime (csrc/torch/runtime.cpp) calls into this module only on warm-up and capture calls;
-see docs/design.md, "Training steps".
+The runtime (csrc/torch/training.cpp) calls into this module only on warm-up and capture calls;
+see Note [Gradients of a captured step] and docs/design.md, "Training steps".
 """
 
 from __future__ import annotations
