@@ -18,8 +18,9 @@ from benchmarks import harness
 
 # grape.stats keys that a compiled `generate` records (hf_gpt2 and hf_gptj, mode `grape`).
 GRAPE_STATS = ("graphs", "captures", "capture_seconds", "fallbacks", "replays", "calls",
-               "topology_groups", "pool_bytes", "executable_bytes", "bytes_copied_in",
-               "alias_hits", "alias_misses", "evacuations", "nodes_patched", "patch_seconds",
+               "topology_groups", "pool_bytes", "executable_bytes", "resident_executables",
+               "cached_executable_bytes", "bytes_copied_in", "alias_hits", "alias_misses",
+               "evacuations", "executable_switches", "nodes_patched", "patch_seconds",
                "patches_ahead")
 
 

@@ -17,8 +17,9 @@ is the growth of the process's resident host memory over setup and runs.
 
 --shapes N generates N tokens from a 1-token prompt (N shapes) and compares graph memory: ptgraph
 (one graph per shape, private pools, PyTorch's default), ptgraph_shared_pool (one pool for all
-shapes), grape (graphs of one topology share one executable) and grape_all_resident (one executable
-per shape). Per-shape graph modes stop capturing before the device runs out of memory; their memory
+shapes), grape (graphs of one topology share executables, one per shape within the default
+executable cache), grape_compact (executable_cache=0: one executable per topology) and
+grape_all_resident (one executable per shape). Per-shape graph modes stop capturing before the device runs out of memory; their memory
 for N shapes is then extrapolated from the shapes that fit (`extrapolated_from_shapes`), and they are
 not timed. grape's device memory per extra shape (`gpu_bytes_per_extra_shape`) is what its memory
 outside the shared pool (executables, the driver's state) exceeds that of a grape function that
@@ -47,13 +48,14 @@ from benchmarks.models import gpt2
 
 def modes_available() -> list[str]:
     return ["eager", "ptgraph", "ideal", "torch_compile", "grape", "grape_copy",
-            "ptgraph_shared_pool", "grape_all_resident"]
+            "ptgraph_shared_pool", "grape_compact", "grape_all_resident"]
 
 
 DEFAULT_MODES = ["eager", "ptgraph", "ideal", "torch_compile", "grape", "grape_copy"]
 # grape first: the driver keeps the memory of destroyed executables for later ones, so modes that
 # ran after the per-shape graphs would look smaller than they are.
-SHAPES_MODES = ["eager", "grape", "grape_all_resident", "ptgraph", "ptgraph_shared_pool"]
+SHAPES_MODES = ["eager", "grape", "grape_compact", "grape_all_resident", "ptgraph",
+                "ptgraph_shared_pool"]
 
 
 class Case:
@@ -218,9 +220,8 @@ def setup_torch_compile(case):
     return (lambda: case.generate(compiled)), lambda: {"first_pass_s": first_pass_s}
 
 
-def setup_grape(case, alias_prediction=True, share_executables=True):
-    step = grape.compile(case.step, alias_prediction=alias_prediction,
-                         share_executables=share_executables)
+def setup_grape(case, **options):
+    step = grape.compile(case.step, **options)
     t0 = time.perf_counter()
     case.generate(step)  # warm-up: every shape runs eagerly once
     first_pass_s = time.perf_counter() - t0
@@ -311,6 +312,8 @@ SETUPS = {"eager": setup_eager, "ptgraph": setup_ptgraph, "ideal": setup_ideal,
           "grape_copy": lambda case: setup_grape(case, alias_prediction=False),
           # per-shape graphs whose pools are one pool
           "ptgraph_shared_pool": lambda case: setup_ptgraph(case, pool=torch.cuda.graph_pool_handle()),
+          # grape with one executable per topology (executable_cache=0): the least device memory
+          "grape_compact": lambda case: setup_grape(case, executable_cache=0),
           # grape with one executable per shape (no sharing by topology)
           "grape_all_resident": lambda case: setup_grape(case, share_executables=False)}
 

@@ -1,6 +1,7 @@
 """Hugging Face GPT-2 small (fp16, random weights) through its own, unchanged `generate`: eager with
 the dynamic cache, HF's static cache with torch.compile, and grape.compile(model) with the dynamic
-cache; plus `grape_step`, a whole decode step (forward and greedy selection) compiled as one grape
+cache (`grape`; `grape_compact` with executable_cache=0, one executable per topology;
+`grape_all_resident` with share_executables=False, one per shape); plus `grape_step`, a whole decode step (forward and greedy selection) compiled as one grape
 function in a plain Python loop.
 
     python -m benchmarks.hf_gpt2            # b1/b8, greedy and 4-beam, 128 new tokens
@@ -12,12 +13,15 @@ mode is steady (grape: every shape captured; torch.compile: compiled and recorde
 `first_call_s` is the wall time of the mode's first generation, capture or compilation included.
 `ptgraph` (plain torch.cuda.graph) has no way into an unchanged `generate` with a dynamic cache:
 the cache's tensors change address and shape at every step, so the mode is reported as skipped.
+Greedy cases also time the compiled forward alone in a plain loop of decode steps against its ideal
+replay, one plain CUDA graph per step replayed in order (`forward_alone` in the JSON).
 Writes JSON and a markdown table to benchmarks/results/ (a PNG plot too where matplotlib exists).
 """
 
 from __future__ import annotations
 
 import copy
+import time
 import warnings
 
 import torch
@@ -26,7 +30,7 @@ import grape
 from benchmarks import generation, harness
 from benchmarks.generation import measure, measure_generate
 
-MODES = ["eager", "static_compile", "grape", "grape_all_resident", "grape_step"]
+MODES = ["eager", "static_compile", "grape", "grape_compact", "grape_all_resident", "grape_step"]
 CASES = {"b1-greedy": (1, 1), "b8-greedy": (8, 1), "b1-beam4": (1, 4), "b8-beam4": (8, 4)}
 
 
@@ -53,8 +57,8 @@ def setup_static_compile(base, case):
     return r
 
 
-def setup_grape(base, case, share_executables=True):
-    model = grape.compile(copy.deepcopy(base), share_executables=share_executables)
+def setup_grape(base, case, **options):
+    model = grape.compile(copy.deepcopy(base), **options)
     r = measure_generate(model, *case["inputs"], case["kwargs"], case["reps"], 2, "grape")
     r["host_ms_per_forward"] = generation.host_ms_per_forward(model, *case["inputs"], case["kwargs"])
     r.update(harness.grape_stats(model, generation.GRAPE_STATS))
@@ -79,7 +83,70 @@ def setup_grape_step(base, case):
     return r
 
 
+def forward_alone(base, batch: int, new_tokens: int, reps: int) -> dict:
+    """The compiled forward alone, called in a plain loop of decode steps over a DynamicCache,
+    against its ideal replay: one plain CUDA graph per step, captured on that step's cache and
+    replayed in order with nothing copied or rebuilt in Python (the least those kernels cost).
+    ms per decode step; the prefill is outside the timed loop. Tokens are fixed (teacher forcing):
+    a step's cost does not depend on their values."""
+    import transformers
+
+    g = torch.Generator(device="cpu").manual_seed(2)
+    ids = torch.randint(0, base.config.vocab_size, (batch, 8), generator=g).to("cuda")
+    steps = torch.randint(0, base.config.vocab_size, (new_tokens, batch, 1), generator=g).to("cuda")
+
+    def prefilled(model):
+        cache = transformers.DynamicCache(config=model.config)
+        model(input_ids=ids, past_key_values=cache, use_cache=True)
+        return cache
+
+    def ms_per_step(run_steps) -> float:
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        run_steps()
+        torch.cuda.synchronize()
+        return (time.perf_counter() - t0) * 1e3 / new_tokens
+
+    model = grape.compile(copy.deepcopy(base))
+
+    def grape_pass() -> float:
+        cache = prefilled(model)
+        return ms_per_step(lambda: [model(input_ids=tok, past_key_values=cache, use_cache=True)
+                                    for tok in steps])
+
+    for _ in harness.progress(range(2), "grape forward"):  # warm-up, capture
+        grape_pass()
+    grape_runs = [grape_pass() for _ in range(reps)]
+    result = {"grape_ms_per_step": harness.median(grape_runs), "grape_runs": grape_runs,
+              **harness.grape_stats(model, ("graphs", "replays", "fallbacks"))}
+
+    plain = copy.deepcopy(base)
+    cache = prefilled(plain)
+    plain(input_ids=steps[0], past_key_values=copy.deepcopy(cache), use_cache=True)  # warm-up
+    pool, graphs, read = torch.cuda.graph_pool_handle(), [], []
+    try:
+        for tok in harness.progress(steps, "ideal capture"):
+            snapshot = copy.deepcopy(cache)
+            # The graph reads these; the capture rebinds the snapshot's layers to its own outputs.
+            read.append([(layer.keys, layer.values) for layer in snapshot.layers])
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph, pool=pool):
+                plain(input_ids=tok, past_key_values=snapshot, use_cache=True)
+            graphs.append(graph)
+            plain(input_ids=tok, past_key_values=cache, use_cache=True)
+    except Exception as e:  # reported, not fatal to the rest of the benchmark
+        result["ideal_error"] = f"{type(e).__name__}: {e}"[:500]
+        return result
+    ms_per_step(lambda: [graph.replay() for graph in graphs])
+    ideal_runs = [ms_per_step(lambda: [graph.replay() for graph in graphs]) for _ in range(reps)]
+    result.update(ideal_ms_per_step=harness.median(ideal_runs), ideal_runs=ideal_runs)
+    result["ratio_to_ideal"] = result["grape_ms_per_step"] / result["ideal_ms_per_step"]
+    return result
+
+
 SETUPS = {"eager": setup_eager, "static_compile": setup_static_compile, "grape": setup_grape,
+          # one executable per topology, patched for every other shape: the least device memory
+          "grape_compact": lambda base, case: setup_grape(base, case, executable_cache=0),
           # one executable per graph: no patching between shapes (more device memory)
           "grape_all_resident": lambda base, case: setup_grape(base, case, share_executables=False),
           "grape_step": setup_grape_step}
@@ -112,7 +179,15 @@ def run_case(base, name, batch, beams, new_tokens, reps, modes) -> dict:
     config = {"model": "gpt2-small" if base.config.n_layer == 12 else "gpt2-tiny",
               "dtype": "float16", "batch": batch, "beams": beams, "prompt": 8,
               "new_tokens": new_tokens, "reps": reps}
-    return {"name": name, "config": config, "modes": results}
+    case_result = {"name": name, "config": config, "modes": results}
+    if beams == 1 and "grape" in modes:
+        print("  forward alone vs its ideal replay ...", flush=True)
+        case_result["forward_alone"] = f = forward_alone(base, batch, new_tokens, reps)
+        harness.clear_memory()
+        if f.get("ideal_ms_per_step"):
+            print(f"  forward alone: grape {f['grape_ms_per_step']:.3f} ms/step, ideal replay "
+                  f"{f['ideal_ms_per_step']:.3f} ({f['ratio_to_ideal']:.3f}x)", flush=True)
+    return case_result
 
 
 def main(argv=None):

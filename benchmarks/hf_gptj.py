@@ -1,5 +1,6 @@
 """Hugging Face GPT-J 6B (fp16, random weights) through its own, unchanged `generate` with the
 default dynamic cache: batch 1, a 32-token prompt, greedy. Modes: eager; grape.compile(model);
+grape.compile(model, executable_cache=0) (`grape_compact`: one executable per topology);
 grape.compile(model, share_executables=False) (`grape_all_resident`); and `grape_step`, a whole
 decode step (forward and greedy selection) compiled as one grape function in a plain Python loop.
 Against the physical limit: the HBM-bandwidth floor, the time to read the weights once per token.
@@ -38,7 +39,7 @@ import grape
 from benchmarks import generation, harness
 from benchmarks.generation import measure, measure_generate
 
-MODES = ["eager", "grape", "grape_all_resident", "grape_step"]
+MODES = ["eager", "grape", "grape_compact", "grape_all_resident", "grape_step"]
 PROMPT = 32
 EOS = 50256
 # HF's default init (normal, std 0.02) keeps GPT-J 6B's activations far from fp16's limit: a
@@ -133,8 +134,8 @@ def setup_eager(model, case):
     return measure_generate(model, *case["inputs"], case["kwargs"], case["reps"], 0, "eager")
 
 
-def setup_grape(model, case, share_executables=True):
-    with compiled_in_place(model, share_executables=share_executables):
+def setup_grape(model, case, **options):
+    with compiled_in_place(model, **options):
         r = measure_generate(model, *case["inputs"], case["kwargs"], case["reps"], 2, "grape")
         r["host_ms_per_forward"] = generation.host_ms_per_forward(model, *case["inputs"],
                                                                   case["kwargs"])
@@ -164,6 +165,8 @@ def setup_grape_step(model, case):
 
 
 SETUPS = {"eager": setup_eager, "grape": setup_grape,
+          # one executable per topology, patched for every other shape: the least device memory
+          "grape_compact": lambda model, case: setup_grape(model, case, executable_cache=0),
           # one executable per graph: no patching between shapes (more device memory)
           "grape_all_resident": lambda model, case: setup_grape(model, case, share_executables=False),
           "grape_step": setup_grape_step}

@@ -64,6 +64,11 @@ def _explain(reason: str) -> str:
     return reason
 
 
+# Device memory a function's executables beyond one per topology may take (Note [Executable
+# slots]): GPT-2's 128 decode lengths (~0.6 MB each), or about 50 of GPT-J's (~5 MB each).
+DEFAULT_EXECUTABLE_CACHE = 256 << 20
+
+
 class CompiledFunction(_C.Runtime):
     """A function (or module forward) whose calls replay CUDA graphs, one per call signature.
 
@@ -75,9 +80,11 @@ class CompiledFunction(_C.Runtime):
     def __init__(self, fn: Callable, *, warmup: int = 1, module: Optional[torch.nn.Module] = None,
                  name: Optional[str] = None, alias_prediction: bool = True, rewrite: bool = True,
                  on_unsupported: str = "error", share_executables: bool = True,
+                 executable_cache: Optional[int] = DEFAULT_EXECUTABLE_CACHE,
                  memory_budget: Optional[int] = None):
         run, why = _rewrite.rewrite(fn, on_unsupported) if rewrite else (fn, "rewrite=False")
         super().__init__(run, warmup, module, alias_prediction, share_executables,
+                         -1 if executable_cache is None else executable_cache,
                          -1 if memory_budget is None else memory_budget)
         # Whether tensor-dependent control flow in fn is predicated (docs/semantics.md); else why not.
         self.rewritten = run is not fn
@@ -134,16 +141,16 @@ def set_memory_budget(nbytes: Optional[int]) -> None:
     """The ``memory_budget`` of functions compiled from now on that do not give one (None: no
     budget). See :func:`grape.compile`."""
     global _default_memory_budget
-    _default_memory_budget = _check_budget(nbytes)
+    _default_memory_budget = _check_bytes("memory_budget", nbytes)
 
 
-def _check_budget(nbytes):
+def _check_bytes(name: str, nbytes):
     if nbytes is None:
         return None
     if isinstance(nbytes, bool) or not isinstance(nbytes, int):
-        raise TypeError(f"grape: memory_budget must be an int (bytes) or None, got {type(nbytes).__name__}")
+        raise TypeError(f"grape: {name} must be an int (bytes) or None, got {type(nbytes).__name__}")
     if nbytes < 0:
-        raise ValueError(f"grape: memory_budget must be >= 0 bytes, got {nbytes}")
+        raise ValueError(f"grape: {name} must be >= 0 bytes, got {nbytes}")
     return nbytes
 
 
@@ -152,7 +159,7 @@ _UNSET = object()
 
 def compile(fn: Optional[Callable] = None, *, warmup: int = 1, alias_prediction: bool = True,
             rewrite: bool = True, on_unsupported: str = "error", share_executables: bool = True,
-            memory_budget: Any = _UNSET):
+            executable_cache: Optional[int] = DEFAULT_EXECUTABLE_CACHE, memory_budget: Any = _UNSET):
     """Compiles ``fn`` (a function or an ``nn.Module``) into CUDA graphs, one per call signature.
 
     * ``grape.compile(fn)`` and ``@grape.compile`` return a :class:`CompiledFunction`;
@@ -181,9 +188,12 @@ def compile(fn: Optional[Callable] = None, *, warmup: int = 1, alias_prediction:
     the host, so that signature runs eagerly. See docs/semantics.md, "The predication rewriter".
 
     ``share_executables``: graphs of one topology (typically every shape of the function) share
-    one instantiated executable, patched to a shape's kernel parameters when it is replayed; the
+    instantiated executables, patched to a shape's kernel parameters when it is replayed; the
     parameters are kept compressed on the host. Off: one executable per graph (more device memory,
-    no patching). ``memory_budget``: bytes of device memory for the function's graph memory (its
+    no patching). ``executable_cache``: bytes of device memory for executables beyond one per
+    topology, so that the shapes holding one replay without patching (about 4 KB per kernel of a
+    graph; default 256 MiB); 0: one executable per topology, the least memory; None: no limit.
+    ``memory_budget``: bytes of device memory for the function's graph memory (its
     arena and resident executables); over it, least recently used executables are freed (and
     rebuilt when needed), and a capture that does not fit runs eagerly, with the reason. None (the
     default, see :func:`grape.set_memory_budget`): no budget. See docs/semantics.md, "Graph memory".
@@ -206,7 +216,8 @@ def compile(fn: Optional[Callable] = None, *, warmup: int = 1, alias_prediction:
         memory_budget = _default_memory_budget
     options = dict(warmup=warmup, alias_prediction=alias_prediction, rewrite=rewrite,
                    on_unsupported=on_unsupported, share_executables=share_executables,
-                   memory_budget=_check_budget(memory_budget))
+                   executable_cache=_check_bytes("executable_cache", executable_cache),
+                   memory_budget=_check_bytes("memory_budget", memory_budget))
     if fn is None:
         return functools.partial(compile, **options)
     if isinstance(fn, CompiledFunction):
@@ -239,7 +250,8 @@ def stats(fn: Any) -> dict:
     from input buffers), ``site_buffers_busy`` (served by PyTorch because both buffers were held)
     and ``input_buffer_bytes``; graph memory's ``shapes`` (graphs held), ``topology_groups``,
     ``unshareable_groups`` / ``unshareable_reason``, ``graphs_joined``, ``resident_executables``,
-    ``executable_bytes``, ``instantiations``, ``evictions``, ``executable_switches``,
+    ``executable_bytes`` (``cached_executable_bytes`` of them beyond one per topology, within
+    ``executable_cache``), ``instantiations``, ``evictions``, ``executable_switches``,
     ``nodes_patched``, ``patch_seconds``, ``params_bytes`` / ``params_raw_bytes`` (parameters kept,
     compressed and raw), ``capture_oom_retries`` and ``memory_budget``;
     ``live_outputs``, ``fallbacks`` (signature, reason, call site) and ``entries`` (per signature).

@@ -8,10 +8,10 @@
 namespace grape::cuda {
 
 struct ExecutableStats {
-  int64_t groups = 0;          // topology groups (each with one executable at most)
+  int64_t groups = 0;          // topology groups
   int64_t members = 0;         // graphs held
   int64_t unshareable = 0;     // groups of a graph that cannot share (see the Note)
-  int64_t resident = 0;        // executables instantiated now
+  int64_t resident = 0;        // executables instantiated now (slots, over all groups)
   int64_t instantiations = 0;  // executables instantiated, again after an eviction included
   int64_t evictions = 0;
   int64_t joins = 0;            // graphs that joined a group instead of being instantiated
@@ -21,6 +21,7 @@ struct ExecutableStats {
   int64_t patch_ns = 0;
   size_t device_bytes = 0;      // resident executables: their nodes' share of the driver memory
                                 // that instantiations were measured to take
+  size_t cached_bytes = 0;      // ... of them, the executables beyond one per group
   size_t params_bytes = 0;      // members' parameters as held (compressed)
   size_t params_raw_bytes = 0;  // the same, uncompressed
 };

@@ -10,14 +10,13 @@
 #include <stdexcept>
 #include <utility>
 
+#include "core/executable_slots.h"
 #include "core/param_codec.h"
 #include "cuda/driver.h"
 
 namespace grape::cuda {
 
 namespace {
-
-constexpr uint32_t kUnknownShape = UINT32_MAX;  // what an executable holds after a failed update
 
 void check(cudaError_t status, const char* what) {
   if (status == cudaSuccess) return;
@@ -360,43 +359,55 @@ void write_node(cudaGraphExec_t exec, cudaGraphNode_t node, NodeKind kind, const
 
 }  // namespace
 
+struct SharedExecutables::Executable {
+  cudaGraphExec_t exec = nullptr;
+  size_t device_bytes = 0;
+};
+
 struct SharedExecutables::Group {
-  cudaGraph_t graph = nullptr;      // the base graph, owned
-  cudaGraphExec_t exec = nullptr;   // null while evicted
+  cudaGraph_t graph = nullptr;  // the base graph, owned
   std::vector<cudaGraphNode_t> nodes;
   std::vector<NodeKind> kinds;
   std::unique_ptr<core::ParamTable> params;  // null: this group has one graph and never shares
   uint64_t topology = 0;
-  uint32_t current = core::ParamTable::kBase;  // the shape whose parameters `exec` holds
   int64_t members = 0;
-  uint64_t last_used = 0;
-  size_t device_bytes = 0;
+  // Resident slots (Note [Executable slots]): which shape each holds and when it was last
+  // prepared, and its executable, by the same index. Empty while evicted.
+  std::vector<core::ExecutableSlot> slots;
+  std::vector<Executable> executables;
+
+  size_t cached_bytes() const {  // the executables beyond the first
+    size_t bytes = 0;
+    for (size_t i = 1; i < executables.size(); ++i) bytes += executables[i].device_bytes;
+    return bytes;
+  }
 };
 
-SharedExecutables::SharedExecutables(bool share) : share_(share) {}
+SharedExecutables::SharedExecutables(bool share, size_t cache_bytes)
+    : share_(share), cache_bytes_(cache_bytes) {}
 
 SharedExecutables::~SharedExecutables() {
   for (auto& group : groups_) {
     if (!group) continue;
-    if (group->exec != nullptr) (void)cudaGraphExecDestroy(group->exec);
+    for (const Executable& e : group->executables) (void)cudaGraphExecDestroy(e.exec);
     if (group->graph != nullptr) (void)cudaGraphDestroy(group->graph);
   }
 }
 
-void SharedExecutables::instantiate(Group& group, cudaStream_t stream) {
+size_t SharedExecutables::instantiate(Group& group, cudaStream_t stream) {
   size_t free_before = 0, free_after = 0, total = 0;
   (void)cudaMemGetInfo(&free_before, &total);
+  Executable made;
   // The flags PyTorch's CUDAGraph instantiates with.
   check(cudaGraphInstantiateWithFlags(
-            &group.exec, group.graph,
+            &made.exec, group.graph,
             cudaGraphInstantiateFlagAutoFreeOnLaunch | cudaGraphInstantiateFlagUseNodePriority),
         "cudaGraphInstantiateWithFlags");
   // The upload allocates the executable's device memory now rather than at its first launch.
-  const cudaError_t uploaded = cudaGraphUpload(group.exec, stream);
+  const cudaError_t uploaded = cudaGraphUpload(made.exec, stream);
   (void)cudaMemGetInfo(&free_after, &total);
   if (uploaded != cudaSuccess) {
-    (void)cudaGraphExecDestroy(group.exec);
-    group.exec = nullptr;
+    (void)cudaGraphExecDestroy(made.exec);
     check(uploaded, "cudaGraphUpload");
   }
   // The driver takes executables' memory in chunks, so one instantiation may take a chunk and
@@ -407,19 +418,33 @@ void SharedExecutables::instantiate(Group& group, cudaStream_t stream) {
   measured_nodes += group.nodes.size();
   const double per_node = static_cast<double>(measured_bytes.load()) /
                           static_cast<double>(std::max<uint64_t>(1, measured_nodes.load()));
-  group.device_bytes = static_cast<size_t>(per_node * static_cast<double>(group.nodes.size()));
-  device_bytes_ += group.device_bytes;
-  group.current = core::ParamTable::kBase;
+  // Executables of one graph are of one size: a group's slots are all charged as its first.
+  made.device_bytes = group.executables.empty()
+                          ? static_cast<size_t>(per_node * static_cast<double>(group.nodes.size()))
+                          : group.executables.front().device_bytes;
+  const size_t cached_before = group.cached_bytes();
+  group.executables.push_back(made);
+  group.slots.push_back({core::ParamTable::kBase, 0});
+  device_bytes_ += made.device_bytes;
+  cached_bytes_ += group.cached_bytes() - cached_before;
   ++counters_.instantiations;
+  return group.slots.size() - 1;
 }
 
-void SharedExecutables::destroy_executable(Group& group) {
-  if (group.exec == nullptr) return;
+void SharedExecutables::destroy_slot(Group& group, size_t slot) {
   // A launch still in flight completes: the driver frees the executable after it.
-  (void)cudaGraphExecDestroy(group.exec);
-  group.exec = nullptr;
-  device_bytes_ -= std::min(device_bytes_, group.device_bytes);
-  group.device_bytes = 0;
+  (void)cudaGraphExecDestroy(group.executables[slot].exec);
+  const size_t cached_before = group.cached_bytes();
+  device_bytes_ -= std::min(device_bytes_, group.executables[slot].device_bytes);
+  group.executables.erase(group.executables.begin() + static_cast<std::ptrdiff_t>(slot));
+  group.slots.erase(group.slots.begin() + static_cast<std::ptrdiff_t>(slot));
+  cached_bytes_ -= std::min(cached_bytes_, cached_before - group.cached_bytes());
+}
+
+bool SharedExecutables::room_for_slot(const Group& group) const {
+  if (!group.params || group.executables.empty()) return false;
+  if (cache_bytes_ == SIZE_MAX) return true;
+  return cached_bytes_ + group.executables.front().device_bytes <= cache_bytes_;
 }
 
 SharedExecutables::Member SharedExecutables::add(cudaGraph_t graph, cudaStream_t stream) {
@@ -438,16 +463,25 @@ SharedExecutables::Member SharedExecutables::add(cudaGraph_t graph, cudaStream_t
     for (auto it = first; it != last; ++it) {
       Group& group = *groups_[it->second];
       if (group.nodes.size() != contents.nodes.size() || group.kinds != contents.kinds) continue;
-      if (group.exec == nullptr) instantiate(group, stream);
+      // The update both asks the driver whether the graph may share this group's executables and
+      // writes its parameters into the slot it will replay in: a new one where the cache has
+      // room, else the one a shape without a slot would be patched into.
+      const bool fresh = group.slots.empty() || room_for_slot(group);
+      const size_t slot =
+          fresh ? instantiate(group, stream)
+                : core::choose_slot(group.slots, core::ExecutableSlot::kNoShape, false).slot;
       cudaGraphExecUpdateResultInfo info{};
-      if (cudaGraphExecUpdate(group.exec, graph, &info) != cudaSuccess) {
+      if (cudaGraphExecUpdate(group.executables[slot].exec, graph, &info) != cudaSuccess) {
         (void)cudaGetLastError();
-        group.current = kUnknownShape;  // the driver may have updated part of it
+        if (fresh) {
+          destroy_slot(group, slot);
+        } else {
+          group.slots[slot].shape = core::ExecutableSlot::kNoShape;  // maybe partly updated
+        }
         continue;
       }
       const uint32_t shape = group.params->add(contents.blobs);
-      group.current = shape;
-      group.last_used = ++clock_;
+      group.slots[slot] = {shape, ++clock_};
       ++group.members;
       ++counters_.joins;
       return {it->second, shape};
@@ -462,7 +496,6 @@ SharedExecutables::Member SharedExecutables::add(cudaGraph_t graph, cudaStream_t
   group->topology = contents.topology;
   if (shareable) group->params = std::make_unique<core::ParamTable>(std::move(contents.blobs));
   group->members = 1;
-  group->last_used = ++clock_;
   const auto index = static_cast<uint32_t>(groups_.size());
   try {
     instantiate(*group, stream);
@@ -470,6 +503,7 @@ SharedExecutables::Member SharedExecutables::add(cudaGraph_t graph, cudaStream_t
     (void)cudaGraphDestroy(group->graph);
     throw;
   }
+  group->slots.front().last_used = ++clock_;
   if (shareable) by_topology_.emplace(group->topology, index);
   groups_.push_back(std::move(group));
   return {index, core::ParamTable::kBase};
@@ -480,12 +514,14 @@ void SharedExecutables::remove(Member member) {
   Group& group = *groups_[member.group];
   if (group.params) {
     group.params->remove(member.shape);
-    if (group.current == member.shape && member.shape != core::ParamTable::kBase) {
-      group.current = kUnknownShape;
+    if (member.shape != core::ParamTable::kBase) {  // the base's parameters stay readable
+      for (auto& slot : group.slots) {
+        if (slot.shape == member.shape) slot.shape = core::ExecutableSlot::kNoShape;
+      }
     }
   }
   if (--group.members > 0) return;
-  destroy_executable(group);
+  while (!group.slots.empty()) destroy_slot(group, group.slots.size() - 1);
   (void)cudaGraphDestroy(group.graph);
   auto [first, last] = by_topology_.equal_range(group.topology);
   for (auto it = first; it != last; ++it) {
@@ -499,39 +535,44 @@ void SharedExecutables::remove(Member member) {
 
 cudaGraphExec_t SharedExecutables::prepare(Member member, cudaStream_t stream) {
   Group& group = *groups_.at(member.group);
-  group.last_used = ++clock_;
-  if (group.exec == nullptr) instantiate(group, stream);
-  if (group.params && group.current != member.shape) patch(group, member.shape);
-  return group.exec;
+  const core::SlotChoice choice =
+      core::choose_slot(group.slots, member.shape, room_for_slot(group));
+  const size_t slot =
+      choice.kind == core::SlotChoice::Kind::kNewSlot ? instantiate(group, stream) : choice.slot;
+  if (group.slots[slot].shape != member.shape) patch(group, slot, member.shape);
+  group.slots[slot].last_used = ++clock_;
+  return group.executables[slot].exec;
 }
 
 void SharedExecutables::prepare_ahead(Member member) {
   if (!member.valid() || member.group >= groups_.size() || !groups_[member.group]) return;
   Group& group = *groups_[member.group];
-  if (group.exec == nullptr || !group.params || group.current == member.shape ||
-      !group.params->contains(member.shape)) {
-    return;
-  }
-  patch(group, member.shape);
+  if (group.slots.empty() || !group.params || !group.params->contains(member.shape)) return;
+  const core::SlotChoice choice =
+      core::choose_slot(group.slots, member.shape, room_for_slot(group));
+  if (choice.kind != core::SlotChoice::Kind::kPatch) return;
+  patch(group, choice.slot, member.shape);
   ++counters_.patches_ahead;
 }
 
-void SharedExecutables::patch(Group& group, uint32_t shape) {
+void SharedExecutables::patch(Group& group, size_t slot, uint32_t shape) {
   const auto start = std::chrono::steady_clock::now();
   std::vector<uint32_t> changed;
-  if (group.current == kUnknownShape) {
+  const uint32_t from = group.slots[slot].shape;
+  if (from == core::ExecutableSlot::kNoShape) {
     changed.resize(group.nodes.size());
     for (uint32_t i = 0; i < changed.size(); ++i) changed[i] = i;
   } else {
-    group.params->changed_nodes(group.current, shape, changed);
+    group.params->changed_nodes(from, shape, changed);
   }
-  group.current = kUnknownShape;  // until every node is written
+  group.slots[slot].shape = core::ExecutableSlot::kNoShape;  // until every node is written
   core::Blob blob;
+  cudaGraphExec_t exec = group.executables[slot].exec;
   for (uint32_t node : changed) {
     group.params->decode(shape, node, blob);
-    write_node(group.exec, group.nodes[node], group.kinds[node], blob);
+    write_node(exec, group.nodes[node], group.kinds[node], blob);
   }
-  group.current = shape;
+  group.slots[slot].shape = shape;
   ++counters_.switches;
   counters_.nodes_patched += static_cast<int64_t>(changed.size());
   counters_.patch_ns += std::chrono::duration_cast<std::chrono::nanoseconds>(
@@ -540,16 +581,38 @@ void SharedExecutables::patch(Group& group, uint32_t shape) {
 }
 
 int SharedExecutables::evict_to(size_t bytes, Member keep) {
+  // The executable serving `keep`: its shape's slot, else the slot its group launched last.
+  cudaGraphExec_t kept = nullptr;
+  if (keep.valid() && keep.group < groups_.size() && groups_[keep.group]) {
+    const Group& g = *groups_[keep.group];
+    uint64_t kept_use = 0;
+    for (size_t i = 0; i < g.slots.size(); ++i) {
+      if (g.slots[i].shape == keep.shape) {
+        kept = g.executables[i].exec;
+        break;
+      }
+      if (kept == nullptr || g.slots[i].last_used > kept_use) {
+        kept = g.executables[i].exec;
+        kept_use = g.slots[i].last_used;
+      }
+    }
+  }
   int evicted = 0;
   while (device_bytes_ > bytes) {
     Group* oldest = nullptr;
-    for (uint32_t i = 0; i < groups_.size(); ++i) {
-      Group* g = groups_[i].get();
-      if (g == nullptr || g->exec == nullptr || i == keep.group) continue;
-      if (oldest == nullptr || g->last_used < oldest->last_used) oldest = g;
+    size_t oldest_slot = 0;
+    for (auto& group : groups_) {
+      if (!group) continue;
+      for (size_t i = 0; i < group->slots.size(); ++i) {
+        if (group->executables[i].exec == kept) continue;
+        if (oldest == nullptr || group->slots[i].last_used < oldest->slots[oldest_slot].last_used) {
+          oldest = group.get();
+          oldest_slot = i;
+        }
+      }
     }
     if (oldest == nullptr) break;
-    destroy_executable(*oldest);
+    destroy_slot(*oldest, oldest_slot);
     ++counters_.evictions;
     ++evicted;
   }
@@ -559,11 +622,12 @@ int SharedExecutables::evict_to(size_t bytes, Member keep) {
 ExecutableStats SharedExecutables::stats() const {
   ExecutableStats s = counters_;
   s.device_bytes = device_bytes_;
+  s.cached_bytes = cached_bytes_;
   for (const auto& g : groups_) {
     if (!g) continue;
     ++s.groups;
     s.members += g->members;
-    s.resident += g->exec != nullptr ? 1 : 0;
+    s.resident += static_cast<int64_t>(g->slots.size());
     if (g->params) {
       s.params_bytes += g->params->compressed_bytes();
       s.params_raw_bytes += g->params->raw_bytes();

@@ -6,15 +6,17 @@
 // captures at different shapes mostly have one topology, and CUDA lets an executable take another
 // graph's parameters: cudaGraphExecUpdate (a whole graph), cudaGraphExec*NodeSetParams (a node).
 // So graphs are grouped by topology, and a group holds:
-//   - its base graph (the first captured) and one executable instantiated from it, or none while
-//     evicted (it is instantiated again from the base graph on demand);
+//   - its base graph (the first captured) and the executables instantiated from it ("slots"), as
+//     many as the executable cache allows and at least one while the group replays (an evicted
+//     one is instantiated again from the base graph on demand); which shape runs in which slot is
+//     Note [Executable slots];
 //   - every member's node parameters, compressed (Note [Graph parameter codec]).
 // A new graph joins a group whose topology key matches if cudaGraphExecUpdate of the group's
 // executable with it succeeds: the driver, not this file, decides what may share. The graph is
-// then read and destroyed; only its parameters stay. Launching a member first patches the nodes
-// whose parameters differ from what the executable holds. Patching never touches launches already
-// queued ("modifications only affect future launches"), so a replay may patch while the previous
-// one still runs, and memory stays one executable per topology.
+// then read and destroyed; only its parameters stay. Launching a member without a slot of its own
+// first patches the nodes whose parameters differ from what its slot holds. Patching never touches
+// launches already queued ("modifications only affect future launches"), so with the cache empty
+// (`cache_bytes` 0) memory stays one executable per topology.
 // Graphs that cannot be read (conditional or event nodes, kernels whose parameter layout the
 // driver does not report) get a group of their own, as do all graphs when sharing is off.
 // Node order is the graphs' creation order (cudaGraphGetNodes), the order cudaGraphExecUpdate
@@ -41,7 +43,9 @@ class SharedExecutables {
   };
 
   // `share`: group graphs by topology; false gives every graph an executable of its own.
-  explicit SharedExecutables(bool share);
+  // `cache_bytes`: device memory that the executables beyond one per group may take
+  // (Note [Executable slots]); SIZE_MAX: no limit.
+  SharedExecutables(bool share, size_t cache_bytes);
   ~SharedExecutables();
   SharedExecutables(const SharedExecutables&) = delete;
   SharedExecutables& operator=(const SharedExecutables&) = delete;
@@ -55,13 +59,13 @@ class SharedExecutables {
   // The executable holding `member`'s parameters, instantiated (`stream` receives its upload) and
   // patched as needed. Throws std::runtime_error when the driver refuses.
   cudaGraphExec_t prepare(Member member, cudaStream_t stream);
-  // Patches `member`'s executable to its parameters now, if it is resident, so that the next
-  // prepare() of it has nothing to write: called right after a launch with the member predicted
-  // to come next, the patching overlaps the launched work instead of delaying the next launch.
-  // Does nothing for an ended group or an evicted executable.
+  // Patches a slot to `member`'s parameters now, if `member` has no slot of its own and no new
+  // slot would be made for it, so that the next prepare() of it has nothing to write: called right
+  // after a launch with the member predicted to come next, the patching overlaps the launched work
+  // instead of delaying the next launch. Does nothing for an ended or evicted group.
   void prepare_ahead(Member member);
   // Destroys resident executables, least recently prepared first, until they hold at most `bytes`
-  // of device memory; never `keep`'s. Returns how many it destroyed.
+  // of device memory; never the one serving `keep`. Returns how many it destroyed.
   int evict_to(size_t bytes, Member keep);
   size_t device_bytes() const { return device_bytes_; }
   ExecutableStats stats() const;
@@ -70,11 +74,18 @@ class SharedExecutables {
 
  private:
   struct Group;
-  void instantiate(Group& group, cudaStream_t stream);
-  void patch(Group& group, uint32_t shape);  // requires a resident, shareable group
-  void destroy_executable(Group& group);
+  struct Executable;
+  // A new slot of `group`, instantiated from its base graph (holding the base's parameters);
+  // returns its index.
+  size_t instantiate(Group& group, cudaStream_t stream);
+  void patch(Group& group, size_t slot, uint32_t shape);  // requires a shareable group
+  void destroy_slot(Group& group, size_t slot);
+  // Whether the executable cache can take another slot of `group`.
+  bool room_for_slot(const Group& group) const;
 
   bool share_;
+  size_t cache_bytes_;
+  size_t cached_bytes_ = 0;  // the executables beyond the first of each group
   std::vector<std::unique_ptr<Group>> groups_;  // null where a group ended
   std::unordered_multimap<uint64_t, uint32_t> by_topology_;
   uint64_t clock_ = 0;

@@ -132,18 +132,21 @@ Entry::Entry() = default;
 Entry::~Entry() = default;
 
 Runtime::Runtime(py::object fn, int warmup, py::object static_module, bool alias_prediction,
-                 bool share_executables, int64_t memory_budget)
+                 bool share_executables, int64_t executable_cache, int64_t memory_budget)
     : fn_(std::move(fn)),
       static_module_(std::move(static_module)),
       warmup_(warmup),
       alias_prediction_(alias_prediction),
+      executable_cache_(executable_cache),
       memory_budget_(memory_budget) {
   TORCH_CHECK(PyCallable_Check(fn_.ptr()), "grape.compile expects a callable, got ",
               Py_TYPE(fn_.ptr())->tp_name);
   TORCH_CHECK(warmup_ >= 0, "grape.compile: warmup must be >= 0, got ", warmup_);
 #ifdef GRAPE_WITH_CUDA
   if (alias_prediction_) sites_ = std::make_unique<InputSites>();
-  executables_ = std::make_shared<cuda::SharedExecutables>(share_executables);
+  executables_ = std::make_shared<cuda::SharedExecutables>(
+      share_executables,
+      executable_cache < 0 ? SIZE_MAX : static_cast<size_t>(executable_cache));
 #else
   (void)share_executables;
 #endif
@@ -241,9 +244,10 @@ py::object Runtime::call(py::args args, py::kwargs kwargs) {
 
   if (entry.graph) {
     std::string changed;
-    if (!static_state_holds(*entry.graph, changed)) {
+    const StateChange change = static_state_change(*entry.graph, changed);
+    if (change != StateChange::kNone) {
       ++stats_.recaptures;
-      if (changed.find("optimizer setting") != std::string::npos && !warned_settings_) {
+      if (change == StateChange::kOptimizerSetting && !warned_settings_) {
         warned_settings_ = true;
         const std::string message =
             "grape: " + changed + " since the step was captured: capturing it again. A setting "
@@ -342,21 +346,23 @@ std::vector<std::pair<at::Tensor, const void*>> Runtime::gather_static_tensors(
 
 namespace allocator = c10::cuda::CUDACachingAllocator;
 
-bool Runtime::static_state_holds(const CapturedGraph& g, std::string& changed) const {
+Runtime::StateChange Runtime::static_state_change(const CapturedGraph& g,
+                                                  std::string& changed) const {
   for (const auto& [tensor, ptr] : g.static_tensors) {
     if (tensor.data_ptr() != ptr) {
       changed = "a parameter, buffer or optimizer state tensor moved";
-      return false;
+      return StateChange::kTensorMoved;
     }
   }
   for (const auto& guard : g.grad_guards) {
     const at::Tensor& grad = guard.leaf.grad();
     if ((grad.defined() ? grad.data_ptr() : nullptr) != guard.grad) {
       changed = "a gradient is not where the capture found it";
-      return false;
+      return StateChange::kGradientMoved;
     }
   }
-  return optimizer_settings_hold(g.hyperparameters, changed);
+  return optimizer_settings_hold(g.hyperparameters, changed) ? StateChange::kNone
+                                                             : StateChange::kOptimizerSetting;
 }
 
 namespace {
@@ -1018,6 +1024,9 @@ py::dict Runtime::stats() {
           : py::str("graphs cannot share executables: " + unshareable_reason);
   d["resident_executables"] = ex.resident;
   d["executable_bytes"] = static_cast<int64_t>(ex.device_bytes);
+  d["cached_executable_bytes"] = static_cast<int64_t>(ex.cached_bytes);
+  d["executable_cache"] =
+      executable_cache_ < 0 ? py::object(py::none()) : py::int_(executable_cache_);
   d["instantiations"] = ex.instantiations;
   d["evictions"] = ex.evictions;
   d["graphs_joined"] = ex.joins;

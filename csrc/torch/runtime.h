@@ -73,10 +73,12 @@ class Runtime {
   // `static_module`: an nn.Module (or None) whose parameters and buffers the function reads.
   // `alias_prediction`: feed an earlier replay's output to the next graph in place (chaining), and
   // hand the caller's allocations at predicted code positions the graphs' input buffers.
-  // `share_executables`: graphs of one topology share one executable (Note [Shared executables]).
+  // `share_executables`: graphs of one topology share executables (Note [Shared executables]).
+  // `executable_cache`: bytes of device memory for the executables beyond one per topology, which
+  // let shapes replay without patching (Note [Executable slots]); < 0: no limit.
   // `memory_budget`: bytes of device memory for the arena and resident executables; < 0: none.
   Runtime(py::object fn, int warmup, py::object static_module, bool alias_prediction,
-          bool share_executables, int64_t memory_budget);
+          bool share_executables, int64_t executable_cache, int64_t memory_budget);
   virtual ~Runtime();
   Runtime(const Runtime&) = delete;
   Runtime& operator=(const Runtime&) = delete;
@@ -123,9 +125,10 @@ class Runtime {
   void report(const std::string& description, const std::string& reason, const py::object& error);
   std::string describe(const FlatCall& flat) const;
   std::vector<std::pair<at::Tensor, const void*>> gather_static_tensors(const FlatCall& flat);
-  // Whether a graph's static state (parameters, buffers, gradients, optimizer state and
-  // settings) is as it was captured; if not, `changed` says what changed.
-  bool static_state_holds(const CapturedGraph& graph, std::string& changed) const;
+  // What of a graph's static state (parameters, buffers, gradients, optimizer state and
+  // settings) is not as it was captured, if anything; `changed` says it in words.
+  enum class StateChange { kNone, kTensorMoved, kGradientMoved, kOptimizerSetting };
+  StateChange static_state_change(const CapturedGraph& graph, std::string& changed) const;
   FlatCall& scratch();
 
   py::object fn_;
@@ -135,7 +138,8 @@ class Runtime {
   bool warned_settings_ = false;  // recaptures for changed optimizer settings: warned once
   int warmup_;
   bool alias_prediction_;
-  int64_t memory_budget_;  // < 0: none
+  int64_t executable_cache_;  // < 0: no limit
+  int64_t memory_budget_;     // < 0: none
   Flattener flattener_;
   std::unordered_map<core::Signature, std::unique_ptr<Entry>, core::SignatureHash> cache_;
   // Graphs replaced while the function lives (static state moved, reset()). They are destroyed

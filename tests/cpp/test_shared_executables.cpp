@@ -103,7 +103,7 @@ TEST(SharedExecutables, ShapesOfOneTopologyShareOneExecutableAndReplayTheirOwnPa
   CUDA_OK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
   {
     Buffers b(4);
-    SharedExecutables ex(/*share=*/true);
+    SharedExecutables ex(/*share=*/true, /*cache_bytes=*/0);
     const size_t sizes[] = {kBytes, 1000, 4096 + 3, 77};
     std::vector<SharedExecutables::Member> members;
     for (int i = 0; i < 4; ++i) members.push_back(ex.add(capture_shape(b, i, sizes[i], stream), stream));
@@ -146,7 +146,7 @@ TEST(SharedExecutables, PatchesBackToTheBaseAfterARemovedShape) {
   CUDA_OK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
   {
     Buffers b(3);
-    SharedExecutables ex(true);
+    SharedExecutables ex(true, 0);
     auto base = ex.add(capture_shape(b, 0, 512, stream), stream);
     auto gone = ex.add(capture_shape(b, 1, 2048, stream), stream);
     auto kept = ex.add(capture_shape(b, 2, 300, stream), stream);
@@ -168,7 +168,7 @@ TEST(SharedExecutables, OtherTopologiesAndSharingOffGetExecutablesOfTheirOwn) {
   CUDA_OK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
   {
     Buffers b(2);
-    SharedExecutables ex(true);
+    SharedExecutables ex(true, 0);
     auto one_launch = ex.add(capture_shape(b, 0, 1000, stream), stream);
     auto two_launches = ex.add(capture_shape(b, 1, 1000, stream, /*extra_segments=*/100), stream);
     EXPECT_EQ(ex.stats().groups, 2);
@@ -181,7 +181,7 @@ TEST(SharedExecutables, OtherTopologiesAndSharingOffGetExecutablesOfTheirOwn) {
     EXPECT_EQ(ex.evict_to(0, two_launches), 1);
     EXPECT_EQ(ex.stats().resident, 1);
 
-    SharedExecutables separate(false);
+    SharedExecutables separate(false, SIZE_MAX);
     separate.add(capture_shape(b, 0, 1000, stream), stream);
     auto second = separate.add(capture_shape(b, 1, 500, stream), stream);
     EXPECT_EQ(separate.stats().groups, 2);
@@ -190,6 +190,76 @@ TEST(SharedExecutables, OtherTopologiesAndSharingOffGetExecutablesOfTheirOwn) {
     CUDA_OK(cudaGraphLaunch(separate.prepare(second, stream), stream));
     CUDA_OK(cudaStreamSynchronize(stream));
     expect_shape(b, 1, 500);
+  }
+  CUDA_OK(cudaStreamDestroy(stream));
+}
+
+TEST(SharedExecutables, ShapesWithSlotsOfTheirOwnReplayWithoutPatching) {
+  if (!has_gpu()) GTEST_SKIP() << "no CUDA device";
+  cudaStream_t stream;
+  CUDA_OK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  {
+    Buffers b(4);
+    const size_t sizes[] = {kBytes, 1000, 4096 + 3, 77};
+    SharedExecutables ex(true, SIZE_MAX);
+    std::vector<SharedExecutables::Member> members;
+    for (int i = 0; i < 4; ++i) members.push_back(ex.add(capture_shape(b, i, sizes[i], stream), stream));
+    auto s = ex.stats();
+    EXPECT_EQ(s.groups, 1);
+    EXPECT_EQ(s.resident, 4);
+    EXPECT_EQ(s.joins, 3);
+    EXPECT_GT(s.cached_bytes, 0u);
+    EXPECT_LT(s.cached_bytes, s.device_bytes);
+    for (int i : {2, 0, 0, 3, 1, 2, 3, 0}) {
+      b.clear();
+      CUDA_OK(cudaGraphLaunch(ex.prepare(members[static_cast<size_t>(i)], stream), stream));
+      CUDA_OK(cudaStreamSynchronize(stream));
+      expect_shape(b, i, sizes[i]);
+    }
+    EXPECT_EQ(ex.stats().switches, 0);
+
+    // Evicting all but the slot `keep` uses; the others are instantiated again on demand.
+    ex.remove(members[1]);
+    EXPECT_EQ(ex.evict_to(0, members[3]), 3);
+    EXPECT_EQ(ex.stats().resident, 1);
+    for (int i : {0, 2, 3}) {
+      b.clear();
+      CUDA_OK(cudaGraphLaunch(ex.prepare(members[static_cast<size_t>(i)], stream), stream));
+      CUDA_OK(cudaStreamSynchronize(stream));
+      expect_shape(b, i, sizes[i]);
+    }
+    EXPECT_EQ(ex.stats().resident, 3);
+    EXPECT_EQ(ex.stats().switches, 1);  // shape 2's new slot, patched from the base
+  }
+  {
+    // With room for one more executable, two slots alternate: the shape predicted next is
+    // patched into the slot not launched last, and prepare() then has nothing to write.
+    Buffers b(3);
+    const size_t sizes[] = {512, 2000, 3000};
+    SharedExecutables probe(true, SIZE_MAX);
+    probe.add(capture_shape(b, 0, sizes[0], stream), stream);
+    const size_t one = probe.stats().device_bytes;
+    ASSERT_GT(one, 0u) << "instantiations were measured to take no device memory";
+    SharedExecutables ex(true, one + one / 5);
+    std::vector<SharedExecutables::Member> members;
+    for (int i = 0; i < 3; ++i) members.push_back(ex.add(capture_shape(b, i, sizes[i], stream), stream));
+    EXPECT_EQ(ex.stats().resident, 2);
+    for (int round = 0; round < 2; ++round) {
+      for (int i = 0; i < 3; ++i) {
+        b.clear();
+        CUDA_OK(cudaGraphLaunch(ex.prepare(members[static_cast<size_t>(i)], stream), stream));
+        const int next = (i + 1) % 3;
+        const auto before = ex.stats().switches;
+        ex.prepare_ahead(members[static_cast<size_t>(next)]);
+        CUDA_OK(cudaStreamSynchronize(stream));
+        expect_shape(b, i, sizes[i]);
+        const auto patched_ahead = ex.stats().switches - before;
+        const auto at_prepare = ex.stats().switches;
+        (void)ex.prepare(members[static_cast<size_t>(next)], stream);
+        EXPECT_EQ(ex.stats().switches, at_prepare) << "prepare() patched after prepare_ahead()";
+        EXPECT_LE(patched_ahead, 1);
+      }
+    }
   }
   CUDA_OK(cudaStreamDestroy(stream));
 }

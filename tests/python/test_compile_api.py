@@ -130,6 +130,13 @@ def test_graph_memory_options_are_checked():
         grape.compile(lambda x: x, memory_budget=-1)
     with pytest.raises(ValueError, match="memory_budget must be >= 0"):
         grape.set_memory_budget(-5)
+    with pytest.raises(TypeError, match="executable_cache must be an int"):
+        grape.compile(lambda x: x, executable_cache="1G")
+    with pytest.raises(ValueError, match="executable_cache must be >= 0"):
+        grape.compile(lambda x: x, executable_cache=-1)
+    assert grape.stats(grape.compile(lambda x: x))["executable_cache"] == 256 << 20
+    assert grape.stats(grape.compile(lambda x: x, executable_cache=None))["executable_cache"] is None
+    assert grape.stats(grape.compile(lambda x: x, executable_cache=0))["executable_cache"] == 0
 
 
 def test_the_default_memory_budget_applies_to_functions_compiled_after_it():

@@ -1,5 +1,5 @@
-"""Graph memory on the GPU: shapes of one topology share one executable, patched per shape
-(docs/design.md, "Shared executables"), and a memory budget evicts executables and turns captures
+"""Graph memory on the GPU: shapes of one topology share executables, patched per shape beyond
+the executable cache (docs/design.md, "Shared executables"), and a memory budget evicts executables and turns captures
 that do not fit into eager calls (docs/semantics.md, "Graph memory")."""
 
 import random
@@ -46,11 +46,12 @@ def run_shapes(fn, lengths):
     return [tuple(t.clone() for t in fn(*inputs(n))) for n in lengths]
 
 
-def test_random_shape_orders_replay_results_identical_to_eager():
+@pytest.mark.parametrize("executable_cache", [0, None], ids=["one-per-topology", "all-cached"])
+def test_random_shape_orders_replay_results_identical_to_eager(executable_cache):
     step = make_step()
     lengths = list(range(1, 41))
     expected = {n: out for n, out in zip(lengths, run_shapes(step, lengths))}
-    compiled = grape.compile(step)
+    compiled = grape.compile(step, executable_cache=executable_cache)
     rng = random.Random(0)
     for _ in range(4):  # warm-up, capture, then replays, each pass in a new random order
         order = lengths[:]
@@ -65,9 +66,38 @@ def test_random_shape_orders_replay_results_identical_to_eager():
     # Most shapes joined an existing topology's executable instead of instantiating their own.
     assert s["graphs_joined"] >= len(lengths) // 2
     assert s["topology_groups"] == s["shapes"] - s["graphs_joined"]
-    assert s["resident_executables"] == s["topology_groups"]
-    assert s["executable_switches"] > 0 and s["nodes_patched"] > 0 and s["patch_seconds"] > 0
     assert 0 < s["params_bytes"] < s["params_raw_bytes"]
+    if executable_cache == 0:  # one executable per topology, patched to each shape
+        assert s["resident_executables"] == s["topology_groups"]
+        assert s["cached_executable_bytes"] == 0
+        assert s["executable_switches"] > 0 and s["nodes_patched"] > 0 and s["patch_seconds"] > 0
+    else:  # every shape in an executable of its own: nothing to patch
+        assert s["resident_executables"] == s["shapes"]
+        assert s["cached_executable_bytes"] > 0
+        assert s["executable_switches"] == 0 and s["nodes_patched"] == 0
+
+
+def test_the_executable_cache_keeps_shapes_resident_within_its_bytes():
+    step = make_step()
+    lengths = list(range(1, 25))
+    expected = run_shapes(step, lengths)
+    compact = grape.compile(step, alias_prediction=False, executable_cache=0)
+    for _ in range(4):
+        run_shapes(compact, lengths)
+    c = grape.stats(compact)
+    one_executable = c["executable_bytes"] // c["resident_executables"]
+    assert one_executable > 0
+    cache = 8 * one_executable
+    compiled = grape.compile(step, alias_prediction=False, executable_cache=cache)
+    for _ in range(4):
+        for out, want in zip(run_shapes(compiled, lengths), expected):
+            assert all(torch.equal(a, b) for a, b in zip(out, want))
+    s = grape.stats(compiled)
+    assert s["executable_cache"] == cache and not s["fallbacks"]
+    assert 0 < s["cached_executable_bytes"] <= cache
+    assert c["topology_groups"] < s["resident_executables"] < s["shapes"]
+    # The shapes holding an executable of their own are not patched at each pass.
+    assert s["executable_switches"] < c["executable_switches"]
 
 
 def test_a_repeated_order_is_patched_ahead_with_results_identical_to_eager():
@@ -76,7 +106,7 @@ def test_a_repeated_order_is_patched_ahead_with_results_identical_to_eager():
     step = make_step()
     lengths = list(range(1, 25))
     expected = run_shapes(step, lengths)
-    compiled = grape.compile(step, alias_prediction=False)
+    compiled = grape.compile(step, alias_prediction=False, executable_cache=0)
     for _ in range(4):
         for out, want in zip(run_shapes(compiled, lengths), expected):
             assert all(torch.equal(a, b) for a, b in zip(out, want))
@@ -178,7 +208,8 @@ def test_stats_report_graph_memory_keys():
     for key in ("shapes", "topology_groups", "resident_executables", "executable_bytes",
                 "instantiations", "evictions", "graphs_joined", "executable_switches",
                 "nodes_patched", "patch_seconds", "params_bytes", "params_raw_bytes",
-                "capture_oom_retries", "memory_budget"):
+                "capture_oom_retries", "memory_budget", "cached_executable_bytes",
+                "executable_cache"):
         assert key in s, key
     assert s["shapes"] == 1 and s["memory_budget"] is None
 

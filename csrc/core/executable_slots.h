@@ -1,0 +1,40 @@
+#pragma once
+// Note [Executable slots]
+// ~~~~~~~~~~~~~~~~~~~~~~~
+// A topology group (Note [Shared executables]) may keep more than one executable ("slots"), each
+// holding one shape's parameters. A shape with a slot of its own replays without patching; the
+// others are patched into a slot. Patching costs CPU time per changed node (GPT-J: ~640 nodes,
+// ~1.4 ms a token) that delays the next launch whenever the host, not the GPU, is the bottleneck,
+// and patching the executable that is still running may have to wait for it. So:
+//   - a shape gets a slot of its own while the function's executable cache has room;
+//   - once it is full, a shape without a slot is patched into the most recently used slot other
+//     than the last launched one. Replacing the most recently used (not the least) keeps a cyclic
+//     order of shapes (a generation's growing lengths, an epoch's batches) from evicting each slot
+//     just before it is needed again: the slots hold a stable part of the cycle and the rest
+//     alternates between two slots, so the one just launched is never patched under a replay.
+//   - a slot whose shape was removed is used before any other.
+// This file decides; csrc/cuda/shared_executables.cpp instantiates and patches.
+
+#include <cstddef>
+#include <cstdint>
+#include <vector>
+
+namespace grape::core {
+
+struct ExecutableSlot {
+  static constexpr uint32_t kNoShape = UINT32_MAX;  // holds no live shape (removed or unknown)
+  uint32_t shape = kNoShape;
+  uint64_t last_used = 0;  // a clock value; the largest is the slot launched last
+};
+
+struct SlotChoice {
+  enum class Kind { kHit, kNewSlot, kPatch };
+  Kind kind;
+  size_t slot = 0;  // kHit and kPatch: which slot
+};
+
+// Where `shape` should run among a group's resident `slots`. `room`: the executable cache can take
+// another slot of this group.
+SlotChoice choose_slot(const std::vector<ExecutableSlot>& slots, uint32_t shape, bool room);
+
+}  // namespace grape::core

@@ -1,0 +1,96 @@
+// The slot policy of shared executables (Note [Executable slots]), simulated without a GPU.
+#include <gtest/gtest.h>
+
+#include <vector>
+
+#include "core/executable_slots.h"
+
+using grape::core::choose_slot;
+using grape::core::ExecutableSlot;
+using grape::core::SlotChoice;
+
+namespace {
+
+// A group of at most `capacity` slots replaying `order` `rounds` times, as SharedExecutables
+// would; counts the replays that patched a slot and checks none patched the slot launched last.
+struct Simulation {
+  size_t capacity;
+  std::vector<ExecutableSlot> slots;
+  uint64_t clock = 0;
+  int patches = 0;
+  int launches = 0;
+
+  void replay(uint32_t shape) {
+    const SlotChoice c = choose_slot(slots, shape, slots.size() < capacity);
+    size_t slot = c.slot;
+    if (c.kind == SlotChoice::Kind::kNewSlot) {
+      slots.push_back({shape, 0});
+      slot = slots.size() - 1;
+    } else if (c.kind == SlotChoice::Kind::kPatch) {
+      if (slots.size() > 1) {
+        for (const auto& s : slots) {
+          ASSERT_LE(s.last_used, clock);
+        }
+        ASSERT_NE(slots[slot].last_used, clock) << "patched the executable launched last";
+      }
+      slots[slot].shape = shape;
+      ++patches;
+    }
+    slots[slot].last_used = ++clock;
+    ++launches;
+  }
+};
+
+}  // namespace
+
+TEST(ExecutableSlots, AShapeWithASlotReplaysWithoutPatching) {
+  Simulation sim{4};
+  for (int round = 0; round < 3; ++round) {
+    for (uint32_t shape : {0u, 1u, 2u, 3u}) sim.replay(shape);
+  }
+  EXPECT_EQ(sim.slots.size(), 4u);
+  EXPECT_EQ(sim.patches, 0);
+}
+
+TEST(ExecutableSlots, ACycleLongerThanTheCacheKeepsMostOfItResident) {
+  // A generation of 128 growing lengths, replayed 5 times, with room for 80 executables.
+  Simulation sim{80};
+  std::vector<int> patches_per_round;
+  for (int round = 0; round < 5; ++round) {
+    const int before = sim.patches;
+    for (uint32_t shape = 0; shape < 128; ++shape) sim.replay(shape);
+    patches_per_round.push_back(sim.patches - before);
+  }
+  EXPECT_EQ(patches_per_round[0], 128 - 80);  // the first round fills the cache
+  // Least-recently-used replacement would patch all 128 every round after the first.
+  for (size_t r = 1; r < patches_per_round.size(); ++r) {
+    EXPECT_LE(patches_per_round[r], 128 - 80 + 2) << "round " << r;
+  }
+}
+
+TEST(ExecutableSlots, WithoutRoomTwoSlotsAlternateSoTheRunningOneIsNeverPatched) {
+  Simulation sim{2};
+  for (uint32_t shape = 0; shape < 50; ++shape) sim.replay(shape);
+  EXPECT_EQ(sim.slots.size(), 2u);
+  EXPECT_EQ(sim.patches, 48);
+}
+
+TEST(ExecutableSlots, OneSlotIsPatchedForEveryOtherShape) {
+  Simulation sim{1};
+  for (uint32_t shape : {0u, 1u, 1u, 2u, 0u}) sim.replay(shape);
+  EXPECT_EQ(sim.slots.size(), 1u);
+  EXPECT_EQ(sim.patches, 3);
+}
+
+TEST(ExecutableSlots, ASlotWithoutALiveShapeIsUsedFirst) {
+  std::vector<ExecutableSlot> slots = {{0, 5}, {ExecutableSlot::kNoShape, 1}, {2, 3}, {3, 4}};
+  const SlotChoice c = choose_slot(slots, 9, /*room=*/false);
+  EXPECT_EQ(c.kind, SlotChoice::Kind::kPatch);
+  EXPECT_EQ(c.slot, 1u);
+  // With room, a new slot is preferred to patching one.
+  EXPECT_EQ(choose_slot(slots, 9, true).kind, SlotChoice::Kind::kNewSlot);
+  // A hit wins over everything.
+  const SlotChoice hit = choose_slot(slots, 2, true);
+  EXPECT_EQ(hit.kind, SlotChoice::Kind::kHit);
+  EXPECT_EQ(hit.slot, 2u);
+}
