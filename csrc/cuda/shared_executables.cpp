@@ -443,8 +443,9 @@ void SharedExecutables::destroy_slot(Group& group, size_t slot) {
 
 bool SharedExecutables::room_for_slot(const Group& group) const {
   if (!group.params || group.executables.empty()) return false;
-  if (cache_bytes_ == SIZE_MAX) return true;
-  return cached_bytes_ + group.executables.front().device_bytes <= cache_bytes_;
+  const size_t bytes = group.executables.front().device_bytes;
+  if (device_limit_ != SIZE_MAX && device_bytes_ + bytes > device_limit_) return false;
+  return cache_bytes_ == SIZE_MAX || cached_bytes_ + bytes <= cache_bytes_;
 }
 
 SharedExecutables::Member SharedExecutables::add(cudaGraph_t graph, cudaStream_t stream) {

@@ -67,6 +67,10 @@ class SharedExecutables {
   // Destroys resident executables, least recently prepared first, until they hold at most `bytes`
   // of device memory; never the one serving `keep`. Returns how many it destroyed.
   int evict_to(size_t bytes, Member keep);
+  // Device memory all resident executables may take (a memory budget's share); a slot beyond one
+  // per group is made only within it, so that a tight budget patches instead of instantiating
+  // slots that it evicts again at once.
+  void set_device_limit(size_t bytes) { device_limit_ = bytes; }
   size_t device_bytes() const { return device_bytes_; }
   ExecutableStats stats() const;
   // Why the last graph that could not share was given an executable of its own ("" if none).
@@ -86,6 +90,7 @@ class SharedExecutables {
   bool share_;
   size_t cache_bytes_;
   size_t cached_bytes_ = 0;  // the executables beyond the first of each group
+  size_t device_limit_ = SIZE_MAX;
   std::vector<std::unique_ptr<Group>> groups_;  // null where a group ended
   std::unordered_multimap<uint64_t, uint32_t> by_topology_;
   uint64_t clock_ = 0;
