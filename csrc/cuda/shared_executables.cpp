@@ -441,6 +441,17 @@ void SharedExecutables::destroy_slot(Group& group, size_t slot) {
   cached_bytes_ -= std::min(cached_bytes_, cached_before - group.cached_bytes());
 }
 
+size_t SharedExecutables::slot_for(Group& group, uint32_t shape, cudaStream_t stream) {
+  const core::SlotChoice choice = core::choose_slot(group.slots, shape, room_for_slot(group));
+  if (choice.kind != core::SlotChoice::Kind::kNewSlot) return choice.slot;
+  try {
+    return instantiate(group, stream);
+  } catch (const std::runtime_error&) {
+    if (group.slots.empty()) throw;
+    return core::choose_slot(group.slots, shape, false).slot;  // no memory for another: patch
+  }
+}
+
 bool SharedExecutables::room_for_slot(const Group& group) const {
   if (!group.params || group.executables.empty()) return false;
   const size_t bytes = group.executables.front().device_bytes;
@@ -465,12 +476,11 @@ SharedExecutables::Member SharedExecutables::add(cudaGraph_t graph, cudaStream_t
       Group& group = *groups_[it->second];
       if (group.nodes.size() != contents.nodes.size() || group.kinds != contents.kinds) continue;
       // The update both asks the driver whether the graph may share this group's executables and
-      // writes its parameters into the slot it will replay in: a new one where the cache has
-      // room, else the one a shape without a slot would be patched into.
-      const bool fresh = group.slots.empty() || room_for_slot(group);
-      const size_t slot =
-          fresh ? instantiate(group, stream)
-                : core::choose_slot(group.slots, core::ExecutableSlot::kNoShape, false).slot;
+      // writes its parameters into the slot it will replay in: one holding no live shape, a new
+      // one where the cache has room, else the one a shape without a slot is patched into.
+      const size_t slots_before = group.slots.size();
+      const size_t slot = slot_for(group, core::ExecutableSlot::kNoShape, stream);
+      const bool fresh = group.slots.size() > slots_before;
       cudaGraphExecUpdateResultInfo info{};
       if (cudaGraphExecUpdate(group.executables[slot].exec, graph, &info) != cudaSuccess) {
         (void)cudaGetLastError();
@@ -536,10 +546,7 @@ void SharedExecutables::remove(Member member) {
 
 cudaGraphExec_t SharedExecutables::prepare(Member member, cudaStream_t stream) {
   Group& group = *groups_.at(member.group);
-  const core::SlotChoice choice =
-      core::choose_slot(group.slots, member.shape, room_for_slot(group));
-  const size_t slot =
-      choice.kind == core::SlotChoice::Kind::kNewSlot ? instantiate(group, stream) : choice.slot;
+  const size_t slot = slot_for(group, member.shape, stream);
   if (group.slots[slot].shape != member.shape) patch(group, slot, member.shape);
   group.slots[slot].last_used = ++clock_;
   return group.executables[slot].exec;

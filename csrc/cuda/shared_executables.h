@@ -84,6 +84,9 @@ class SharedExecutables {
   size_t instantiate(Group& group, cudaStream_t stream);
   void patch(Group& group, size_t slot, uint32_t shape);  // requires a shareable group
   void destroy_slot(Group& group, size_t slot);
+  // The slot `shape` runs in (Note [Executable slots]), instantiated if new; where instantiation
+  // fails (out of memory) and the group has slots, one of them.
+  size_t slot_for(Group& group, uint32_t shape, cudaStream_t stream);
   // Whether the executable cache can take another slot of `group`.
   bool room_for_slot(const Group& group) const;
 
