@@ -77,13 +77,15 @@ class CompiledFunction(_C.Runtime):
     with that signature replays it. All graphs share one memory pool.
     """
 
-    def __init__(self, fn: Callable, *, warmup: int = 1, module: Optional[torch.nn.Module] = None,
+    def __init__(self, fn: Callable, *, warmup: int = 1, warmup_each_signature: bool = True,
+                 module: Optional[torch.nn.Module] = None,
                  name: Optional[str] = None, alias_prediction: bool = True, rewrite: bool = True,
                  on_unsupported: str = "error", share_executables: bool = True,
                  executable_cache: Optional[int] = DEFAULT_EXECUTABLE_CACHE,
                  memory_budget: Optional[int] = None):
         run, why = _rewrite.rewrite(fn, on_unsupported) if rewrite else (fn, "rewrite=False")
-        super().__init__(run, warmup, module, alias_prediction, share_executables,
+        super().__init__(run, warmup, warmup_each_signature, module, alias_prediction,
+                         share_executables,
                          -1 if executable_cache is None else executable_cache,
                          -1 if memory_budget is None else memory_budget)
         # Whether tensor-dependent control flow in fn is predicated (docs/semantics.md); else why not.
@@ -157,7 +159,8 @@ def _check_bytes(name: str, nbytes):
 _UNSET = object()
 
 
-def compile(fn: Optional[Callable] = None, *, warmup: int = 1, alias_prediction: bool = True,
+def compile(fn: Optional[Callable] = None, *, warmup: int = 1, warmup_each_signature: bool = True,
+            alias_prediction: bool = True,
             rewrite: bool = True, on_unsupported: str = "error", share_executables: bool = True,
             executable_cache: Optional[int] = DEFAULT_EXECUTABLE_CACHE, memory_budget: Any = _UNSET):
     """Compiles ``fn`` (a function or an ``nn.Module``) into CUDA graphs, one per call signature.
@@ -170,7 +173,11 @@ def compile(fn: Optional[Callable] = None, *, warmup: int = 1, alias_prediction:
       that read it are captured again.
 
     ``warmup``: eager calls of a new signature before it is captured (lazy initialization, such as
-    cuBLAS handles, must not happen inside a capture).
+    cuBLAS handles, must not happen inside a capture). ``warmup_each_signature=False``: only the
+    function's first ``warmup`` calls run eagerly, and a later new signature is captured at its
+    first call, so that a pass over new shapes (an epoch) captures them rather than warming them
+    up; a signature whose capture then fails runs that call eagerly, as its warm-up, and is
+    captured again at its next call (a second failure falls back to eager, with the reason).
 
     ``alias_prediction``: when an argument is an output of an earlier replay that nothing else
     references (a KV cache or a token fed back), capture the next graph to read it in place, so a
@@ -202,6 +209,9 @@ def compile(fn: Optional[Callable] = None, *, warmup: int = 1, alias_prediction:
         raise TypeError(f"grape.compile: warmup must be an int, got {type(warmup).__name__}")
     if warmup < 0:
         raise ValueError(f"grape.compile: warmup must be >= 0, got {warmup}")
+    if not isinstance(warmup_each_signature, bool):
+        raise TypeError("grape.compile: warmup_each_signature must be a bool, got "
+                        f"{type(warmup_each_signature).__name__}")
     if not isinstance(alias_prediction, bool):
         raise TypeError("grape.compile: alias_prediction must be a bool, got "
                         f"{type(alias_prediction).__name__}")
@@ -214,7 +224,8 @@ def compile(fn: Optional[Callable] = None, *, warmup: int = 1, alias_prediction:
                         f"{type(share_executables).__name__}")
     if memory_budget is _UNSET:
         memory_budget = _default_memory_budget
-    options = dict(warmup=warmup, alias_prediction=alias_prediction, rewrite=rewrite,
+    options = dict(warmup=warmup, warmup_each_signature=warmup_each_signature,
+                   alias_prediction=alias_prediction, rewrite=rewrite,
                    on_unsupported=on_unsupported, share_executables=share_executables,
                    executable_cache=_check_bytes("executable_cache", executable_cache),
                    memory_budget=_check_bytes("memory_budget", memory_budget))
@@ -237,7 +248,8 @@ def compile(fn: Optional[Callable] = None, *, warmup: int = 1, alias_prediction:
 def stats(fn: Any) -> dict:
     """What a compiled function (or compiled module) did so far.
 
-    Keys: ``calls``, ``replays``, ``captures``, ``warmup_calls``, ``eager_calls``, ``graphs``,
+    Keys: ``calls``, ``replays``, ``captures``, ``warmup_calls`` (and ``warmup_each_signature``),
+    ``eager_calls``, ``graphs``,
     ``signatures``, ``recaptures`` and ``last_recapture_reason`` (graphs captured again because
     static state changed: a parameter moved, a gradient, an optimizer setting), ``capture_seconds``, ``bytes_copied_in`` / ``bytes_copied_back`` (input copies),
     ``bytes_evacuated`` and ``evacuations`` (live outputs moved out of the pool),

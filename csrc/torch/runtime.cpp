@@ -131,11 +131,13 @@ void set_propagated_errors(py::tuple types) { propagated_error_types() = std::mo
 Entry::Entry() = default;
 Entry::~Entry() = default;
 
-Runtime::Runtime(py::object fn, int warmup, py::object static_module, bool alias_prediction,
-                 bool share_executables, int64_t executable_cache, int64_t memory_budget)
+Runtime::Runtime(py::object fn, int warmup, bool warmup_each_signature, py::object static_module,
+                 bool alias_prediction, bool share_executables, int64_t executable_cache,
+                 int64_t memory_budget)
     : fn_(std::move(fn)),
       static_module_(std::move(static_module)),
       warmup_(warmup),
+      warmup_each_signature_(warmup_each_signature),
       alias_prediction_(alias_prediction),
       executable_cache_(executable_cache),
       memory_budget_(memory_budget) {
@@ -234,7 +236,7 @@ py::object Runtime::call(py::args args, py::kwargs kwargs) {
   if (sites_) {
     sites_->begin_call();
     if (entry.fallback_reason.empty()) {
-      learn_sites(flat, /*warm_up=*/!entry.graph && entry.warmup_runs < warmup_);
+      learn_sites(flat, /*warm_up=*/warming_up(entry));
     }
   }
   if (!entry.fallback_reason.empty()) {
@@ -293,8 +295,9 @@ py::object Runtime::call(py::args args, py::kwargs kwargs) {
     }
   }
 
-  if (entry.warmup_runs < warmup_) {
+  if (warming_up(entry)) {
     ++entry.warmup_runs;
+    ++function_warmup_runs_;
     ++stats_.warmup_calls;
     EnteredContext watch(training_.step_watch());  // optimizers it steps become capturable
     return run_eager(args, kwargs);
@@ -306,6 +309,16 @@ py::object Runtime::call(py::args args, py::kwargs kwargs) {
   py::object error = py::none();
   if (!capture_with_retry(flat, entry.graph, reason, error)) {
     ++stats_.capture_failures;
+    if (!warmup_each_signature_ && entry.warmup_runs == 0 && warmup_ > 0) {
+      // Captured at first sight, without a warm-up of its own: lazy initialization for this
+      // signature (a new shape's workspace, a Python-side cache) may be what failed. This call
+      // is its warm-up; the next one captures again, and falls back if that fails too.
+      error = py::none();
+      ++entry.warmup_runs;
+      ++stats_.warmup_calls;
+      EnteredContext watch(training_.step_watch());
+      return run_eager(args, kwargs);
+    }
     set_fallback(entry, reason, error);
     // The error's traceback holds f's frames: what they reference (an autograd graph whose
     // nodes run on the capture stream) must not outlive the capture into the eager run.
@@ -325,6 +338,12 @@ py::object Runtime::call(py::args args, py::kwargs kwargs) {
 #endif
 }
 
+
+bool Runtime::warming_up(const Entry& entry) const {
+  if (entry.graph) return false;
+  return warmup_each_signature_ ? entry.warmup_runs < warmup_
+                                : function_warmup_runs_ < warmup_ && entry.warmup_runs < warmup_;
+}
 
 std::vector<std::pair<at::Tensor, const void*>> Runtime::gather_static_tensors(
     const FlatCall& flat) {
@@ -1009,6 +1028,7 @@ py::dict Runtime::stats() {
   d["capture_oom_retries"] = stats_.capture_oom_retries;
   d["last_recapture_reason"] =
       last_recapture_reason_.empty() ? py::object(py::none()) : py::str(last_recapture_reason_);
+  d["warmup_each_signature"] = warmup_each_signature_;
   d["memory_budget"] = memory_budget_ < 0 ? py::object(py::none()) : py::int_(memory_budget_);
   cuda::ExecutableStats ex;
   std::string unshareable_reason;
@@ -1095,6 +1115,7 @@ void Runtime::reset() {
     for (auto& variant : kv.second->chain_variants) retired_.push_back(std::move(variant));
   }
   cache_.clear();
+  function_warmup_runs_ = 0;
   checked_cuda_ = false;
   global_fallback_.clear();
 #ifdef GRAPE_WITH_CUDA

@@ -77,8 +77,12 @@ class Runtime {
   // `executable_cache`: bytes of device memory for the executables beyond one per topology, which
   // let shapes replay without patching (Note [Executable slots]); < 0: no limit.
   // `memory_budget`: bytes of device memory for the arena and resident executables; < 0: none.
-  Runtime(py::object fn, int warmup, py::object static_module, bool alias_prediction,
-          bool share_executables, int64_t executable_cache, int64_t memory_budget);
+  // `warmup_each_signature`: every signature runs `warmup` eager calls before its capture; false:
+  // only the function's first `warmup` calls do, and a signature whose capture fails without a
+  // warm-up of its own runs eagerly once and is captured again at its next call.
+  Runtime(py::object fn, int warmup, bool warmup_each_signature, py::object static_module,
+          bool alias_prediction, bool share_executables, int64_t executable_cache,
+          int64_t memory_budget);
   virtual ~Runtime();
   Runtime(const Runtime&) = delete;
   Runtime& operator=(const Runtime&) = delete;
@@ -124,6 +128,8 @@ class Runtime {
   void set_fallback(Entry& entry, std::string reason, const py::object& error);
   void report(const std::string& description, const std::string& reason, const py::object& error);
   std::string describe(const FlatCall& flat) const;
+  // Whether a call of `entry`'s signature is a warm-up call (eager, before its capture).
+  bool warming_up(const Entry& entry) const;
   std::vector<std::pair<at::Tensor, const void*>> gather_static_tensors(const FlatCall& flat);
   // What of a graph's static state (parameters, buffers, gradients, optimizer state and
   // settings) is not as it was captured, if anything; `changed` says it in words.
@@ -137,6 +143,8 @@ class Runtime {
   std::string last_recapture_reason_;
   bool warned_settings_ = false;  // recaptures for changed optimizer settings: warned once
   int warmup_;
+  bool warmup_each_signature_;
+  int function_warmup_runs_ = 0;
   bool alias_prediction_;
   int64_t executable_cache_;  // < 0: no limit
   int64_t memory_budget_;     // < 0: none

@@ -119,6 +119,14 @@ def test_alias_prediction_must_be_a_bool():
     assert grape.stats(grape.compile(lambda x: x, alias_prediction=False))["alias_prediction"] is False
 
 
+def test_warmup_each_signature_is_a_checked_bool_reported_in_stats():
+    with pytest.raises(TypeError, match="warmup_each_signature must be a bool"):
+        grape.compile(lambda x: x, warmup_each_signature=0)
+    assert grape.stats(grape.compile(lambda x: x))["warmup_each_signature"] is True
+    once = grape.compile(warmup_each_signature=False)(lambda x: x)
+    assert grape.stats(once)["warmup_each_signature"] is False
+
+
 def test_graph_memory_options_are_checked():
     with pytest.raises(TypeError, match="share_executables must be a bool"):
         grape.compile(lambda x: x, share_executables=1)

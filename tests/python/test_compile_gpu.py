@@ -27,6 +27,38 @@ def make_mlp(weights):
     return mlp
 
 
+def test_warming_up_once_per_function_captures_new_shapes_at_first_sight():
+    fn = make_mlp(mlp_weights())
+    step = grape.compile(fn, warmup_each_signature=False, alias_prediction=False)
+    for rows in (8, 8, 16, 24, 16, 24):
+        x = torch.randn(rows, 64, device=DEV)
+        torch.testing.assert_close(step(x), fn(x), rtol=0, atol=0)
+    s = grape.stats(step)
+    # Only the function's first call warms up; 16 and 24 rows are captured when first seen.
+    assert s["warmup_calls"] == 1 and s["captures"] == 3 and s["replays"] == 5
+    assert s["eager_calls"] == 0 and not s["fallbacks"]
+
+
+def test_a_first_sight_capture_that_fails_warms_that_shape_up_and_captures_it_next():
+    w = mlp_weights()[0]
+    norms = {}
+
+    def fn(x):
+        # Lazy per-shape initialization with a host sync: it cannot run inside a capture.
+        if x.shape not in norms:
+            norms[x.shape] = float(x.norm())
+        return (x @ w).relu() / norms[x.shape]
+
+    step = grape.compile(fn, warmup_each_signature=False, alias_prediction=False)
+    for rows in (8, 8, 16, 16, 16):
+        x = torch.ones(rows, 64, device=DEV) * rows
+        torch.testing.assert_close(step(x), fn(x), rtol=0, atol=0)
+    s = grape.stats(step)
+    # 16 rows: the capture at first sight fails, that call is its warm-up, the next captures.
+    assert s["capture_failures"] == 1 and s["warmup_calls"] == 2
+    assert s["captures"] == 2 and s["replays"] == 3 and not s["fallbacks"]
+
+
 def test_static_shape_replays_match_eager():
     fn = make_mlp(mlp_weights())
     step = grape.compile(fn)
