@@ -176,8 +176,9 @@ def compile(fn: Optional[Callable] = None, *, warmup: int = 1, warmup_each_signa
     cuBLAS handles, must not happen inside a capture). ``warmup_each_signature=False``: only the
     function's first ``warmup`` calls run eagerly, and a later new signature is captured at its
     first call, so that a pass over new shapes (an epoch) captures them rather than warming them
-    up; a signature whose capture then fails runs that call eagerly, as its warm-up, and is
-    captured again at its next call (a second failure falls back to eager, with the reason).
+    up; a signature whose capture then fails (other than for want of memory) runs that call
+    eagerly, as its warm-up, and is captured again at its next call (a second failure falls back
+    to eager, with the reason).
 
     ``alias_prediction``: when an argument is an output of an earlier replay that nothing else
     references (a KV cache or a token fed back), capture the next graph to read it in place, so a

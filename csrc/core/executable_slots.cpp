@@ -6,7 +6,7 @@ SlotChoice choose_slot(const std::vector<ExecutableSlot>& slots, uint32_t shape,
   for (size_t i = 0; i < slots.size(); ++i) {
     if (slots[i].shape == shape) return {SlotChoice::Kind::kHit, i};
   }
-  if (slots.empty() || room) return {SlotChoice::Kind::kNewSlot, 0};
+  if (slots.empty()) return {SlotChoice::Kind::kNewSlot, 0};
   size_t last = 0;  // launched last
   for (size_t i = 1; i < slots.size(); ++i) {
     if (slots[i].last_used > slots[last].last_used) last = i;
@@ -17,6 +17,7 @@ SlotChoice choose_slot(const std::vector<ExecutableSlot>& slots, uint32_t shape,
     if (slots[i].shape == ExecutableSlot::kNoShape) return {SlotChoice::Kind::kPatch, i};
     if (chosen == slots.size() || slots[i].last_used > slots[chosen].last_used) chosen = i;
   }
+  if (room) return {SlotChoice::Kind::kNewSlot, 0};
   return {SlotChoice::Kind::kPatch, chosen};
 }
 

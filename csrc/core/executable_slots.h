@@ -12,7 +12,7 @@
 //     order of shapes (a generation's growing lengths, an epoch's batches) from evicting each slot
 //     just before it is needed again: the slots hold a stable part of the cycle and the rest
 //     alternates between two slots, so the one just launched is never patched under a replay.
-//   - a slot whose shape was removed is used before any other.
+//   - a slot whose shape was removed is used before any other, and before a new slot.
 // This file decides; csrc/cuda/shared_executables.cpp instantiates and patches.
 
 #include <cstddef>

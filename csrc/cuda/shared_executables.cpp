@@ -419,8 +419,10 @@ size_t SharedExecutables::instantiate(Group& group, cudaStream_t stream) {
   const double per_node = static_cast<double>(measured_bytes.load()) /
                           static_cast<double>(std::max<uint64_t>(1, measured_nodes.load()));
   // Executables of one graph are of one size: a group's slots are all charged as its first.
+  // At least a byte, so that a finite cache bounds the count of executables.
   made.device_bytes = group.executables.empty()
-                          ? static_cast<size_t>(per_node * static_cast<double>(group.nodes.size()))
+                          ? std::max<size_t>(1, static_cast<size_t>(
+                                                    per_node * static_cast<double>(group.nodes.size())))
                           : group.executables.front().device_bytes;
   const size_t cached_before = group.cached_bytes();
   group.executables.push_back(made);
@@ -448,12 +450,16 @@ size_t SharedExecutables::slot_for(Group& group, uint32_t shape, cudaStream_t st
     return instantiate(group, stream);
   } catch (const std::runtime_error&) {
     if (group.slots.empty()) throw;
-    return core::choose_slot(group.slots, shape, false).slot;  // no memory for another: patch
+    // No memory for another: patch one, and make no more slots until executables are freed.
+    slots_refused_ = true;
+    return core::choose_slot(group.slots, shape, false).slot;
   }
 }
 
 bool SharedExecutables::room_for_slot(const Group& group) const {
-  if (!group.params || group.executables.empty()) return false;
+  if (!group.params || group.executables.empty() || cache_bytes_ == 0 || slots_refused_) {
+    return false;
+  }
   const size_t bytes = group.executables.front().device_bytes;
   if (device_limit_ != SIZE_MAX && device_bytes_ + bytes > device_limit_) return false;
   return cache_bytes_ == SIZE_MAX || cached_bytes_ + bytes <= cache_bytes_;
@@ -533,6 +539,7 @@ void SharedExecutables::remove(Member member) {
   }
   if (--group.members > 0) return;
   while (!group.slots.empty()) destroy_slot(group, group.slots.size() - 1);
+  slots_refused_ = false;
   (void)cudaGraphDestroy(group.graph);
   auto [first, last] = by_topology_.equal_range(group.topology);
   for (auto it = first; it != last; ++it) {
@@ -624,6 +631,7 @@ int SharedExecutables::evict_to(size_t bytes, Member keep) {
     ++counters_.evictions;
     ++evicted;
   }
+  if (evicted > 0) slots_refused_ = false;
   return evicted;
 }
 

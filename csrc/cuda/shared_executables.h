@@ -71,6 +71,7 @@ class SharedExecutables {
   // per group is made only within it, so that a tight budget patches instead of instantiating
   // slots that it evicts again at once.
   void set_device_limit(size_t bytes) { device_limit_ = bytes; }
+  void set_cache_bytes(size_t bytes) { cache_bytes_ = bytes; }
   size_t device_bytes() const { return device_bytes_; }
   ExecutableStats stats() const;
   // Why the last graph that could not share was given an executable of its own ("" if none).
@@ -94,6 +95,7 @@ class SharedExecutables {
   size_t cache_bytes_;
   size_t cached_bytes_ = 0;  // the executables beyond the first of each group
   size_t device_limit_ = SIZE_MAX;
+  bool slots_refused_ = false;  // an instantiation failed: no new slots until memory is freed
   std::vector<std::unique_ptr<Group>> groups_;  // null where a group ended
   std::unordered_multimap<uint64_t, uint32_t> by_topology_;
   uint64_t clock_ = 0;

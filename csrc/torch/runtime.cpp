@@ -258,8 +258,8 @@ py::object Runtime::call(py::args args, py::kwargs kwargs) {
         if (PyErr_WarnEx(PyExc_UserWarning, message.c_str(), 1) != 0) throw py::error_already_set();
       }
       last_recapture_reason_ = std::move(changed);
-      retired_.push_back(std::move(entry.graph));
-      for (auto& variant : entry.chain_variants) retired_.push_back(std::move(variant));
+      retire(std::move(entry.graph));
+      for (auto& variant : entry.chain_variants) retire(std::move(variant));
       entry.chain_variants.clear();
     } else {
       CapturedGraph& graph = select_graph(entry, flat, args, kwargs);
@@ -307,12 +307,14 @@ py::object Runtime::call(py::args args, py::kwargs kwargs) {
   flattener_.flatten_call(args, kwargs, flat, /*with_spec=*/true, /*with_paths=*/false);
   std::string reason;
   py::object error = py::none();
-  if (!capture_with_retry(flat, entry.graph, reason, error)) {
+  bool out_of_memory = false;
+  if (!capture_with_retry(flat, entry.graph, reason, error, out_of_memory)) {
     ++stats_.capture_failures;
-    if (!warmup_each_signature_ && entry.warmup_runs == 0 && warmup_ > 0) {
-      // Captured at first sight, without a warm-up of its own: lazy initialization for this
-      // signature (a new shape's workspace, a Python-side cache) may be what failed. This call
-      // is its warm-up; the next one captures again, and falls back if that fails too.
+    if (!warmup_each_signature_ && entry.warmup_runs == 0 && warmup_ > 0 && !out_of_memory) {
+      // Captured without a warm-up of its own (at first sight, or again after its static state
+      // changed): lazy initialization for this signature (a new shape's workspace, a Python-side
+      // cache) may be what failed. This call is its warm-up; the next one captures again, and
+      // falls back if that fails too. Running out of memory is not helped by a warm-up.
       error = py::none();
       ++entry.warmup_runs;
       ++stats_.warmup_calls;
@@ -338,6 +340,15 @@ py::object Runtime::call(py::args args, py::kwargs kwargs) {
 #endif
 }
 
+
+void Runtime::retire(std::unique_ptr<CapturedGraph> graph) {
+#ifdef GRAPE_WITH_CUDA
+  // Its executable slot is freed now: a retired graph never replays again.
+  if (graph->executables) graph->executables->remove(graph->member);
+  graph->member = {};
+#endif
+  retired_.push_back(std::move(graph));
+}
 
 bool Runtime::warming_up(const Entry& entry) const {
   if (entry.graph) return false;
@@ -498,8 +509,8 @@ void Runtime::learn_sites(const FlatCall& flat, bool warm_up) {
 }
 
 bool Runtime::capture_with_retry(FlatCall& flat, std::unique_ptr<CapturedGraph>& into,
-                                 std::string& reason, py::object& error) {
-  bool out_of_memory = false;
+                                 std::string& reason, py::object& error, bool& out_of_memory) {
+  out_of_memory = false;
   if (capture(flat, into, reason, error, out_of_memory)) return true;
   if (!out_of_memory) return false;
   // Free what other shapes hold but can rebuild (executables, from their base graphs) and the
@@ -793,7 +804,8 @@ CapturedGraph& Runtime::select_graph(Entry& entry, FlatCall& flat, const py::arg
   std::unique_ptr<CapturedGraph> variant;
   std::string reason;
   py::object error = py::none();
-  if (!capture_with_retry(flat, variant, reason, error)) {
+  bool out_of_memory = false;
+  if (!capture_with_retry(flat, variant, reason, error, out_of_memory)) {
     ++stats_.capture_failures;
     return base;
   }
@@ -1111,8 +1123,8 @@ py::list Runtime::entries() const {
 
 void Runtime::reset() {
   for (auto& kv : cache_) {
-    if (kv.second->graph) retired_.push_back(std::move(kv.second->graph));
-    for (auto& variant : kv.second->chain_variants) retired_.push_back(std::move(variant));
+    if (kv.second->graph) retire(std::move(kv.second->graph));
+    for (auto& variant : kv.second->chain_variants) retire(std::move(variant));
   }
   cache_.clear();
   function_warmup_runs_ = 0;

@@ -104,9 +104,10 @@ class Runtime {
   // `out_of_memory` tells whether the capture failed for want of memory.
   bool capture(FlatCall& flat, std::unique_ptr<CapturedGraph>& into, std::string& reason,
                py::object& error, bool& out_of_memory);
-  // capture(), once more after freeing every executable and cached block if memory ran out.
+  // capture(), once more after freeing every executable and cached block if memory ran out;
+  // `out_of_memory` tells whether the last try failed for want of memory.
   bool capture_with_retry(FlatCall& flat, std::unique_ptr<CapturedGraph>& into,
-                          std::string& reason, py::object& error);
+                          std::string& reason, py::object& error, bool& out_of_memory);
   // Evicts least recently used executables until the budget holds, sparing `keep`'s.
   void enforce_budget(const CapturedGraph* keep);
   // The graph of `entry` that serves this call: the one whose chained inputs are in place,
@@ -128,6 +129,8 @@ class Runtime {
   void set_fallback(Entry& entry, std::string reason, const py::object& error);
   void report(const std::string& description, const std::string& reason, const py::object& error);
   std::string describe(const FlatCall& flat) const;
+  // Keeps a graph that will not replay again until the runtime ends (see retired_).
+  void retire(std::unique_ptr<CapturedGraph> graph);
   // Whether a call of `entry`'s signature is a warm-up call (eager, before its capture).
   bool warming_up(const Entry& entry) const;
   std::vector<std::pair<at::Tensor, const void*>> gather_static_tensors(const FlatCall& flat);

@@ -14,6 +14,7 @@ namespace {
 // A group of at most `capacity` slots replaying `order` `rounds` times, as SharedExecutables
 // would; counts the replays that patched a slot and checks none patched the slot launched last.
 struct Simulation {
+  explicit Simulation(size_t capacity) : capacity(capacity) {}
   size_t capacity;
   std::vector<ExecutableSlot> slots;
   uint64_t clock = 0;
@@ -44,7 +45,7 @@ struct Simulation {
 }  // namespace
 
 TEST(ExecutableSlots, AShapeWithASlotReplaysWithoutPatching) {
-  Simulation sim{4};
+  Simulation sim(4);
   for (int round = 0; round < 3; ++round) {
     for (uint32_t shape : {0u, 1u, 2u, 3u}) sim.replay(shape);
   }
@@ -54,7 +55,7 @@ TEST(ExecutableSlots, AShapeWithASlotReplaysWithoutPatching) {
 
 TEST(ExecutableSlots, ACycleLongerThanTheCacheKeepsMostOfItResident) {
   // A generation of 128 growing lengths, replayed 5 times, with room for 80 executables.
-  Simulation sim{80};
+  Simulation sim(80);
   std::vector<int> patches_per_round;
   for (int round = 0; round < 5; ++round) {
     const int before = sim.patches;
@@ -69,14 +70,14 @@ TEST(ExecutableSlots, ACycleLongerThanTheCacheKeepsMostOfItResident) {
 }
 
 TEST(ExecutableSlots, WithoutRoomTwoSlotsAlternateSoTheRunningOneIsNeverPatched) {
-  Simulation sim{2};
+  Simulation sim(2);
   for (uint32_t shape = 0; shape < 50; ++shape) sim.replay(shape);
   EXPECT_EQ(sim.slots.size(), 2u);
   EXPECT_EQ(sim.patches, 48);
 }
 
 TEST(ExecutableSlots, OneSlotIsPatchedForEveryOtherShape) {
-  Simulation sim{1};
+  Simulation sim(1);
   for (uint32_t shape : {0u, 1u, 1u, 2u, 0u}) sim.replay(shape);
   EXPECT_EQ(sim.slots.size(), 1u);
   EXPECT_EQ(sim.patches, 3);
@@ -87,7 +88,9 @@ TEST(ExecutableSlots, ASlotWithoutALiveShapeIsUsedFirst) {
   const SlotChoice c = choose_slot(slots, 9, /*room=*/false);
   EXPECT_EQ(c.kind, SlotChoice::Kind::kPatch);
   EXPECT_EQ(c.slot, 1u);
-  // With room, a new slot is preferred to patching one.
+  // ... even with room for a new one; without such a slot, room makes a new one.
+  EXPECT_EQ(choose_slot(slots, 9, true).slot, 1u);
+  slots[1].shape = 1;
   EXPECT_EQ(choose_slot(slots, 9, true).kind, SlotChoice::Kind::kNewSlot);
   // A hit wins over everything.
   const SlotChoice hit = choose_slot(slots, 2, true);
