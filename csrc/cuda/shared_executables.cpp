@@ -374,13 +374,7 @@ struct SharedExecutables::Group {
   // Resident slots (Note [Executable slots]): which shape each holds and when it was last
   // prepared, and its executable, by the same index. Empty while evicted.
   std::vector<core::ExecutableSlot> slots;
-  std::vector<Executable> executables;
-
-  size_t cached_bytes() const {  // the executables beyond the first
-    size_t bytes = 0;
-    for (size_t i = 1; i < executables.size(); ++i) bytes += executables[i].device_bytes;
-    return bytes;
-  }
+  std::vector<Executable> executables;  // all charged as the first (instantiate())
 };
 
 SharedExecutables::SharedExecutables(bool share, size_t cache_bytes)
@@ -424,11 +418,10 @@ size_t SharedExecutables::instantiate(Group& group, cudaStream_t stream) {
                           ? std::max<size_t>(1, static_cast<size_t>(
                                                     per_node * static_cast<double>(group.nodes.size())))
                           : group.executables.front().device_bytes;
-  const size_t cached_before = group.cached_bytes();
+  if (!group.executables.empty()) cached_bytes_ += made.device_bytes;  // beyond the first
   group.executables.push_back(made);
   group.slots.push_back({core::ParamTable::kBase, 0});
   device_bytes_ += made.device_bytes;
-  cached_bytes_ += group.cached_bytes() - cached_before;
   ++counters_.instantiations;
   return group.slots.size() - 1;
 }
@@ -436,11 +429,12 @@ size_t SharedExecutables::instantiate(Group& group, cudaStream_t stream) {
 void SharedExecutables::destroy_slot(Group& group, size_t slot) {
   // A launch still in flight completes: the driver frees the executable after it.
   (void)cudaGraphExecDestroy(group.executables[slot].exec);
-  const size_t cached_before = group.cached_bytes();
-  device_bytes_ -= std::min(device_bytes_, group.executables[slot].device_bytes);
+  const size_t bytes = group.executables[slot].device_bytes;
+  device_bytes_ -= std::min(device_bytes_, bytes);
+  // A group's executables are charged alike: any but the last one was beyond the first.
+  if (group.executables.size() > 1) cached_bytes_ -= std::min(cached_bytes_, bytes);
   group.executables.erase(group.executables.begin() + static_cast<std::ptrdiff_t>(slot));
   group.slots.erase(group.slots.begin() + static_cast<std::ptrdiff_t>(slot));
-  cached_bytes_ -= std::min(cached_bytes_, cached_before - group.cached_bytes());
 }
 
 size_t SharedExecutables::slot_for(Group& group, uint32_t shape, cudaStream_t stream) {
