@@ -357,11 +357,27 @@ void write_node(cudaGraphExec_t exec, cudaGraphNode_t node, NodeKind kind, const
   }
 }
 
+// The driver takes executables' memory in chunks, so one instantiation may take a chunk and the
+// next nothing. An executable is charged its nodes' share of all that instantiations in this
+// process took, which sums to what was measured.
+std::atomic<uint64_t> instantiated_bytes{0}, instantiated_nodes{0};
+
+void record_instantiation(uint64_t bytes, size_t nodes) {
+  instantiated_bytes += bytes;
+  instantiated_nodes += nodes;
+}
+
+// At least a byte, so that a finite cache bounds the count of executables.
+size_t executable_charge(size_t nodes) {
+  const double per_node = static_cast<double>(instantiated_bytes.load()) /
+                          static_cast<double>(std::max<uint64_t>(1, instantiated_nodes.load()));
+  return std::max<size_t>(1, static_cast<size_t>(per_node * static_cast<double>(nodes)));
+}
+
 }  // namespace
 
 struct SharedExecutables::Executable {
   cudaGraphExec_t exec = nullptr;
-  size_t device_bytes = 0;
 };
 
 struct SharedExecutables::Group {
@@ -374,7 +390,8 @@ struct SharedExecutables::Group {
   // Resident slots (Note [Executable slots]): which shape each holds and when it was last
   // prepared, and its executable, by the same index. Empty while evicted.
   std::vector<core::ExecutableSlot> slots;
-  std::vector<Executable> executables;  // all charged as the first (instantiate())
+  std::vector<Executable> executables;
+  size_t executable_bytes = 0;  // each executable's charge (instantiate())
 };
 
 SharedExecutables::SharedExecutables(bool share, size_t cache_bytes)
@@ -404,24 +421,20 @@ size_t SharedExecutables::instantiate(Group& group, cudaStream_t stream) {
     (void)cudaGraphExecDestroy(made.exec);
     check(uploaded, "cudaGraphUpload");
   }
-  // The driver takes executables' memory in chunks, so one instantiation may take a chunk and
-  // the next nothing. Each executable is charged its nodes' share of all that instantiations in
-  // this process took, which sums to what was measured.
-  static std::atomic<uint64_t> measured_bytes{0}, measured_nodes{0};
-  measured_bytes += free_before > free_after ? free_before - free_after : 0;
-  measured_nodes += group.nodes.size();
-  const double per_node = static_cast<double>(measured_bytes.load()) /
-                          static_cast<double>(std::max<uint64_t>(1, measured_nodes.load()));
-  // Executables of one graph are of one size: a group's slots are all charged as its first.
-  // At least a byte, so that a finite cache bounds the count of executables.
-  made.device_bytes = group.executables.empty()
-                          ? std::max<size_t>(1, static_cast<size_t>(
-                                                    per_node * static_cast<double>(group.nodes.size())))
-                          : group.executables.front().device_bytes;
-  if (!group.executables.empty()) cached_bytes_ += made.device_bytes;  // beyond the first
+  record_instantiation(free_before > free_after ? free_before - free_after : 0, group.nodes.size());
+  // Executables of one graph are of one size, so a group's are charged alike, at the estimate
+  // refined by this instantiation: a charge fixed at the first would keep the first
+  // instantiations' chunks (several times an executable's share) for the group's lifetime.
+  const size_t charge = executable_charge(group.nodes.size());
+  const size_t resident = group.executables.size();
+  device_bytes_ = device_bytes_ - std::min(device_bytes_, resident * group.executable_bytes) +
+                  (resident + 1) * charge;
+  const size_t beyond_first = resident == 0 ? 0 : resident - 1;
+  cached_bytes_ = cached_bytes_ - std::min(cached_bytes_, beyond_first * group.executable_bytes) +
+                  resident * charge;
+  group.executable_bytes = charge;
   group.executables.push_back(made);
   group.slots.push_back({core::ParamTable::kBase, 0});
-  device_bytes_ += made.device_bytes;
   ++counters_.instantiations;
   return group.slots.size() - 1;
 }
@@ -429,7 +442,7 @@ size_t SharedExecutables::instantiate(Group& group, cudaStream_t stream) {
 void SharedExecutables::destroy_slot(Group& group, size_t slot) {
   // A launch still in flight completes: the driver frees the executable after it.
   (void)cudaGraphExecDestroy(group.executables[slot].exec);
-  const size_t bytes = group.executables[slot].device_bytes;
+  const size_t bytes = group.executable_bytes;
   device_bytes_ -= std::min(device_bytes_, bytes);
   // A group's executables are charged alike: any but the last one was beyond the first.
   if (group.executables.size() > 1) cached_bytes_ -= std::min(cached_bytes_, bytes);
@@ -454,7 +467,7 @@ bool SharedExecutables::room_for_slot(const Group& group) const {
   if (!group.params || group.executables.empty() || cache_bytes_ == 0 || slots_refused_) {
     return false;
   }
-  const size_t bytes = group.executables.front().device_bytes;
+  const size_t bytes = executable_charge(group.nodes.size());
   if (device_limit_ != SIZE_MAX && device_bytes_ + bytes > device_limit_) return false;
   return cache_bytes_ == SIZE_MAX || cached_bytes_ + bytes <= cache_bytes_;
 }
