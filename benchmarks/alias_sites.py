@@ -32,34 +32,6 @@ from benchmarks.models import gpt2
 MODES = ["eager", "ptgraph", "grape", "grape_copy"]
 
 
-class PerShapeGraphs:
-    """The plain CUDA-graph baseline: one graph and private pool per input shape, inputs copied
-    into the graph's static tensors before each replay."""
-
-    def __init__(self, fn):
-        self.fn, self.graphs, self.stream = fn, {}, torch.cuda.Stream()
-
-    def __call__(self, *inputs):
-        key = tuple((t.shape, t.dtype) for t in inputs)
-        entry = self.graphs.get(key)
-        if entry is None:
-            static = [t.clone() for t in inputs]
-            self.stream.wait_stream(torch.cuda.current_stream())
-            with torch.cuda.stream(self.stream):
-                self.fn(*static)  # warm-up, as torch.cuda.graph's documentation asks
-            torch.cuda.current_stream().wait_stream(self.stream)
-            graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph):
-                outputs = self.fn(*static)
-            entry = self.graphs[key] = (graph, static, outputs)
-        graph, static, outputs = entry
-        for s, t in zip(static, inputs):
-            s.copy_(t)
-        graph.replay()
-        # Outputs are overwritten by the next replay of this graph: hand out copies.
-        return tuple(o.clone() for o in outputs) if isinstance(outputs, tuple) else outputs.clone()
-
-
 def grape_counters(step, before: dict, calls: int) -> dict:
     s = grape.stats(step)
     d = {k: s[k] - before[k] for k in ("bytes_copied_in", "bytes_evacuated", "bytes_copied_back",
@@ -105,7 +77,7 @@ def step_for(mode: str, fn):
     if mode == "eager":
         return fn
     if mode == "ptgraph":
-        return PerShapeGraphs(fn)
+        return harness.PerShapeGraphs(fn)
     return grape.compile(fn, alias_prediction=(mode == "grape"))
 
 

@@ -120,6 +120,37 @@ def progress(iterable: Iterable, desc: str, total: int | None = None) -> Iterabl
     return tqdm(iterable, desc=desc, total=total, leave=False, mininterval=0.5)
 
 
+class PerShapeGraphs:
+    """The plain CUDA-graph baseline: one torch.cuda.CUDAGraph per input shape, inputs copied into
+    the graph's static tensors before each replay. Each graph has a private pool (PyTorch's
+    default), or all share `pool` (torch.cuda.graph_pool_handle()): safe in any replay order,
+    since a graph's outputs stay allocated and the static inputs live outside the pool, but only
+    while no output is held across a replay of another graph."""
+
+    def __init__(self, fn, pool=None):
+        self.fn, self.pool, self.graphs, self.stream = fn, pool, {}, torch.cuda.Stream()
+
+    def __call__(self, *inputs):
+        key = tuple((t.shape, t.dtype) for t in inputs)
+        entry = self.graphs.get(key)
+        if entry is None:
+            static = [t.clone() for t in inputs]
+            self.stream.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(self.stream):
+                self.fn(*static)  # warm-up, as torch.cuda.graph's documentation asks
+            torch.cuda.current_stream().wait_stream(self.stream)
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph, pool=self.pool):
+                outputs = self.fn(*static)
+            entry = self.graphs[key] = (graph, static, outputs)
+        graph, static, outputs = entry
+        for s, t in zip(static, inputs):
+            s.copy_(t)
+        graph.replay()
+        # Outputs are overwritten by the next replay of this graph: hand out copies.
+        return tuple(o.clone() for o in outputs) if isinstance(outputs, tuple) else outputs.clone()
+
+
 def grape_stats(fn, keys: Sequence[str]) -> dict:
     """The `keys` of grape.stats(fn) that the running build has."""
     import grape
