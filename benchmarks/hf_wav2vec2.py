@@ -26,9 +26,12 @@ shape captured, as in later epochs of a training run). For grape, `epoch_counter
 warm-ups, captures and replays of each of the first two epochs and `steady_counters` those of the
 timed epochs (`steady_state`: every call there a replay). `grape_warmup_once` is grape with
 warmup_each_signature=False: only the first call warms up, and each shape is captured at its first
-call, so its epoch 1 includes the capture of every shape (and its epoch 2 is already steady). Each mode gets its own deep copy of
-the same initial model (and a fresh optimizer and GradScaler), so the training trajectories are
-comparable.
+call, so its epoch 1 includes the capture of every shape (and its epoch 2 is already steady).
+`ptgraph` (inference only) is the plain CUDA-graph baseline: one torch.cuda.CUDAGraph per shape,
+warmed up and captured at the shape's first call, all in one memory pool, the batch copied into
+the graph's static input; its steady state is what replaying graphs can give, the bound of any
+graph runtime here. Each mode gets its own deep copy of the same initial model (and a fresh
+optimizer and GradScaler), so the training trajectories are comparable.
 
 Model config, for capturability and determinism: mask_time_prob=0.0 (SpecAugment draws its masks
 with numpy on the host, which a graph would freeze), layerdrop=0.0 (it branches on a random host
@@ -95,13 +98,16 @@ import torch.nn.functional as F
 import grape
 from benchmarks import harness
 
-MODES = ["eager", "grape", "grape_warmup_once"]
+MODES = ["eager", "grape", "grape_warmup_once", "ptgraph"]
 # grape.compile options of each grape mode. grape_warmup_once warms up only the function's first
 # call and captures every later new shape at its first call (warmup_each_signature=False), so
 # epoch 1 holds the captures; with cudnn.benchmark on, a new shape's autotuning may make its
 # first capture fail, and that shape warms up then.
 GRAPE_MODES = {"grape": {}, "grape_warmup_once": {"warmup_each_signature": False}}
 CASES = ["infer", "train"]
+# A plain CUDA graph of the whole training step would need the optimizer's and GradScaler's
+# capturable state handled by hand: ptgraph runs at inference only.
+CASE_MODES = {"infer": MODES, "train": [m for m in MODES if m != "ptgraph"]}
 DEVICE = "cuda"
 
 SAMPLE_RATE = 16000
@@ -122,9 +128,9 @@ TARGET_MEM_RATIO = 1.3
 # grape.stats keys recorded for the grape mode (those the running build has).
 GRAPE_STATS = ("graphs", "shapes", "signatures", "captures", "capture_seconds", "fallbacks",
                "replays", "calls", "warmup_calls", "eager_calls", "topology_groups",
-               "graphs_joined", "instantiations", "pool_bytes", "arena_bytes", "executable_bytes",
-               "bytes_copied_in", "evacuations", "bytes_evacuated", "nodes_patched",
-               "patch_seconds")
+               "graphs_joined", "graphs_joined_near", "topology_unions", "instantiations",
+               "pool_bytes", "arena_bytes", "executable_bytes", "bytes_copied_in", "evacuations",
+               "bytes_evacuated", "nodes_patched", "patch_seconds")
 
 
 # ----------------------------------------------------------------------------------------- model
@@ -384,6 +390,9 @@ def run_infer(mode: str, base, data: dict, reps: int, ctc: str) -> tuple[dict, t
     model = copy.deepcopy(base).to(DEVICE).half().eval()
     step = make_infer_step(model)
     compiled = compile_step(step, mode)
+    plain = None
+    if mode == "ptgraph":
+        plain = harness.PerShapeGraphs(step, pool=torch.cuda.graph_pool_handle())
     inputs = data["inputs_fp16"]
     n = len(inputs)
 
@@ -392,7 +401,7 @@ def run_infer(mode: str, base, data: dict, reps: int, ctc: str) -> tuple[dict, t
             fn(inputs[i])  # outputs dropped at once: nothing held across calls
 
     with torch.no_grad():
-        run = compiled if compiled is not None else step
+        run = compiled if compiled is not None else plain if plain is not None else step
         r = measure(mode, run, compiled, epoch, n, reps, f"infer {mode}", allocated0)
         logits, ids = [], []
         for x in inputs[:INFER_BATCHES_COMPARED]:  # replays for grape: every shape is captured
@@ -402,6 +411,8 @@ def run_infer(mode: str, base, data: dict, reps: int, ctc: str) -> tuple[dict, t
             del out_logits, out_ids
     if compiled is not None:
         r.update(harness.grape_stats(compiled, GRAPE_STATS))
+    if plain is not None:
+        r["graphs"] = len(plain.graphs)
     finish_memory(r, compiled, free0)
     return r, (logits, ids)
 
@@ -454,7 +465,7 @@ RUNNERS = {"infer": (run_infer, compare_infer), "train": (run_train, compare_tra
 def run_case(name: str, base, data: dict, modes: list[str], reps: int, ctc: str, config: dict) -> dict:
     run, compare = RUNNERS[name]
     results, outputs = {}, {}
-    for mode in modes:
+    for mode in (m for m in modes if m in CASE_MODES[name]):
         print(f"  {mode} ...", flush=True)
         try:
             results[mode], outputs[mode] = run(mode, base, data, reps, ctc)
@@ -475,6 +486,9 @@ def run_case(name: str, base, data: dict, modes: list[str], reps: int, ctc: str,
                                                 / eager["first_epochs_gpu_mem_bytes"])
         r["meets_targets"] = bool(r["speedup_vs_eager"] >= TARGET_SPEEDUP
                                   and r["mem_ratio_to_eager"] <= TARGET_MEM_RATIO)
+        plain = results.get("ptgraph", {}).get("ms_per_step")
+        if plain and mode != "ptgraph":
+            r["ratio_to_ptgraph"] = r["ms_per_step"] / plain  # 1.0: all that graphs can give
     config = dict(config, grape_warmup=WARMUP, targets={"speedup_vs_eager": TARGET_SPEEDUP,
                                                         "mem_ratio_to_eager": TARGET_MEM_RATIO})
     return {"name": name, "config": config, "modes": results}
@@ -495,6 +509,8 @@ def print_mode_targets(mode: str, g: dict) -> None:
           f"{g['mem_ratio_to_eager']:.2f}x eager's (target <= {TARGET_MEM_RATIO}x; first epochs "
           f"{g['first_epochs_mem_ratio_to_eager']:.2f}x); {g.get('graphs')} graphs, "
           f"{len(g.get('fallbacks') or [])} fallbacks, steady state {g.get('steady_state')}"
+          + (f"; {g['ratio_to_ptgraph']:.2f}x plain graphs' time" if g.get("ratio_to_ptgraph")
+             else "")
           + ("" if g.get("meets_targets") else "  << below target"))
 
 
