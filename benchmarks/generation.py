@@ -18,10 +18,10 @@ from benchmarks import harness
 
 # grape.stats keys that a compiled `generate` records (hf_gpt2 and hf_gptj, mode `grape`).
 GRAPE_STATS = ("graphs", "captures", "capture_seconds", "fallbacks", "replays", "calls",
-               "topology_groups", "pool_bytes", "executable_bytes", "resident_executables",
-               "cached_executable_bytes", "bytes_copied_in", "alias_hits", "alias_misses",
-               "evacuations", "executable_switches", "nodes_patched", "patch_seconds",
-               "patches_ahead")
+               "topology_groups", "topology_unions", "pool_bytes", "executable_bytes",
+               "resident_executables", "cached_executable_bytes", "bytes_copied_in", "alias_hits",
+               "alias_misses", "evacuations", "executable_switches", "nodes_patched",
+               "patch_seconds", "patches_ahead")
 
 
 def generate_kwargs(beams: int, new_tokens: int) -> dict:

@@ -262,7 +262,8 @@ def stats(fn: Any) -> dict:
     prediction's ``input_sites`` (code positions learned), ``site_allocations`` (allocations served
     from input buffers), ``site_buffers_busy`` (served by PyTorch because both buffers were held)
     and ``input_buffer_bytes``; graph memory's ``shapes`` (graphs held), ``topology_groups``,
-    ``unshareable_groups`` / ``unshareable_reason``, ``graphs_joined``, ``resident_executables``,
+    ``unshareable_groups`` / ``unshareable_reason``, ``graphs_joined`` (``graphs_joined_near``
+    of another, near topology; ``topology_unions``), ``resident_executables``,
     ``executable_bytes`` (``cached_executable_bytes`` of them beyond one per topology, within
     ``executable_cache``), ``instantiations``, ``evictions``, ``executable_switches``,
     ``nodes_patched``, ``patch_seconds``, ``params_bytes`` / ``params_raw_bytes`` (parameters kept,

@@ -116,6 +116,8 @@ uint32_t ParamTable::intern(uint32_t node, const Blob& patch) {
   return id;
 }
 
+void ParamTable::add_nodes(size_t count) { base_.resize(base_.size() + count); }
+
 ParamTable::ShapeId ParamTable::add(const std::vector<Blob>& blobs) {
   if (blobs.size() != base_.size()) {
     throw std::invalid_argument("grape: a shape of a topology group has " +

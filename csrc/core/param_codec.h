@@ -38,6 +38,9 @@ class ParamTable {
   explicit ParamTable(std::vector<Blob> base);
 
   size_t node_count() const { return base_.size(); }
+  // Appends `count` nodes whose base blob is empty (nodes a topology union added, absent in the
+  // base: Note [Near topologies]). Shapes already held lack them too.
+  void add_nodes(size_t count);
   // Adds a shape from every node's blob (as many as the base has); returns its id.
   ShapeId add(const std::vector<Blob>& blobs);
   // Forgets a shape. Its dictionary entries stay: other shapes may use them.

@@ -30,6 +30,7 @@ const DriverApi& driver() {
     load("cuMemSetAccess", 12000, d.cuMemSetAccess);
     load("cuGraphKernelNodeGetParams", 12000, d.cuGraphKernelNodeGetParams);
     load("cuGraphExecKernelNodeSetParams", 12000, d.cuGraphExecKernelNodeSetParams);
+    load("cuGraphAddKernelNode", 12000, d.cuGraphAddKernelNode);
     load("cuFuncGetParamInfo", 12040, d.cuFuncGetParamInfo);
     load("cuKernelGetParamInfo", 12040, d.cuKernelGetParamInfo);
     load("cuFuncGetName", 12030, d.cuFuncGetName);

@@ -21,6 +21,7 @@ struct DriverApi {
   // Kernel nodes of shared executables (CUDA 12.4: the parameter layout of a kernel).
   GRAPE_DRIVER_MEMBER(cuGraphKernelNodeGetParams)
   GRAPE_DRIVER_MEMBER(cuGraphExecKernelNodeSetParams)
+  GRAPE_DRIVER_MEMBER(cuGraphAddKernelNode)
   GRAPE_DRIVER_MEMBER(cuFuncGetParamInfo)
   GRAPE_DRIVER_MEMBER(cuKernelGetParamInfo)
   GRAPE_DRIVER_MEMBER(cuFuncGetName)

@@ -7,11 +7,13 @@
 #include <chrono>
 #include <cstring>
 #include <mutex>
+#include <numeric>
 #include <stdexcept>
 #include <utility>
 
 #include "core/executable_slots.h"
 #include "core/param_codec.h"
+#include "core/topology_union.h"
 #include "cuda/driver.h"
 
 namespace grape::cuda {
@@ -77,8 +79,6 @@ const ParamLayout* layout_of(const CUDA_KERNEL_NODE_PARAMS& p) {
   return result;
 }
 
-enum class NodeKind : uint8_t { kKernel, kMemcpy, kMemset, kEmpty };
-
 // A kernel node's blob starts with this; its argument bytes follow, laid out as on the device.
 struct KernelHeader {
   uint64_t func;
@@ -119,15 +119,27 @@ bool packed_arguments(void** extra, const void** buffer, size_t* size) {
   return *buffer != nullptr || *size == 0;
 }
 
+}  // namespace
+
+enum class NodeKind : uint8_t { kKernel, kMemcpy, kMemset, kEmpty };
+
 // What a graph is made of, read node by node.
 struct GraphContents {
   std::vector<cudaGraphNode_t> nodes;
   std::vector<NodeKind> kinds;
+  // Per node, for alignment (Note [Near topologies]): its type and launch attributes, and what
+  // tells it from other nodes of its type (the kernel; a copy's or memset's destination).
+  std::vector<uint64_t> keys;
+  std::vector<uint64_t> details;
+  std::vector<core::Edge> edges;  // sorted, by node index
+  bool plain_edges = true;        // every edge a full dependency (no programmatic or port edges)
   std::vector<core::Blob> blobs;
   uint64_t topology = 0;
   bool readable = true;  // every node's parameters could be read and can be written back
   std::string why_not;   // what made it unreadable
 };
+
+namespace {
 
 core::Blob kernel_blob(const CUDA_KERNEL_NODE_PARAMS& p, size_t argument_bytes) {
   core::Blob blob(sizeof(KernelHeader) + argument_bytes, 0);
@@ -212,7 +224,8 @@ GraphContents read_graph(cudaGraph_t graph, bool with_params) {
     cudaGraphNode_t node = g.nodes[i];
     cudaGraphNodeType type;
     check(cudaGraphNodeGetType(node, &type), "cudaGraphNodeGetType");
-    h = mix(h, static_cast<uint64_t>(type));
+    uint64_t key = mix(0, static_cast<uint64_t>(type));
+    uint64_t detail = 0;
     switch (type) {
       case cudaGraphNodeTypeKernel: {
         g.kinds.push_back(NodeKind::kKernel);
@@ -220,12 +233,29 @@ GraphContents read_graph(cudaGraph_t graph, bool with_params) {
         cudaLaunchAttributeValue cluster{};
         if (cudaGraphKernelNodeGetAttribute(node, cudaLaunchAttributeClusterDimension, &cluster) ==
             cudaSuccess) {
-          h = mix(mix(mix(h, cluster.clusterDim.x), cluster.clusterDim.y), cluster.clusterDim.z);
+          key = mix(mix(mix(key, cluster.clusterDim.x), cluster.clusterDim.y),
+                    cluster.clusterDim.z);
         }
-        cudaLaunchAttributeValue priority{};
-        if (cudaGraphKernelNodeGetAttribute(node, cudaLaunchAttributePriority, &priority) ==
+        cudaLaunchAttributeValue value{};
+        if (cudaGraphKernelNodeGetAttribute(node, cudaLaunchAttributePriority, &value) ==
             cudaSuccess) {
-          h = mix(h, static_cast<uint64_t>(priority.priority));
+          key = mix(key, static_cast<uint64_t>(value.priority));
+        }
+        // Node updates neither check nor change these: graphs joined by alignment must agree.
+        value = {};
+        if (cudaGraphKernelNodeGetAttribute(node, cudaLaunchAttributeCooperative, &value) ==
+            cudaSuccess) {
+          key = mix(key, static_cast<uint64_t>(value.cooperative));
+        }
+        value = {};
+        if (cudaGraphKernelNodeGetAttribute(
+                node, cudaLaunchAttributeProgrammaticStreamSerialization, &value) == cudaSuccess) {
+          key = mix(key, static_cast<uint64_t>(value.programmaticStreamSerializationAllowed));
+        }
+        value = {};
+        if (cudaGraphKernelNodeGetAttribute(node, cudaLaunchAttributeMemSyncDomain, &value) ==
+            cudaSuccess) {
+          key = mix(key, static_cast<uint64_t>(value.memSyncDomain));
         }
         (void)cudaGetLastError();
         if (!with_params) break;
@@ -238,6 +268,8 @@ GraphContents read_graph(cudaGraph_t graph, bool with_params) {
         CUDA_KERNEL_NODE_PARAMS p{};
         check(d.cuGraphKernelNodeGetParams(reinterpret_cast<CUgraphNode>(node), &p),
               "cuGraphKernelNodeGetParams");
+        detail = reinterpret_cast<uint64_t>(p.func != nullptr ? static_cast<const void*>(p.func)
+                                                              : static_cast<const void*>(p.kern));
         core::Blob blob = read_kernel(p, g.why_not);
         if (!g.why_not.empty()) {
           g.readable = false;
@@ -251,6 +283,8 @@ GraphContents read_graph(cudaGraph_t graph, bool with_params) {
         if (!with_params) break;
         cudaMemcpy3DParms p{};
         check(cudaGraphMemcpyNodeGetParams(node, &p), "cudaGraphMemcpyNodeGetParams");
+        detail = mix(mix(static_cast<uint64_t>(p.kind), reinterpret_cast<uint64_t>(p.dstPtr.ptr)),
+                     reinterpret_cast<uint64_t>(p.dstArray));
         g.blobs.push_back(struct_blob(p));
         break;
       }
@@ -259,6 +293,7 @@ GraphContents read_graph(cudaGraph_t graph, bool with_params) {
         if (!with_params) break;
         cudaMemsetParams p{};
         check(cudaGraphMemsetNodeGetParams(node, &p), "cudaGraphMemsetNodeGetParams");
+        detail = mix(reinterpret_cast<uint64_t>(p.dst), p.elementSize);
         g.blobs.push_back(struct_blob(p));
         break;
       }
@@ -271,6 +306,9 @@ GraphContents read_graph(cudaGraph_t graph, bool with_params) {
         g.why_not = "it holds a " + node_type_name(type) + " node";
         break;
     }
+    g.keys.push_back(key);
+    g.details.push_back(detail);
+    h = mix(h, key);
   }
   if (!g.readable) return g;
   size_t edge_count = 0;
@@ -280,22 +318,33 @@ GraphContents read_graph(cudaGraph_t graph, bool with_params) {
   std::vector<cudaGraphEdgeData> data(edge_count);
   check(cudaGraphGetEdges(graph, from.data(), to.data(), data.data(), &edge_count),
         "cudaGraphGetEdges");
+  for (const cudaGraphEdgeData& e : data) {
+    if (e.type != cudaGraphDependencyTypeDefault || e.from_port != 0 || e.to_port != 0) {
+      g.plain_edges = false;
+    }
+  }
 #else
   check(cudaGraphGetEdges(graph, nullptr, nullptr, &edge_count), "cudaGraphGetEdges");
   std::vector<cudaGraphNode_t> from(edge_count), to(edge_count);
   check(cudaGraphGetEdges(graph, from.data(), to.data(), &edge_count), "cudaGraphGetEdges");
 #endif
-  std::vector<std::pair<uint32_t, uint32_t>> edges;
-  edges.reserve(edge_count);
-  for (size_t e = 0; e < edge_count; ++e) edges.emplace_back(index.at(from[e]), index.at(to[e]));
-  std::sort(edges.begin(), edges.end());
-  for (const auto& [a, b] : edges) h = mix(h, (static_cast<uint64_t>(a) << 32) | b);
+  g.edges.reserve(edge_count);
+  for (size_t e = 0; e < edge_count; ++e) g.edges.emplace_back(index.at(from[e]), index.at(to[e]));
+  std::sort(g.edges.begin(), g.edges.end());
+  for (const auto& [a, b] : g.edges) h = mix(h, (static_cast<uint64_t>(a) << 32) | b);
   g.topology = h;
   return g;
 }
 
-// Writes node `node`'s parameters `blob` into `exec`.
-void write_node(cudaGraphExec_t exec, cudaGraphNode_t node, NodeKind kind, const core::Blob& blob) {
+// Writes node `node`'s parameters `blob` into `exec`. An empty blob (other than an empty node's)
+// is a node the shape lacks: it is disabled. `optional`: some shape lacks the node, so that
+// writing parameters enables it (Note [Near topologies]).
+void write_node(cudaGraphExec_t exec, cudaGraphNode_t node, NodeKind kind, const core::Blob& blob,
+                bool optional) {
+  if (blob.empty() && kind != NodeKind::kEmpty) {
+    check(cudaGraphNodeSetEnabled(exec, node, 0), "cudaGraphNodeSetEnabled");
+    return;
+  }
   switch (kind) {
     case NodeKind::kKernel: {
       KernelHeader h;
@@ -355,7 +404,85 @@ void write_node(cudaGraphExec_t exec, cudaGraphNode_t node, NodeKind kind, const
     case NodeKind::kEmpty:
       break;
   }
+  if (optional && kind != NodeKind::kEmpty) {
+    check(cudaGraphNodeSetEnabled(exec, node, 1), "cudaGraphNodeSetEnabled");
+  }
 }
+
+// A node in `graph` like `source` (a node of a captured graph, read as `kind`): same parameters
+// and launch attributes, no dependencies yet.
+cudaGraphNode_t add_node_like(cudaGraph_t graph, cudaGraphNode_t source, NodeKind kind) {
+  cudaGraphNode_t node = nullptr;
+  switch (kind) {
+    case NodeKind::kKernel: {
+      const DriverApi& d = driver();
+      if (d.cuGraphAddKernelNode == nullptr) {
+        throw std::runtime_error("grape: the CUDA driver lacks cuGraphAddKernelNode");
+      }
+      CUDA_KERNEL_NODE_PARAMS p{};
+      check(d.cuGraphKernelNodeGetParams(reinterpret_cast<CUgraphNode>(source), &p),
+            "cuGraphKernelNodeGetParams");
+      check(d.cuGraphAddKernelNode(reinterpret_cast<CUgraphNode*>(&node),
+                                   reinterpret_cast<CUgraph>(graph), nullptr, 0, &p),
+            "cuGraphAddKernelNode");
+#if CUDART_VERSION >= 13000
+      check(cudaGraphKernelNodeCopyAttributes(node, source), "cudaGraphKernelNodeCopyAttributes");
+#else  // (source, destination) before CUDA 13
+      check(cudaGraphKernelNodeCopyAttributes(source, node), "cudaGraphKernelNodeCopyAttributes");
+#endif
+      break;
+    }
+    case NodeKind::kMemcpy: {
+      cudaMemcpy3DParms p{};
+      check(cudaGraphMemcpyNodeGetParams(source, &p), "cudaGraphMemcpyNodeGetParams");
+      check(cudaGraphAddMemcpyNode(&node, graph, nullptr, 0, &p), "cudaGraphAddMemcpyNode");
+      break;
+    }
+    case NodeKind::kMemset: {
+      cudaMemsetParams p{};
+      check(cudaGraphMemsetNodeGetParams(source, &p), "cudaGraphMemsetNodeGetParams");
+      check(cudaGraphAddMemsetNode(&node, graph, nullptr, 0, &p), "cudaGraphAddMemsetNode");
+      break;
+    }
+    case NodeKind::kEmpty:
+      check(cudaGraphAddEmptyNode(&node, graph, nullptr, 0), "cudaGraphAddEmptyNode");
+      break;
+  }
+  return node;
+}
+
+void add_edge(cudaGraph_t graph, cudaGraphNode_t from, cudaGraphNode_t to) {
+#if CUDART_VERSION >= 13000
+  check(cudaGraphAddDependencies(graph, &from, &to, nullptr, 1), "cudaGraphAddDependencies");
+#else
+  check(cudaGraphAddDependencies(graph, &from, &to, 1), "cudaGraphAddDependencies");
+#endif
+}
+
+// How many nodes a graph of `nodes` nodes may differ by from a group it joins by alignment.
+size_t near_allowance(size_t nodes) { return std::max<size_t>(8, nodes / 8); }
+
+// A captured graph as plan_union sees it; no order (no alignment) where an edge is not a plain
+// dependency: alignment reasons about full dependencies only.
+core::NodeGraph alignment_view(const GraphContents& contents) {
+  core::NodeGraph graph;
+  graph.keys = contents.keys;
+  graph.details = contents.details;
+  graph.edges = contents.edges;
+  if (contents.plain_edges) {
+    graph.order.resize(contents.nodes.size());
+    std::iota(graph.order.begin(), graph.order.end(), 0u);
+  }
+  return graph;
+}
+
+// Destroys a graph it holds at scope exit: set `graph` to null to keep it.
+struct GraphOwner {
+  cudaGraph_t graph;
+  ~GraphOwner() {
+    if (graph != nullptr) (void)cudaGraphDestroy(graph);
+  }
+};
 
 // The driver takes executables' memory in chunks, so one instantiation may take a chunk and the
 // next nothing. An executable is charged its nodes' share of all that instantiations in this
@@ -381,11 +508,18 @@ struct SharedExecutables::Executable {
 };
 
 struct SharedExecutables::Group {
-  cudaGraph_t graph = nullptr;  // the base graph, owned
+  cudaGraph_t graph = nullptr;  // the base graph, or the union of its members' graphs; owned
   std::vector<cudaGraphNode_t> nodes;
   std::vector<NodeKind> kinds;
   std::unique_ptr<core::ParamTable> params;  // null: this group has one graph and never shares
-  uint64_t topology = 0;
+  // Note [Near topologies]: the graph as aligned, its nodes some member lacks (enabled or not per
+  // shape), and of those the ones the base lacks, disabled at instantiation.
+  core::NodeGraph shape;
+  std::vector<uint8_t> optional;
+  std::vector<uint32_t> absent_in_base;
+  bool disables = false;         // some shape disables nodes: members join by alignment only
+  size_t smallest_member = 0;    // node count of its smallest member
+  std::vector<uint64_t> topologies;  // its keys in by_topology_
   int64_t members = 0;
   // Resident slots (Note [Executable slots]): which shape each holds and when it was last
   // prepared, and its executable, by the same index. Empty while evicted.
@@ -414,12 +548,18 @@ size_t SharedExecutables::instantiate(Group& group, cudaStream_t stream) {
             &made.exec, group.graph,
             cudaGraphInstantiateFlagAutoFreeOnLaunch | cudaGraphInstantiateFlagUseNodePriority),
         "cudaGraphInstantiateWithFlags");
+  // The base's parameters: the nodes a union added are absent from it (before the upload, which
+  // a later change would make the first launch redo).
+  cudaError_t status = cudaSuccess;
+  for (size_t i = 0; i < group.absent_in_base.size() && status == cudaSuccess; ++i) {
+    status = cudaGraphNodeSetEnabled(made.exec, group.nodes[group.absent_in_base[i]], 0);
+  }
   // The upload allocates the executable's device memory now rather than at its first launch.
-  const cudaError_t uploaded = cudaGraphUpload(made.exec, stream);
+  const cudaError_t uploaded = status == cudaSuccess ? cudaGraphUpload(made.exec, stream) : status;
   (void)cudaMemGetInfo(&free_after, &total);
   if (uploaded != cudaSuccess) {
     (void)cudaGraphExecDestroy(made.exec);
-    check(uploaded, "cudaGraphUpload");
+    check(uploaded, status != cudaSuccess ? "cudaGraphNodeSetEnabled" : "cudaGraphUpload");
   }
   record_instantiation(free_before > free_after ? free_before - free_after : 0, group.nodes.size());
   // Executables of one graph are of one size, so a group's are charged alike, at the estimate
@@ -473,20 +613,25 @@ bool SharedExecutables::room_for_slot(const Group& group) const {
 }
 
 SharedExecutables::Member SharedExecutables::add(cudaGraph_t graph, cudaStream_t stream) {
-  struct GraphOwner {
-    cudaGraph_t graph;
-    ~GraphOwner() {
-      if (graph != nullptr) (void)cudaGraphDestroy(graph);
-    }
-  } owner{graph};
+  GraphOwner owner{graph};
   GraphContents contents = read_graph(graph, share_);
   const bool shareable = share_ && contents.readable;
   if (share_ && !contents.readable) unshareable_reason_ = contents.why_not;
 
   if (shareable) {
+    const core::NodeGraph aligned = alignment_view(contents);
+    std::vector<uint32_t> tried;  // groups of this topology, joined or not
     auto [first, last] = by_topology_.equal_range(contents.topology);
     for (auto it = first; it != last; ++it) {
       Group& group = *groups_[it->second];
+      tried.push_back(it->second);
+      // A group whose shapes disable nodes: cudaGraphExecUpdate leaves nodes' enabled state as
+      // it is, so the graph joins by alignment, which sets it.
+      if (group.disables) {
+        Member joined;
+        if (join_aligned(it->second, aligned, contents, stream, joined)) return joined;
+        continue;
+      }
       if (group.nodes.size() != contents.nodes.size() || group.kinds != contents.kinds) continue;
       // The update both asks the driver whether the graph may share this group's executables and
       // writes its parameters into the slot it will replay in: one holding no live shape, a new
@@ -510,14 +655,42 @@ SharedExecutables::Member SharedExecutables::add(cudaGraph_t graph, cudaStream_t
       ++counters_.joins;
       return {it->second, shape};
     }
+    // A graph of no group's topology (or one whose update the driver refused, which alignment
+    // would not check better) may join the most recent groups of a near topology.
+    int near_tried = 0;
+    for (size_t index = groups_.size(); index-- > 0 && near_tried < kNearGroupsTried;) {
+      if (!groups_[index] || std::find(tried.begin(), tried.end(), index) != tried.end()) continue;
+      const Group& group = *groups_[index];
+      const size_t n = group.nodes.size(), m = contents.nodes.size();
+      if (!group.params || (n > m ? n - m : m - n) > near_allowance(m)) continue;
+      ++near_tried;
+      Member joined;
+      if (join_aligned(static_cast<uint32_t>(index), aligned, contents, stream, joined)) {
+        return joined;
+      }
+    }
   }
 
   auto group = std::make_unique<Group>();
   group->graph = graph;
   owner.graph = nullptr;
+  const size_t count = contents.nodes.size();
   group->nodes = std::move(contents.nodes);
   group->kinds = std::move(contents.kinds);
-  group->topology = contents.topology;
+  group->shape.keys = std::move(contents.keys);
+  group->shape.details = std::move(contents.details);
+  group->shape.edges = std::move(contents.edges);
+  // Creation order is topological for a captured graph; where it is not, no graph joins by
+  // alignment (join_aligned() skips a group without an order).
+  if (contents.plain_edges &&
+      std::all_of(group->shape.edges.begin(), group->shape.edges.end(),
+                  [](const core::Edge& e) { return e.first < e.second; })) {
+    group->shape.order.resize(count);
+    std::iota(group->shape.order.begin(), group->shape.order.end(), 0u);
+  }
+  group->optional.assign(count, 0);
+  group->smallest_member = count;
+  group->topologies = {contents.topology};
   if (shareable) group->params = std::make_unique<core::ParamTable>(std::move(contents.blobs));
   group->members = 1;
   const auto index = static_cast<uint32_t>(groups_.size());
@@ -528,9 +701,137 @@ SharedExecutables::Member SharedExecutables::add(cudaGraph_t graph, cudaStream_t
     throw;
   }
   group->slots.front().last_used = ++clock_;
-  if (shareable) by_topology_.emplace(group->topology, index);
+  if (shareable) by_topology_.emplace(contents.topology, index);
   groups_.push_back(std::move(group));
   return {index, core::ParamTable::kBase};
+}
+
+bool SharedExecutables::join_aligned(uint32_t index, const core::NodeGraph& graph,
+                                     const GraphContents& contents, cudaStream_t stream,
+                                     Member& joined) {
+  Group& group = *groups_[index];
+  const size_t n = group.nodes.size();
+  const size_t m = contents.nodes.size();
+  if (!group.params || group.shape.order.size() != n || graph.order.size() != m) return false;
+  const auto plan = core::plan_union(group.shape, graph, near_allowance(m));
+  if (!plan) return false;
+  // Every member runs the whole union, its absent nodes disabled: keep that few.
+  const size_t smallest = std::min(group.smallest_member, m);
+  if (n + plan->added.size() > smallest + near_allowance(smallest)) return false;
+  std::vector<core::Blob> blobs(n + plan->added.size());  // empty: absent
+  for (size_t i = 0; i < m; ++i) blobs[plan->node_of[i]] = contents.blobs[i];
+  uint32_t shape = 0;
+  try {
+    if (plan->added.empty() && plan->added_edges.empty()) {
+      shape = join_as_is(group, blobs, stream);
+    } else {
+      shape = join_grown(index, contents, *plan, blobs, stream);
+    }
+  } catch (const std::runtime_error&) {
+    return false;  // the driver refused a node's parameters
+  }
+  Group& joined_group = *groups_[index];  // join_grown replaced it
+  joined_group.smallest_member = smallest;
+  ++joined_group.members;
+  if (std::find(joined_group.topologies.begin(), joined_group.topologies.end(),
+                contents.topology) == joined_group.topologies.end()) {
+    joined_group.topologies.push_back(contents.topology);
+    by_topology_.emplace(contents.topology, index);
+  }
+  ++counters_.joins;
+  ++counters_.near_joins;
+  joined = {index, shape};
+  return true;
+}
+
+uint32_t SharedExecutables::join_as_is(Group& group, const std::vector<core::Blob>& blobs,
+                                       cudaStream_t stream) {
+  for (size_t node = 0; node < blobs.size(); ++node) {
+    if (blobs[node].empty() && group.kinds[node] != NodeKind::kEmpty) {
+      group.optional[node] = 1;
+      group.disables = true;
+    }
+  }
+  const uint32_t shape = group.params->add(blobs);
+  try {
+    // Patching the shape in now also asks the driver whether it takes these parameters.
+    const size_t slot = slot_for(group, shape, stream);
+    patch(group, slot, shape);
+    group.slots[slot].last_used = ++clock_;
+  } catch (...) {
+    group.params->remove(shape);
+    throw;
+  }
+  return shape;
+}
+
+uint32_t SharedExecutables::join_grown(uint32_t index, const GraphContents& contents,
+                                       const core::UnionPlan& plan,
+                                       const std::vector<core::Blob>& blobs, cudaStream_t stream) {
+  Group& group = *groups_[index];
+  const size_t n = group.nodes.size();
+  auto grown = std::make_unique<Group>();
+  check(cudaGraphClone(&grown->graph, group.graph), "cudaGraphClone");
+  GraphOwner owner{grown->graph};
+  grown->nodes.resize(n);
+  for (size_t i = 0; i < n; ++i) {
+    check(cudaGraphNodeFindInClone(&grown->nodes[i], group.nodes[i], grown->graph),
+          "cudaGraphNodeFindInClone");
+  }
+  grown->kinds = group.kinds;
+  grown->shape = group.shape;
+  grown->optional = group.optional;
+  grown->absent_in_base = group.absent_in_base;
+  for (uint32_t h : plan.added) {
+    const NodeKind kind = contents.kinds[h];
+    grown->nodes.push_back(add_node_like(grown->graph, contents.nodes[h], kind));
+    grown->kinds.push_back(kind);
+    grown->shape.keys.push_back(contents.keys[h]);
+    grown->shape.details.push_back(contents.details[h]);
+    grown->optional.push_back(kind != NodeKind::kEmpty);
+    if (kind != NodeKind::kEmpty) {
+      grown->absent_in_base.push_back(static_cast<uint32_t>(grown->nodes.size() - 1));
+    }
+  }
+  for (const auto& [from, to] : plan.added_edges) {
+    add_edge(grown->graph, grown->nodes[from], grown->nodes[to]);
+    grown->shape.edges.emplace_back(from, to);
+  }
+  std::sort(grown->shape.edges.begin(), grown->shape.edges.end());
+  grown->shape.order = plan.order;
+  for (size_t node = 0; node < n; ++node) {
+    if (blobs[node].empty() && grown->kinds[node] != NodeKind::kEmpty) grown->optional[node] = 1;
+  }
+  grown->disables = true;
+  grown->topologies = group.topologies;
+  grown->members = group.members;
+
+  // An executable of the union, holding the joining graph's parameters: the driver checks them.
+  instantiate(*grown, stream);
+  try {
+    const cudaGraphExec_t exec = grown->executables.front().exec;
+    for (size_t node = 0; node < blobs.size(); ++node) {
+      write_node(exec, grown->nodes[node], grown->kinds[node], blobs[node],
+                 grown->optional[node] != 0);
+    }
+  } catch (...) {
+    destroy_slot(*grown, 0);
+    throw;
+  }
+
+  // The old graph's executables cannot run the union: its shapes move to the new ones.
+  while (!group.slots.empty()) destroy_slot(group, group.slots.size() - 1);
+  slots_refused_ = false;
+  grown->params = std::move(group.params);
+  grown->params->add_nodes(plan.added.size());
+  const uint32_t shape = grown->params->add(blobs);
+  grown->slots.front() = {shape, ++clock_};
+  grown->smallest_member = group.smallest_member;
+  (void)cudaGraphDestroy(group.graph);
+  owner.graph = nullptr;
+  groups_[index] = std::move(grown);
+  ++counters_.unions;
+  return shape;
 }
 
 void SharedExecutables::remove(Member member) {
@@ -548,11 +849,13 @@ void SharedExecutables::remove(Member member) {
   while (!group.slots.empty()) destroy_slot(group, group.slots.size() - 1);
   slots_refused_ = false;
   (void)cudaGraphDestroy(group.graph);
-  auto [first, last] = by_topology_.equal_range(group.topology);
-  for (auto it = first; it != last; ++it) {
-    if (it->second == member.group) {
-      by_topology_.erase(it);
-      break;
+  for (uint64_t topology : group.topologies) {
+    auto [first, last] = by_topology_.equal_range(topology);
+    for (auto it = first; it != last; ++it) {
+      if (it->second == member.group) {
+        by_topology_.erase(it);
+        break;
+      }
     }
   }
   groups_[member.group].reset();
@@ -592,7 +895,7 @@ void SharedExecutables::patch(Group& group, size_t slot, uint32_t shape) {
   cudaGraphExec_t exec = group.executables[slot].exec;
   for (uint32_t node : changed) {
     group.params->decode(shape, node, blob);
-    write_node(exec, group.nodes[node], group.kinds[node], blob);
+    write_node(exec, group.nodes[node], group.kinds[node], blob, group.optional[node] != 0);
   }
   group.slots[slot].shape = shape;
   ++counters_.switches;

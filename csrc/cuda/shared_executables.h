@@ -17,6 +17,8 @@
 // first patches the nodes whose parameters differ from what its slot holds. Patching never touches
 // launches already queued ("modifications only affect future launches"), so with the cache empty
 // (`cache_bytes` 0) memory stays one executable per topology.
+// A graph of no group's topology may still join a group of a near one, whose graph becomes the
+// union of both (Note [Near topologies]).
 // Graphs that cannot be read (conditional or event nodes, kernels whose parameter layout the
 // driver does not report) get a group of their own, as do all graphs when sharing is off.
 // Node order is the graphs' creation order (cudaGraphGetNodes), the order cudaGraphExecUpdate
@@ -30,9 +32,13 @@
 #include <unordered_map>
 #include <vector>
 
+#include "core/param_codec.h"
+#include "core/topology_union.h"
 #include "cuda/executable_stats.h"
 
 namespace grape::cuda {
+
+struct GraphContents;  // a graph as read node by node (shared_executables.cpp)
 
 class SharedExecutables {
  public:
@@ -80,6 +86,18 @@ class SharedExecutables {
  private:
   struct Group;
   struct Executable;
+  // How many groups, most recent first, a graph of no group's topology is aligned with.
+  static constexpr int kNearGroupsTried = 4;
+  // Joins `contents` (a shareable graph; `graph` its alignment view) to group `index`, by
+  // alignment (Note [Near topologies]); false where it is too far or the driver refuses.
+  bool join_aligned(uint32_t index, const core::NodeGraph& graph, const GraphContents& contents,
+                    cudaStream_t stream, Member& joined);
+  // The new shape of a group whose graph already holds the joining graph's nodes and order.
+  uint32_t join_as_is(Group& group, const std::vector<core::Blob>& blobs, cudaStream_t stream);
+  // The new shape of group `index`, whose graph becomes its union with the joining graph.
+  uint32_t join_grown(uint32_t index, const GraphContents& contents,
+                      const core::UnionPlan& plan, const std::vector<core::Blob>& blobs,
+                      cudaStream_t stream);
   // A new slot of `group`, instantiated from its base graph (holding the base's parameters);
   // returns its index.
   size_t instantiate(Group& group, cudaStream_t stream);

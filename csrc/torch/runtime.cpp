@@ -1063,6 +1063,8 @@ py::dict Runtime::stats() {
   d["instantiations"] = ex.instantiations;
   d["evictions"] = ex.evictions;
   d["graphs_joined"] = ex.joins;
+  d["graphs_joined_near"] = ex.near_joins;
+  d["topology_unions"] = ex.unions;
   d["executable_switches"] = ex.switches;
   d["patches_ahead"] = ex.patches_ahead;
   d["nodes_patched"] = ex.nodes_patched;

@@ -184,3 +184,29 @@ TEST(ParamTable, RemovedShapesAreGoneAndTheirBytesReleased) {
   EXPECT_TRUE(table.contains(ParamTable::kBase));
   EXPECT_THROW(table.add({Blob(16, 0)}), std::invalid_argument);  // wrong node count
 }
+
+TEST(ParamTable, AddedNodesAreAbsentFromShapesHeldBeforeAndPresentInLaterOnes) {
+  // A topology union appends nodes (Note [Near topologies]): absent (an empty blob) in every
+  // shape held so far; a later shape may hold them, or lack one of the older nodes.
+  const Blob a = kernel_blob(1, 8, 0x1000, 64), b = kernel_blob(2, 8, 0x2000, 64);
+  ParamTable table({a, b});
+  const auto old_shape = table.add({a, kernel_blob(2, 16, 0x2000, 128)});
+  table.add_nodes(1);
+  EXPECT_EQ(table.node_count(), 3u);
+  const Blob extra = kernel_blob(3, 4, 0x3000, 32);
+  const auto new_shape = table.add({Blob{}, b, extra});
+  Blob out;
+  for (auto shape : {ParamTable::kBase, old_shape}) {
+    table.decode(shape, 2, out);
+    EXPECT_TRUE(out.empty());
+  }
+  table.decode(new_shape, 0, out);
+  EXPECT_TRUE(out.empty());
+  table.decode(new_shape, 2, out);
+  EXPECT_EQ(out, extra);
+  std::vector<uint32_t> changed;
+  table.changed_nodes(old_shape, new_shape, changed);
+  EXPECT_EQ(changed, (std::vector<uint32_t>{0, 1, 2}));
+  table.changed_nodes(ParamTable::kBase, new_shape, changed);
+  EXPECT_EQ(changed, (std::vector<uint32_t>{0, 2}));
+}

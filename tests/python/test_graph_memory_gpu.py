@@ -131,11 +131,48 @@ def test_sharing_off_gives_every_shape_its_own_executable():
     assert s["graphs_joined"] == 0 and s["params_bytes"] == 0
 
 
-def two_topologies(x):
-    """Long inputs take an extra op: another topology."""
+def near_topologies(x):
+    """Long inputs take an extra op: a topology a few nodes from the other."""
     y = (x * 2).sin()
     if x.shape[0] > 100:
         y = y.cumsum(0)
+    return y + 1
+
+
+@pytest.mark.parametrize("first", ["short", "long"])
+@pytest.mark.parametrize("executable_cache", [0, None], ids=["one-per-topology", "all-cached"])
+def test_near_topologies_share_one_executable_with_results_identical_to_eager(executable_cache,
+                                                                             first):
+    # Note [Near topologies]: the long inputs' graphs and the short ones' share a group: the
+    # union of both where a short one came first, the long one's graph where it did. Each shape
+    # runs only its own nodes, so results match eager in any order.
+    sizes = [64, 300, 96, 400, 32, 200]
+    if first == "long":
+        sizes = sizes[1:] + sizes[:1]
+    compiled = grape.compile(near_topologies, alias_prediction=False,
+                             executable_cache=executable_cache)
+    rng = random.Random(1)
+    # Warm-up, then captures in this order (a short shape's group first, then a long one joins it
+    # and makes the union), then replays in random orders.
+    orders = [sizes, sizes] + [rng.sample(sizes, len(sizes)) for _ in range(2)]
+    for order in orders:
+        for n in order:
+            x = torch.randn(n, 32, device=DEV)
+            assert torch.equal(compiled(x), near_topologies(x)), n
+    s = grape.stats(compiled)
+    assert not s["fallbacks"] and s["replays"] >= 2 * len(sizes)
+    assert s["topology_groups"] == 1
+    assert s["graphs_joined"] == s["shapes"] - 1
+    assert s["graphs_joined_near"] >= 1
+    assert s["topology_unions"] == (1 if first == "short" else 0)
+
+
+def two_topologies(x):
+    """Long inputs take a dozen more ops: a topology far from the other."""
+    y = (x * 2).sin()
+    if x.shape[0] > 100:
+        for _ in range(12):
+            y = y.cos()
     return y + 1
 
 
@@ -212,7 +249,7 @@ def test_stats_report_graph_memory_keys():
                 "instantiations", "evictions", "graphs_joined", "executable_switches",
                 "nodes_patched", "patch_seconds", "params_bytes", "params_raw_bytes",
                 "capture_oom_retries", "memory_budget", "cached_executable_bytes",
-                "executable_cache"):
+                "executable_cache", "graphs_joined_near", "topology_unions"):
         assert key in s, key
     assert s["shapes"] == 1 and s["memory_budget"] is None
 

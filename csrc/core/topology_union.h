@@ -1,0 +1,62 @@
+#pragma once
+// Note [Near topologies]
+// ~~~~~~~~~~~~~~~~~~~~~~
+// Graphs that one function captures at different shapes may differ in a few nodes, not only in
+// parameters: a library picks an algorithm per shape, and one algorithm has a kernel or a memset
+// more than another (cuDNN's convolutions over audio lengths: 220 to 223 nodes). Each such graph
+// would need a topology group and an executable of its own (Note [Shared executables]). Instead a
+// group may hold the union of its members' graphs: nodes aligned in order, edges of all, and each
+// member disables the union's nodes it lacks. CUDA lets an executable enable and disable kernel,
+// memcpy and memset nodes (cudaGraphNodeSetEnabled; a disabled node runs as an empty one, so
+// dependencies through it hold), so "absent" is one more node parameter, patched like the others.
+//
+// Running a member's shape in the union is correct when the union orders every pair of nodes that
+// the member orders. Alignment preserves each graph's node order, and a member's edge that the
+// union does not imply (by a path, disabled nodes included) is added to it. Extra union edges only
+// serialize more. The union's node order stays topological: every edge of a captured graph goes
+// from an earlier-created node to a later one, and the aligned order keeps both orders.
+//
+// Alignment is the cheapest edit script: nodes are matched only where their keys (what must agree
+// for two nodes to be one: type, launch attributes) are equal, inserted or deleted nodes cost 2,
+// and a matched pair whose details (the kernel, a memset's destination) differ costs 1, so that a
+// node pairs with its own counterpart rather than the next one of its type. It is searched within
+// a band of `max_edits` (at most kMaxEdits): O(nodes * max_edits) time and memory. This file knows
+// neither torch nor CUDA.
+
+#include <cstddef>
+#include <cstdint>
+#include <optional>
+#include <utility>
+#include <vector>
+
+namespace grape::core {
+
+using Edge = std::pair<uint32_t, uint32_t>;  // (from, to), node indices
+
+// The widest alignment band plan_union searches.
+inline constexpr size_t kMaxEdits = 256;
+
+struct NodeGraph {
+  std::vector<uint64_t> keys;   // per node (by index): what two aligned nodes must share
+  std::vector<uint64_t> details;  // per node, or empty: what two aligned nodes should share
+  std::vector<uint32_t> order;  // every node, in a topological order
+  std::vector<Edge> edges;      // sorted; each goes forward in `order`
+};
+
+struct UnionPlan {
+  // The joining graph's node i is union node node_of[i]: an existing index, or
+  // union.keys.size() + k for the k-th added node.
+  std::vector<uint32_t> node_of;
+  std::vector<uint32_t> added;      // the joining graph's nodes the union lacks, in order
+  std::vector<Edge> added_edges;    // the joining graph's edges (union indices) the union lacks
+  std::vector<uint32_t> order;      // the union's nodes afterwards, in a topological order
+  size_t absent = 0;                // union nodes the joining graph lacks
+};
+
+// How `graph` (a captured graph: `order` is its creation order) joins `group` (a union built so
+// far), or nothing where the cheapest alignment inserts plus deletes more than `max_edits` nodes
+// (or kMaxEdits), or an edge of `graph` does not go forward in its order.
+std::optional<UnionPlan> plan_union(const NodeGraph& group, const NodeGraph& graph,
+                                    size_t max_edits);
+
+}  // namespace grape::core

@@ -1,0 +1,198 @@
+// Union plans of near topologies (Note [Near topologies]).
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <random>
+#include <set>
+
+#include "core/topology_union.h"
+
+using grape::core::Edge;
+using grape::core::NodeGraph;
+using grape::core::plan_union;
+using grape::core::UnionPlan;
+
+namespace {
+
+// A captured single-stream graph: nodes in creation order, each depending on the one before.
+NodeGraph chain(const std::vector<uint64_t>& keys) {
+  NodeGraph g;
+  g.keys = keys;
+  for (uint32_t i = 0; i < keys.size(); ++i) g.order.push_back(i);
+  for (uint32_t i = 1; i < keys.size(); ++i) g.edges.emplace_back(i - 1, i);
+  return g;
+}
+
+// The union `plan` makes of `group` and the graph it planned: what a group keeps afterwards.
+NodeGraph apply(const NodeGraph& group, const NodeGraph& graph, const UnionPlan& plan) {
+  NodeGraph u = group;
+  for (uint32_t h : plan.added) {
+    u.keys.push_back(graph.keys[h]);
+    if (!u.details.empty()) u.details.push_back(graph.details[h]);
+  }
+  u.order = plan.order;
+  u.edges.insert(u.edges.end(), plan.added_edges.begin(), plan.added_edges.end());
+  std::sort(u.edges.begin(), u.edges.end());
+  return u;
+}
+
+// Whether `to` is reachable from `from` in `g`.
+bool reaches(const NodeGraph& g, uint32_t from, uint32_t to) {
+  std::vector<bool> seen(g.keys.size());
+  std::vector<uint32_t> stack{from};
+  while (!stack.empty()) {
+    uint32_t n = stack.back();
+    stack.pop_back();
+    if (n == to) return true;
+    if (seen[n]) continue;
+    seen[n] = true;
+    for (const auto& [a, b] : g.edges) {
+      if (a == n) stack.push_back(b);
+    }
+  }
+  return false;
+}
+
+// What running `graph` inside union `u` relies on: every node maps to a distinct union node of the
+// same key, the union's order is topological, and every edge of `graph` is implied by the union.
+void expect_sound(const NodeGraph& u, const NodeGraph& graph, const UnionPlan& plan) {
+  ASSERT_EQ(plan.node_of.size(), graph.keys.size());
+  std::set<uint32_t> used(plan.node_of.begin(), plan.node_of.end());
+  EXPECT_EQ(used.size(), graph.keys.size());
+  for (uint32_t i = 0; i < graph.keys.size(); ++i) {
+    ASSERT_LT(plan.node_of[i], u.keys.size());
+    EXPECT_EQ(u.keys[plan.node_of[i]], graph.keys[i]);
+  }
+  ASSERT_EQ(u.order.size(), u.keys.size());
+  std::vector<uint32_t> position(u.keys.size());
+  for (uint32_t p = 0; p < u.order.size(); ++p) position[u.order[p]] = p;
+  for (const auto& [a, b] : u.edges) EXPECT_LT(position[a], position[b]);
+  for (const auto& [a, b] : graph.edges) {
+    EXPECT_TRUE(reaches(u, plan.node_of[a], plan.node_of[b])) << a << "->" << b;
+  }
+  EXPECT_EQ(plan.absent, u.keys.size() - graph.keys.size());
+}
+
+constexpr uint64_t K = 1, M = 2, C = 3;  // kernel, memset, memcpy
+
+TEST(TopologyUnion, IdenticalGraphsMapOneToOne) {
+  const NodeGraph g = chain({K, K, M, K, C});
+  auto plan = plan_union(g, g, 4);
+  ASSERT_TRUE(plan);
+  EXPECT_TRUE(plan->added.empty());
+  EXPECT_TRUE(plan->added_edges.empty());
+  EXPECT_EQ(plan->absent, 0u);
+  for (uint32_t i = 0; i < 5; ++i) EXPECT_EQ(plan->node_of[i], i);
+}
+
+TEST(TopologyUnion, AnExtraNodeIsAddedAndLinkedWhereItRuns) {
+  // The graph has a memset before its second kernel (a library's workspace clear).
+  const NodeGraph group = chain({K, K, K});
+  const NodeGraph graph = chain({K, M, K, K});
+  auto plan = plan_union(group, graph, 4);
+  ASSERT_TRUE(plan);
+  EXPECT_EQ(plan->added, (std::vector<uint32_t>{1}));
+  EXPECT_EQ(plan->node_of, (std::vector<uint32_t>{0, 3, 1, 2}));
+  EXPECT_EQ(plan->order, (std::vector<uint32_t>{0, 3, 1, 2}));
+  EXPECT_EQ(plan->added_edges, (std::vector<Edge>{{0, 3}, {3, 1}}));
+  expect_sound(apply(group, graph, *plan), graph, *plan);
+}
+
+TEST(TopologyUnion, DetailsPairANodeWithItsOwnCounterpart) {
+  // The group's memset clears buffer 10; the graph clears 10, then 11 and 12 (extra memsets).
+  // Keys alone would pair the group's memset with the last of them (or any); details pair it with
+  // the one that clears the same buffer, and the others are added.
+  NodeGraph group = chain({M, K, C});
+  group.details = {10, 7, 5};
+  NodeGraph graph = chain({M, M, M, K, C});
+  graph.details = {10, 11, 12, 7, 5};
+  auto plan = plan_union(group, graph, 4);
+  ASSERT_TRUE(plan);
+  EXPECT_EQ(plan->node_of, (std::vector<uint32_t>{0, 3, 4, 1, 2}));
+  EXPECT_EQ(plan->order, (std::vector<uint32_t>{0, 3, 4, 1, 2}));
+  expect_sound(apply(group, graph, *plan), graph, *plan);
+  // Where the details differ (another kernel), the nodes still pair: their keys agree.
+  graph = chain({M, K, C});
+  graph.details = {10, 8, 5};
+  plan = plan_union(group, graph, 4);
+  ASSERT_TRUE(plan);
+  EXPECT_TRUE(plan->added.empty());
+}
+
+TEST(TopologyUnion, AMissingNodeIsAbsentAndItsDependenciesHoldThroughIt) {
+  // The graph lacks the group's memset: its edge K0 -> K2 holds through the (disabled) memset.
+  const NodeGraph group = chain({K, M, K});
+  const NodeGraph graph = chain({K, K});
+  auto plan = plan_union(group, graph, 4);
+  ASSERT_TRUE(plan);
+  EXPECT_TRUE(plan->added.empty());
+  EXPECT_TRUE(plan->added_edges.empty());
+  EXPECT_EQ(plan->absent, 1u);
+  EXPECT_EQ(plan->node_of, (std::vector<uint32_t>{0, 2}));
+}
+
+TEST(TopologyUnion, AnEdgeTheGroupDoesNotImplyIsAdded) {
+  // The group forks after node 0 (two streams: 1 and 2 run concurrently); the graph orders 1
+  // before 2.
+  NodeGraph group;
+  group.keys = {K, K, K, K};
+  group.order = {0, 1, 2, 3};
+  group.edges = {{0, 1}, {0, 2}, {1, 3}, {2, 3}};
+  const NodeGraph graph = chain({K, K, K, K});
+  auto plan = plan_union(group, graph, 4);
+  ASSERT_TRUE(plan);
+  EXPECT_TRUE(plan->added.empty());
+  EXPECT_EQ(plan->added_edges, (std::vector<Edge>{{1, 2}}));
+  expect_sound(apply(group, graph, *plan), graph, *plan);
+}
+
+TEST(TopologyUnion, GraphsTooFarApartAreRefused) {
+  EXPECT_FALSE(plan_union(chain({K, K, K, K}), chain({K}), 2));  // node counts alone
+  EXPECT_FALSE(plan_union(chain({K, K, M, M}), chain({M, M, K, K}), 3));  // 4 edits
+  EXPECT_TRUE(plan_union(chain({K, K, M, M}), chain({M, M, K, K}), 4));
+}
+
+TEST(TopologyUnion, AGraphWhoseEdgesGoBackwardIsRefused) {
+  NodeGraph graph = chain({K, K});
+  graph.edges = {{1, 0}};
+  EXPECT_FALSE(plan_union(chain({K, K}), graph, 4));
+}
+
+TEST(TopologyUnion, RepeatedUnionsOfMutatedChainsStaySound) {
+  // A group grows by union with random variants of one chain (nodes inserted, deleted or of
+  // another kind), as captures of a function at many shapes would; every variant must run
+  // soundly in the union of its time, and earlier members in the final union.
+  std::mt19937 rng(7);
+  std::vector<uint64_t> base(60);
+  for (auto& k : base) k = 1 + rng() % 3;
+  NodeGraph group = chain(base);
+  std::vector<NodeGraph> members{group};
+  for (int round = 0; round < 40; ++round) {
+    std::vector<uint64_t> keys = base;
+    for (int e = 0; e < 3; ++e) {
+      const size_t at = rng() % keys.size();
+      switch (rng() % 3) {
+        case 0: keys.insert(keys.begin() + static_cast<long>(at), 1 + rng() % 3); break;
+        case 1: keys.erase(keys.begin() + static_cast<long>(at)); break;
+        default: keys[at] = 1 + rng() % 3; break;
+      }
+    }
+    const NodeGraph graph = chain(keys);
+    auto plan = plan_union(group, graph, 128);
+    ASSERT_TRUE(plan) << "round " << round;
+    NodeGraph grown = apply(group, graph, *plan);
+    expect_sound(grown, graph, *plan);
+    group = std::move(grown);
+    members.push_back(graph);
+  }
+  for (const NodeGraph& member : members) {
+    // A member again (as a recapture would be) needs no new node.
+    auto plan = plan_union(group, member, 256);
+    ASSERT_TRUE(plan);
+    EXPECT_TRUE(plan->added.empty());
+    expect_sound(apply(group, member, *plan), member, *plan);
+  }
+  EXPECT_LT(group.keys.size(), base.size() + 40 * 3);
+}
+
+}  // namespace
