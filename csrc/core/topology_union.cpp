@@ -129,7 +129,8 @@ std::optional<UnionPlan> plan_union(const NodeGraph& group, const NodeGraph& gra
   for (const auto& [from, to] : graph.edges) {
     const Edge edge{plan.node_of[from], plan.node_of[to]};
     const bool existing = edge.first < union_size && edge.second < union_size;
-    if (existing && reachable(adjacency, position, edge.first, edge.second, seen, ++stamp)) {
+    if (existing && (std::binary_search(group.edges.begin(), group.edges.end(), edge) ||
+                     reachable(adjacency, position, edge.first, edge.second, seen, ++stamp))) {
       continue;
     }
     plan.added_edges.push_back(edge);

@@ -15,7 +15,7 @@ struct ExecutableStats {
   int64_t instantiations = 0;  // executables instantiated, again after an eviction included
   int64_t evictions = 0;
   int64_t joins = 0;            // graphs that joined a group instead of being instantiated
-  int64_t near_joins = 0;       // ... of them, graphs of another topology (Note [Near topologies])
+  int64_t near_joins = 0;       // ... of them, joined by alignment (Note [Near topologies])
   int64_t unions = 0;           // ... of those, joins that grew the group's graph
   int64_t switches = 0;         // patches of the executable to another shape
   int64_t patches_ahead = 0;    // ... of them made right after a launch, for the predicted next

@@ -312,12 +312,17 @@ GraphContents read_graph(cudaGraph_t graph, bool with_params) {
   }
   if (!g.readable) return g;
   size_t edge_count = 0;
+#if CUDART_VERSION >= 12030
+  // With edge data: the query without it fails where an edge carries any (CUDA 12.3+).
 #if CUDART_VERSION >= 13000
-  check(cudaGraphGetEdges(graph, nullptr, nullptr, nullptr, &edge_count), "cudaGraphGetEdges");
+  constexpr auto get_edges = cudaGraphGetEdges;
+#else
+  constexpr auto get_edges = cudaGraphGetEdges_v2;
+#endif
+  check(get_edges(graph, nullptr, nullptr, nullptr, &edge_count), "cudaGraphGetEdges");
   std::vector<cudaGraphNode_t> from(edge_count), to(edge_count);
   std::vector<cudaGraphEdgeData> data(edge_count);
-  check(cudaGraphGetEdges(graph, from.data(), to.data(), data.data(), &edge_count),
-        "cudaGraphGetEdges");
+  check(get_edges(graph, from.data(), to.data(), data.data(), &edge_count), "cudaGraphGetEdges");
   for (const cudaGraphEdgeData& e : data) {
     if (e.type != cudaGraphDependencyTypeDefault || e.from_port != 0 || e.to_port != 0) {
       g.plain_edges = false;
@@ -625,9 +630,10 @@ SharedExecutables::Member SharedExecutables::add(cudaGraph_t graph, cudaStream_t
     for (auto it = first; it != last; ++it) {
       Group& group = *groups_[it->second];
       tried.push_back(it->second);
-      // A group whose shapes disable nodes: cudaGraphExecUpdate leaves nodes' enabled state as
-      // it is, so the graph joins by alignment, which sets it.
-      if (group.disables) {
+      // cudaGraphExecUpdate takes graphs of the group's base topology only, and leaves nodes'
+      // enabled state as it is: into a group whose shapes disable nodes, or registered by a near
+      // join, a graph joins by alignment, which sets it.
+      if (group.disables || contents.topology != group.topologies.front()) {
         Member joined;
         if (join_aligned(it->second, aligned, contents, stream, joined)) return joined;
         continue;

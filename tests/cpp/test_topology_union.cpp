@@ -152,6 +152,14 @@ TEST(TopologyUnion, GraphsTooFarApartAreRefused) {
   EXPECT_TRUE(plan_union(chain({K, K, M, M}), chain({M, M, K, K}), 4));
 }
 
+TEST(TopologyUnion, TheBandIsCappedWhateverTheAllowance) {
+  // Alignment memory and time grow with the band: it stops at kMaxEdits.
+  const std::vector<uint64_t> many(600, K);
+  const NodeGraph group = chain(many);
+  EXPECT_FALSE(plan_union(group, chain(std::vector<uint64_t>(300, K)), 1000));  // 300 apart
+  EXPECT_TRUE(plan_union(group, chain(std::vector<uint64_t>(400, K)), 1000));   // 200 apart
+}
+
 TEST(TopologyUnion, AGraphWhoseEdgesGoBackwardIsRefused) {
   NodeGraph graph = chain({K, K});
   graph.edges = {{1, 0}};

@@ -56,10 +56,12 @@ def test_random_shape_orders_replay_results_identical_to_eager(executable_cache)
     for _ in range(4):  # warm-up, capture, then replays, each pass in a new random order
         order = lengths[:]
         rng.shuffle(order)
+        before = grape.stats(compiled)
         for n, out in zip(order, run_shapes(compiled, order)):
             for got, want in zip(out, expected[n]):
                 assert torch.equal(got, want), f"length {n}"
     s = grape.stats(compiled)
+    last_pass_switches = s["executable_switches"] - before["executable_switches"]
     assert s["replays"] >= 2 * len(lengths) and not s["fallbacks"]
     # Every graph: one per length, and the chain variants that read predicted inputs in place.
     assert s["shapes"] == len(lengths) + s["chain_variants"]
@@ -71,10 +73,10 @@ def test_random_shape_orders_replay_results_identical_to_eager(executable_cache)
         assert s["resident_executables"] == s["topology_groups"]
         assert s["cached_executable_bytes"] == 0
         assert s["executable_switches"] > 0 and s["nodes_patched"] > 0 and s["patch_seconds"] > 0
-    else:  # every shape in an executable of its own: nothing to patch
+    else:  # every shape in an executable of its own: nothing to patch once each is filled
         assert s["resident_executables"] == s["shapes"]
         assert s["cached_executable_bytes"] > 0
-        assert s["executable_switches"] == 0 and s["nodes_patched"] == 0
+        assert last_pass_switches == 0
 
 
 def test_the_executable_cache_keeps_shapes_resident_within_its_bytes():
