@@ -467,14 +467,17 @@ void add_edge(cudaGraph_t graph, cudaGraphNode_t from, cudaGraphNode_t to) {
 // How many nodes a graph of `nodes` nodes may differ by from a group it joins by alignment.
 size_t near_allowance(size_t nodes) { return std::max<size_t>(8, nodes / 8); }
 
-// A captured graph as plan_union sees it; no order (no alignment) where an edge is not a plain
-// dependency: alignment reasons about full dependencies only.
+// A captured graph as plan_union sees it, its creation order as its order. No order (no
+// alignment) where an edge is not a plain dependency, since alignment reasons about full
+// dependencies only, or where creation order is not topological.
 core::NodeGraph alignment_view(const GraphContents& contents) {
   core::NodeGraph graph;
   graph.keys = contents.keys;
   graph.details = contents.details;
   graph.edges = contents.edges;
-  if (contents.plain_edges) {
+  if (contents.plain_edges &&
+      std::all_of(graph.edges.begin(), graph.edges.end(),
+                  [](const core::Edge& e) { return e.first < e.second; })) {
     graph.order.resize(contents.nodes.size());
     std::iota(graph.order.begin(), graph.order.end(), 0u);
   }
@@ -520,9 +523,8 @@ struct SharedExecutables::Group {
   // Note [Near topologies]: the graph as aligned, its nodes some member lacks (enabled or not per
   // shape), and of those the ones the base lacks, disabled at instantiation.
   core::NodeGraph shape;
-  std::vector<uint8_t> optional;
+  std::vector<uint8_t> optional;  // any set: members join by alignment only (add())
   std::vector<uint32_t> absent_in_base;
-  bool disables = false;         // some shape disables nodes: members join by alignment only
   size_t smallest_member = 0;    // node count of its smallest member
   std::vector<uint64_t> topologies;  // its keys in by_topology_
   int64_t members = 0;
@@ -623,8 +625,9 @@ SharedExecutables::Member SharedExecutables::add(cudaGraph_t graph, cudaStream_t
   const bool shareable = share_ && contents.readable;
   if (share_ && !contents.readable) unshareable_reason_ = contents.why_not;
 
+  core::NodeGraph aligned;  // a shareable graph's view for alignment; kept if it starts a group
   if (shareable) {
-    const core::NodeGraph aligned = alignment_view(contents);
+    aligned = alignment_view(contents);
     std::vector<uint32_t> tried;  // groups of this topology, joined or not
     auto [first, last] = by_topology_.equal_range(contents.topology);
     for (auto it = first; it != last; ++it) {
@@ -633,7 +636,9 @@ SharedExecutables::Member SharedExecutables::add(cudaGraph_t graph, cudaStream_t
       // cudaGraphExecUpdate takes graphs of the group's base topology only, and leaves nodes'
       // enabled state as it is: into a group whose shapes disable nodes, or registered by a near
       // join, a graph joins by alignment, which sets it.
-      if (group.disables || contents.topology != group.topologies.front()) {
+      const bool disables = std::find(group.optional.begin(), group.optional.end(), 1) !=
+                            group.optional.end();
+      if (disables || contents.topology != group.topologies.front()) {
         Member joined;
         if (join_aligned(it->second, aligned, contents, stream, joined)) return joined;
         continue;
@@ -681,19 +686,9 @@ SharedExecutables::Member SharedExecutables::add(cudaGraph_t graph, cudaStream_t
   group->graph = graph;
   owner.graph = nullptr;
   const size_t count = contents.nodes.size();
+  group->shape = std::move(aligned);  // without an order, no graph joins it by alignment
   group->nodes = std::move(contents.nodes);
   group->kinds = std::move(contents.kinds);
-  group->shape.keys = std::move(contents.keys);
-  group->shape.details = std::move(contents.details);
-  group->shape.edges = std::move(contents.edges);
-  // Creation order is topological for a captured graph; where it is not, no graph joins by
-  // alignment (join_aligned() skips a group without an order).
-  if (contents.plain_edges &&
-      std::all_of(group->shape.edges.begin(), group->shape.edges.end(),
-                  [](const core::Edge& e) { return e.first < e.second; })) {
-    group->shape.order.resize(count);
-    std::iota(group->shape.order.begin(), group->shape.order.end(), 0u);
-  }
   group->optional.assign(count, 0);
   group->smallest_member = count;
   group->topologies = {contents.topology};
@@ -753,10 +748,7 @@ bool SharedExecutables::join_aligned(uint32_t index, const core::NodeGraph& grap
 uint32_t SharedExecutables::join_as_is(Group& group, const std::vector<core::Blob>& blobs,
                                        cudaStream_t stream) {
   for (size_t node = 0; node < blobs.size(); ++node) {
-    if (blobs[node].empty() && group.kinds[node] != NodeKind::kEmpty) {
-      group.optional[node] = 1;
-      group.disables = true;
-    }
+    if (blobs[node].empty() && group.kinds[node] != NodeKind::kEmpty) group.optional[node] = 1;
   }
   const uint32_t shape = group.params->add(blobs);
   try {
@@ -808,7 +800,6 @@ uint32_t SharedExecutables::join_grown(uint32_t index, const GraphContents& cont
   for (size_t node = 0; node < n; ++node) {
     if (blobs[node].empty() && grown->kinds[node] != NodeKind::kEmpty) grown->optional[node] = 1;
   }
-  grown->disables = true;
   grown->topologies = group.topologies;
   grown->members = group.members;
 

@@ -86,6 +86,14 @@ cudaGraph_t capture_shape(Buffers& b, int i, size_t bytes, cudaStream_t stream,
   return graph;
 }
 
+// Clears the destinations, then launches the executable that holds `member` and waits for it.
+void replay(SharedExecutables& ex, SharedExecutables::Member member, Buffers& b,
+            cudaStream_t stream) {
+  b.clear();
+  CUDA_OK(cudaGraphLaunch(ex.prepare(member, stream), stream));
+  CUDA_OK(cudaStreamSynchronize(stream));
+}
+
 // What the shape's graph must leave in the destinations.
 void expect_shape(Buffers& b, int i, size_t bytes, int extra_memsets = 0) {
   std::vector<uint8_t> src(kBytes), copied(kBytes), memcpyd(kBytes), memset(kBytes), extra(kBytes);
@@ -126,10 +134,7 @@ TEST(SharedExecutables, ShapesOfOneTopologyShareOneExecutableAndReplayTheirOwnPa
     EXPECT_LT(s.params_bytes, s.params_raw_bytes);
     // Any order, repeats included, replays each shape's own parameters.
     for (int i : {2, 0, 0, 3, 1, 2, 3, 0}) {
-      b.clear();
-      cudaGraphExec_t exec = ex.prepare(members[static_cast<size_t>(i)], stream);
-      CUDA_OK(cudaGraphLaunch(exec, stream));
-      CUDA_OK(cudaStreamSynchronize(stream));
+      replay(ex, members[static_cast<size_t>(i)], b, stream);
       expect_shape(b, i, sizes[i]);
     }
     s = ex.stats();
@@ -139,9 +144,7 @@ TEST(SharedExecutables, ShapesOfOneTopologyShareOneExecutableAndReplayTheirOwnPa
     // Evicted, it is instantiated again from the base graph and patched.
     EXPECT_EQ(ex.evict_to(0, {}), 1);
     EXPECT_EQ(ex.stats().resident, 0);
-    b.clear();
-    CUDA_OK(cudaGraphLaunch(ex.prepare(members[3], stream), stream));
-    CUDA_OK(cudaStreamSynchronize(stream));
+    replay(ex, members[3], b, stream);
     expect_shape(b, 3, sizes[3]);
     EXPECT_EQ(ex.stats().instantiations, 2);
 
@@ -164,9 +167,7 @@ TEST(SharedExecutables, PatchesBackToTheBaseAfterARemovedShape) {
     ex.prepare(gone, stream);
     ex.remove(gone);  // the executable holds a shape that no longer exists
     for (auto [m, i, n] : {std::tuple{kept, 2, size_t{300}}, std::tuple{base, 0, size_t{512}}}) {
-      b.clear();
-      CUDA_OK(cudaGraphLaunch(ex.prepare(m, stream), stream));
-      CUDA_OK(cudaStreamSynchronize(stream));
+      replay(ex, m, b, stream);
       expect_shape(b, i, n);
     }
   }
@@ -185,13 +186,9 @@ TEST(SharedExecutables, FarTopologiesAndSharingOffGetExecutablesOfTheirOwn) {
     auto far = ex.add(capture_shape(b, 1, 1000, stream, /*extra_memsets=*/20), stream);
     EXPECT_EQ(ex.stats().groups, 2);
     EXPECT_EQ(ex.stats().joins, 0);
-    b.clear();
-    CUDA_OK(cudaGraphLaunch(ex.prepare(plain, stream), stream));
-    CUDA_OK(cudaStreamSynchronize(stream));
+    replay(ex, plain, b, stream);
     expect_shape(b, 0, 1000);
-    b.clear();
-    CUDA_OK(cudaGraphLaunch(ex.prepare(far, stream), stream));
-    CUDA_OK(cudaStreamSynchronize(stream));
+    replay(ex, far, b, stream);
     expect_shape(b, 1, 1000, 20);
     // Least recently used first; the one kept is spared.
     EXPECT_EQ(ex.evict_to(0, far), 1);
@@ -202,9 +199,7 @@ TEST(SharedExecutables, FarTopologiesAndSharingOffGetExecutablesOfTheirOwn) {
     auto second = separate.add(capture_shape(b, 1, 500, stream), stream);
     EXPECT_EQ(separate.stats().groups, 2);
     EXPECT_EQ(separate.stats().params_bytes, 0u);
-    b.clear();
-    CUDA_OK(cudaGraphLaunch(separate.prepare(second, stream), stream));
-    CUDA_OK(cudaStreamSynchronize(stream));
+    replay(separate, second, b, stream);
     expect_shape(b, 1, 500);
   }
   CUDA_OK(cudaStreamDestroy(stream));
@@ -232,9 +227,7 @@ TEST(SharedExecutables, NearTopologiesShareOneUnionAndRunOnlyTheirOwnNodes) {
     EXPECT_EQ(s.near_joins, 3);  // the union is built by the second; the fourth is no longer exact
     EXPECT_EQ(s.unions, 1);
     for (int i : {1, 2, 0, 1, 3, 2, 2, 0, 3, 1}) {
-      b.clear();
-      CUDA_OK(cudaGraphLaunch(ex.prepare(members[static_cast<size_t>(i)], stream), stream));
-      CUDA_OK(cudaStreamSynchronize(stream));
+      replay(ex, members[static_cast<size_t>(i)], b, stream);
       expect_shape(b, i, sizes[i], extras[i]);
     }
     if (cache == 0) {
@@ -245,9 +238,7 @@ TEST(SharedExecutables, NearTopologiesShareOneUnionAndRunOnlyTheirOwnNodes) {
     }
     // Evicted, the union is instantiated again with the base's absent nodes disabled.
     ex.evict_to(0, {});
-    b.clear();
-    CUDA_OK(cudaGraphLaunch(ex.prepare(members[0], stream), stream));
-    CUDA_OK(cudaStreamSynchronize(stream));
+    replay(ex, members[0], b, stream);
     expect_shape(b, 0, sizes[0], 0);
     for (auto m : members) ex.remove(m);
     EXPECT_EQ(ex.stats().groups, 0);
@@ -277,9 +268,7 @@ TEST(SharedExecutables, AGraphOfTheGroupsOwnTopologyEnablesWhatASmallerShapeDisa
     EXPECT_EQ(s.near_joins, 2);
     EXPECT_EQ(s.unions, 0);
     for (int i : {2, 1, 2, 0, 1, 0, 2}) {
-      b.clear();
-      CUDA_OK(cudaGraphLaunch(ex.prepare(members[static_cast<size_t>(i)], stream), stream));
-      CUDA_OK(cudaStreamSynchronize(stream));
+      replay(ex, members[static_cast<size_t>(i)], b, stream);
       expect_shape(b, i, sizes[i], extras[i]);
     }
   }
@@ -303,9 +292,7 @@ TEST(SharedExecutables, ShapesWithSlotsOfTheirOwnReplayWithoutPatching) {
     EXPECT_GT(s.cached_bytes, 0u);
     EXPECT_LT(s.cached_bytes, s.device_bytes);
     for (int i : {2, 0, 0, 3, 1, 2, 3, 0}) {
-      b.clear();
-      CUDA_OK(cudaGraphLaunch(ex.prepare(members[static_cast<size_t>(i)], stream), stream));
-      CUDA_OK(cudaStreamSynchronize(stream));
+      replay(ex, members[static_cast<size_t>(i)], b, stream);
       expect_shape(b, i, sizes[i]);
     }
     EXPECT_EQ(ex.stats().switches, 0);
@@ -315,9 +302,7 @@ TEST(SharedExecutables, ShapesWithSlotsOfTheirOwnReplayWithoutPatching) {
     EXPECT_EQ(ex.evict_to(0, members[3]), 3);
     EXPECT_EQ(ex.stats().resident, 1);
     for (int i : {0, 2, 3}) {
-      b.clear();
-      CUDA_OK(cudaGraphLaunch(ex.prepare(members[static_cast<size_t>(i)], stream), stream));
-      CUDA_OK(cudaStreamSynchronize(stream));
+      replay(ex, members[static_cast<size_t>(i)], b, stream);
       expect_shape(b, i, sizes[i]);
     }
     EXPECT_EQ(ex.stats().resident, 3);
