@@ -19,7 +19,9 @@
 // Alignment is the cheapest edit script: nodes are matched only where their keys (what must agree
 // for two nodes to be one: type, launch attributes) are equal, inserted or deleted nodes cost 2,
 // and a matched pair whose details (the kernel, a memset's destination) differ costs 1, so that a
-// node pairs with its own counterpart rather than the next one of its type. It is searched within
+// node pairs with its own counterpart rather than the next one of its type. (SharedExecutables
+// puts the details into the keys as well: a kernel node paired with another kernel computed wrong
+// results on a GPU, so only identical nodes align there.) It is searched within
 // a band of `max_edits` (at most kMaxEdits): O(nodes * max_edits) time and memory. This file knows
 // neither torch nor CUDA.
 
