@@ -42,13 +42,11 @@ std::optional<UnionPlan> plan_union(const NodeGraph& group, const NodeGraph& gra
     if (from >= to || to >= m) return std::nullopt;
   }
 
-  // cost(i, j): the cheapest alignment of the group's first i nodes (in order) with the graph's
-  // first j: 2 per node inserted or deleted, 1 per matched pair whose details differ. Kept for
-  // |i - j| <= band (a path with at most `band` insertions and deletions stays there), at column
-  // j - i + band.
+  // cost(i, j): the fewest nodes inserted plus deleted that align the group's first i nodes (in
+  // order) with the graph's first j. Kept for |i - j| <= band (a path with at most `band` edits
+  // stays there), at column j - i + band.
   const size_t width = 2 * band + 1;
   constexpr uint32_t kFar = std::numeric_limits<uint32_t>::max() / 2;
-  constexpr uint32_t kIndel = 2;
   std::vector<uint32_t> cost((n + 1) * width, kFar);
   auto get = [&](size_t i, size_t j) -> uint32_t {
     if (j + band < i || j > i + band) return kFar;
@@ -57,20 +55,14 @@ std::optional<UnionPlan> plan_union(const NodeGraph& group, const NodeGraph& gra
   auto same = [&](size_t i, size_t j) {  // the group's i-th node (in order) and the graph's j-th
     return group.keys[group.order[i]] == graph.keys[j];
   };
-  auto mismatch = [&](size_t i, size_t j) -> uint32_t {
-    if (group.details.empty() || graph.details.empty()) return 0;
-    return group.details[group.order[i]] == graph.details[j] ? 0 : 1;
-  };
   for (size_t i = 0; i <= n; ++i) {
     const size_t lo = i > band ? i - band : 0;
     const size_t hi = std::min(m, i + band);
     for (size_t j = lo; j <= hi; ++j) {
       uint32_t best = (i == 0 && j == 0) ? 0 : kFar;
-      if (i > 0) best = std::min(best, get(i - 1, j) + kIndel);
-      if (j > 0) best = std::min(best, get(i, j - 1) + kIndel);
-      if (i > 0 && j > 0 && same(i - 1, j - 1)) {
-        best = std::min(best, get(i - 1, j - 1) + mismatch(i - 1, j - 1));
-      }
+      if (i > 0) best = std::min(best, get(i - 1, j) + 1);
+      if (j > 0) best = std::min(best, get(i, j - 1) + 1);
+      if (i > 0 && j > 0 && same(i - 1, j - 1)) best = std::min(best, get(i - 1, j - 1));
       cost[i * width + (j + band - i)] = std::min(best, kFar);
     }
   }
@@ -83,12 +75,11 @@ std::optional<UnionPlan> plan_union(const NodeGraph& group, const NodeGraph& gra
   size_t i = n, j = m;
   while (i > 0 || j > 0) {
     const uint32_t here = get(i, j);
-    if (i > 0 && j > 0 && same(i - 1, j - 1) &&
-        get(i - 1, j - 1) + mismatch(i - 1, j - 1) == here) {
+    if (i > 0 && j > 0 && same(i - 1, j - 1) && get(i - 1, j - 1) == here) {
       steps.emplace_back(group.order[i - 1], static_cast<uint32_t>(j - 1));
       --i;
       --j;
-    } else if (i > 0 && get(i - 1, j) + kIndel == here) {
+    } else if (i > 0 && get(i - 1, j) + 1 == here) {
       steps.emplace_back(group.order[i - 1], kNone);
       --i;
       ++edits;

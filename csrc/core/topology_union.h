@@ -16,14 +16,13 @@
 // serialize more. The union's node order stays topological: every edge of a captured graph goes
 // from an earlier-created node to a later one, and the aligned order keeps both orders.
 //
-// Alignment is the cheapest edit script: nodes are matched only where their keys (what must agree
-// for two nodes to be one: type, launch attributes) are equal, inserted or deleted nodes cost 2,
-// and a matched pair whose details (the kernel, a memset's destination) differ costs 1, so that a
-// node pairs with its own counterpart rather than the next one of its type. (SharedExecutables
-// puts the details into the keys as well: a kernel node paired with another kernel computed wrong
-// results on a GPU, so only identical nodes align there.) It is searched within
-// a band of `max_edits` (at most kMaxEdits): O(nodes * max_edits) time and memory. This file knows
-// neither torch nor CUDA.
+// Alignment is the cheapest edit script: nodes are matched only where their keys are equal, and
+// each node inserted or deleted costs 1. A key holds all that makes two nodes one: the node's type,
+// its launch attributes, and the kernel, or a copy's or memset's destination. (Pairing a kernel
+// node with another kernel, its function swapped by a parameter update, computed wrong results on
+// a GPU: wav2vec2's cuDNN convolutions on an H100, cause unknown.) It is searched within a band of
+// `max_edits` (at most kMaxEdits): O(nodes * max_edits) time and memory. This file knows neither
+// torch nor CUDA.
 
 #include <cstddef>
 #include <cstdint>
@@ -40,7 +39,6 @@ inline constexpr size_t kMaxEdits = 256;
 
 struct NodeGraph {
   std::vector<uint64_t> keys;   // per node (by index): what two aligned nodes must share
-  std::vector<uint64_t> details;  // per node, or empty: what two aligned nodes should share
   std::vector<uint32_t> order;  // every node, in a topological order
   std::vector<Edge> edges;      // sorted; each goes forward in `order`
 };

@@ -127,10 +127,9 @@ enum class NodeKind : uint8_t { kKernel, kMemcpy, kMemset, kEmpty };
 struct GraphContents {
   std::vector<cudaGraphNode_t> nodes;
   std::vector<NodeKind> kinds;
-  // Per node, for alignment (Note [Near topologies]): its type and launch attributes, and what
-  // tells it from other nodes of its type (the kernel; a copy's or memset's destination).
+  // Per node, for alignment (Note [Near topologies]): its type and launch attributes, and the
+  // kernel or a copy's or memset's destination.
   std::vector<uint64_t> keys;
-  std::vector<uint64_t> details;
   std::vector<core::Edge> edges;  // sorted, by node index
   bool plain_edges = true;        // every edge a full dependency (no programmatic or port edges)
   std::vector<core::Blob> blobs;
@@ -306,12 +305,10 @@ GraphContents read_graph(cudaGraph_t graph, bool with_params) {
         g.why_not = "it holds a " + node_type_name(type) + " node";
         break;
     }
+    // A topology leaves kernels and destinations to executable updates; alignment pairs only
+    // identical nodes (Note [Near topologies]).
     h = mix(h, key);
-    // Alignment pairs identical nodes only (its key holds the details too): joins that paired a
-    // kernel node with another kernel, its function swapped by a parameter update, computed wrong
-    // results (wav2vec2's cuDNN convolutions on an H100; the cause is not known).
     g.keys.push_back(mix(key, detail));
-    g.details.push_back(detail);
   }
   if (!g.readable) return g;
   size_t edge_count = 0;
@@ -476,7 +473,6 @@ size_t near_allowance(size_t nodes) { return std::max<size_t>(8, nodes / 8); }
 core::NodeGraph alignment_view(const GraphContents& contents) {
   core::NodeGraph graph;
   graph.keys = contents.keys;
-  graph.details = contents.details;
   graph.edges = contents.edges;
   if (contents.plain_edges &&
       std::all_of(graph.edges.begin(), graph.edges.end(),
@@ -788,7 +784,6 @@ uint32_t SharedExecutables::join_grown(uint32_t index, const GraphContents& cont
     grown->nodes.push_back(add_node_like(grown->graph, contents.nodes[h], kind));
     grown->kinds.push_back(kind);
     grown->shape.keys.push_back(contents.keys[h]);
-    grown->shape.details.push_back(contents.details[h]);
     grown->optional.push_back(kind != NodeKind::kEmpty);
     if (kind != NodeKind::kEmpty) {
       grown->absent_in_base.push_back(static_cast<uint32_t>(grown->nodes.size() - 1));

@@ -26,10 +26,7 @@ NodeGraph chain(const std::vector<uint64_t>& keys) {
 // The union `plan` makes of `group` and the graph it planned: what a group keeps afterwards.
 NodeGraph apply(const NodeGraph& group, const NodeGraph& graph, const UnionPlan& plan) {
   NodeGraph u = group;
-  for (uint32_t h : plan.added) {
-    u.keys.push_back(graph.keys[h]);
-    if (!u.details.empty()) u.details.push_back(graph.details[h]);
-  }
+  for (uint32_t h : plan.added) u.keys.push_back(graph.keys[h]);
   u.order = plan.order;
   u.edges.insert(u.edges.end(), plan.added_edges.begin(), plan.added_edges.end());
   std::sort(u.edges.begin(), u.edges.end());
@@ -98,25 +95,24 @@ TEST(TopologyUnion, AnExtraNodeIsAddedAndLinkedWhereItRuns) {
   expect_sound(apply(group, graph, *plan), graph, *plan);
 }
 
-TEST(TopologyUnion, DetailsPairANodeWithItsOwnCounterpart) {
-  // The group's memset clears buffer 10; the graph clears 10, then 11 and 12 (extra memsets).
-  // Keys alone would pair the group's memset with the last of them (or any); details pair it with
-  // the one that clears the same buffer, and the others are added.
-  NodeGraph group = chain({M, K, C});
-  group.details = {10, 7, 5};
-  NodeGraph graph = chain({M, M, M, K, C});
-  graph.details = {10, 11, 12, 7, 5};
+TEST(TopologyUnion, OnlyEqualKeysPair) {
+  // Keys name what a node does: the group's memset clears buffer 10; the graph clears 10, then 11
+  // and 12. Its first memset pairs with the group's, and the others are added.
+  const uint64_t clear10 = 10, clear11 = 11, clear12 = 12, kernel7 = 7, kernel8 = 8, copy5 = 5;
+  const NodeGraph group = chain({clear10, kernel7, copy5});
+  NodeGraph graph = chain({clear10, clear11, clear12, kernel7, copy5});
   auto plan = plan_union(group, graph, 4);
   ASSERT_TRUE(plan);
   EXPECT_EQ(plan->node_of, (std::vector<uint32_t>{0, 3, 4, 1, 2}));
   EXPECT_EQ(plan->order, (std::vector<uint32_t>{0, 3, 4, 1, 2}));
   expect_sound(apply(group, graph, *plan), graph, *plan);
-  // Where the details differ (another kernel), the nodes still pair: their keys agree.
-  graph = chain({M, K, C});
-  graph.details = {10, 8, 5};
+  // Another kernel in the same place is not the group's kernel: it is added, the group's absent.
+  graph = chain({clear10, kernel8, copy5});
   plan = plan_union(group, graph, 4);
   ASSERT_TRUE(plan);
-  EXPECT_TRUE(plan->added.empty());
+  EXPECT_EQ(plan->added, (std::vector<uint32_t>{1}));
+  EXPECT_EQ(plan->absent, 1u);
+  expect_sound(apply(group, graph, *plan), graph, *plan);
 }
 
 TEST(TopologyUnion, AMissingNodeIsAbsentAndItsDependenciesHoldThroughIt) {
