@@ -21,7 +21,6 @@ Writes JSON and a markdown table to benchmarks/results/ (a PNG plot too where ma
 from __future__ import annotations
 
 import copy
-import time
 import warnings
 
 import torch
@@ -101,11 +100,7 @@ def forward_alone(base, batch: int, new_tokens: int, reps: int) -> dict:
         return cache
 
     def ms_per_step(run_steps) -> float:
-        torch.cuda.synchronize()
-        t0 = time.perf_counter()
-        run_steps()
-        torch.cuda.synchronize()
-        return (time.perf_counter() - t0) * 1e3 / new_tokens
+        return harness.timed(run_steps)[1] * 1e3 / new_tokens
 
     model = grape.compile(copy.deepcopy(base))
 

@@ -328,13 +328,11 @@ def measure(mode: str, step, compiled, epoch, n_batches: int, reps: int, desc: s
     return r
 
 
-def finish_memory(r: dict, compiled, free0: int) -> None:
+def finish_memory(r: dict, free0: int) -> None:
     """gpu_mem_bytes (steady) and first_epochs_gpu_mem_bytes: PyTorch's peaks plus, for grape, its
-    arena and executables; resident_bytes: what the mode keeps (cudaMemGetInfo)."""
-    outside = 0
-    if compiled is not None:
-        s = grape.stats(compiled)
-        outside = s.get("arena_bytes", s["pool_bytes"]) + s.get("executable_bytes", 0)
+    arena and executables (its stats, already in `r`); resident_bytes: what the mode keeps
+    (cudaMemGetInfo)."""
+    outside = r.get("arena_bytes", r.get("pool_bytes", 0)) + r.get("executable_bytes", 0)
     r["gpu_mem_bytes"] = r["peak_allocated_bytes"] + outside
     r["first_epochs_gpu_mem_bytes"] = r["first_epochs_peak_allocated_bytes"] + outside
     torch.cuda.empty_cache()
@@ -367,7 +365,7 @@ def run_train(mode: str, base, data: dict, reps: int, ctc: str) -> tuple[dict, t
     r = measure(mode, run, compiled, epoch, n, reps, f"train {mode}", allocated0)
     if compiled is not None:
         r.update(harness.grape_stats(compiled, GRAPE_STATS))
-    finish_memory(r, compiled, free0)
+    finish_memory(r, free0)
     losses = losses.cpu()
     r["loss_first_steps"] = losses[0, :5].tolist()
     r["epoch_mean_losses"] = losses.mean(1).tolist()
@@ -412,7 +410,7 @@ def run_infer(mode: str, base, data: dict, reps: int, ctc: str) -> tuple[dict, t
         r.update(harness.grape_stats(compiled, GRAPE_STATS))
     if plain is not None:
         r["graphs"] = len(plain.graphs)
-    finish_memory(r, compiled, free0)
+    finish_memory(r, free0)
     return r, (logits, ids)
 
 

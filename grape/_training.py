@@ -12,6 +12,8 @@ import weakref
 import torch
 from torch.optim.optimizer import register_optimizer_step_pre_hook
 
+from grape._predicate import _capturing
+
 __all__ = ["StepWatch", "hyperparameters", "leaves_of", "prepare_backward", "state_tensors"]
 
 
@@ -33,10 +35,6 @@ def _make_capturable(optimizer: torch.optim.Optimizer) -> None:
             state["step"] = step.to(param.device, torch.float32)
 
 
-def _is_capturing() -> bool:
-    return torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()
-
-
 class StepWatch:
     """While entered: every optimizer that steps is remembered in ``seen`` (a WeakSet the
     runtime keeps across calls) and made capturable. Outside a capture that is a setting change;
@@ -49,7 +47,7 @@ class StepWatch:
         self._handle = None
 
     def _pre_step(self, optimizer, args, kwargs):
-        if _is_capturing():
+        if _capturing():
             if optimizer not in self.seen:
                 raise RuntimeError(
                     f"{type(optimizer).__name__}.step() ran for the first time while capturing; grape "

@@ -130,7 +130,7 @@ void GraphPool::release_to(int count) {
 void GraphPool::hold_for_graph(int before) {
   for (int count = allocator_use_count(); count < before + 1; ++count) {
     allocator::createOrIncrefPool(device_, id_);
-  hold_host_pool(id_);
+    hold_host_pool(id_);
   }
 }
 

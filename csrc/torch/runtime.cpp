@@ -529,8 +529,9 @@ void Runtime::enforce_budget(const CapturedGraph* keep) {
   if (memory_budget_ < 0 || !pool_) return;
   const auto budget = static_cast<size_t>(memory_budget_);
   const size_t arena = pool_->arena().mapped_bytes();
-  executables_->set_device_limit(budget > arena ? budget - arena : 0);
-  executables_->evict_to(budget > arena ? budget - arena : 0,
+  const size_t for_executables = budget > arena ? budget - arena : 0;
+  executables_->set_device_limit(for_executables);
+  executables_->evict_to(for_executables,
                          keep != nullptr ? keep->member : cuda::SharedExecutables::Member{});
 }
 
