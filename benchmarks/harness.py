@@ -125,20 +125,25 @@ class PerShapeGraphs:
     the graph's static tensors before each replay. Each graph has a private pool (PyTorch's
     default), or all share `pool` (torch.cuda.graph_pool_handle()): safe in any replay order,
     since a graph's outputs stay allocated and the static inputs live outside the pool, but only
-    while no output is held across a replay of another graph."""
+    while no output is held across a replay of another graph. `executable_bytes`: the device
+    memory its executables took as the driver saw it: what each capture and first replay took
+    beyond PyTorch's own reservations."""
 
     def __init__(self, fn, pool=None):
         self.fn, self.pool, self.graphs, self.stream = fn, pool, {}, torch.cuda.Stream()
+        self.executable_bytes = 0
 
     def __call__(self, *inputs):
         key = tuple((t.shape, t.dtype) for t in inputs)
         entry = self.graphs.get(key)
-        if entry is None:
+        new = entry is None
+        if new:
             static = [t.clone() for t in inputs]
             self.stream.wait_stream(torch.cuda.current_stream())
             with torch.cuda.stream(self.stream):
                 self.fn(*static)  # warm-up, as torch.cuda.graph's documentation asks
             torch.cuda.current_stream().wait_stream(self.stream)
+            free, reserved = free_bytes(), torch.cuda.memory_reserved()
             graph = torch.cuda.CUDAGraph()
             with torch.cuda.graph(graph, pool=self.pool):
                 outputs = self.fn(*static)
@@ -146,7 +151,10 @@ class PerShapeGraphs:
         graph, static, outputs = entry
         for s, t in zip(static, inputs):
             s.copy_(t)
-        graph.replay()
+        graph.replay()  # the first one uploads the executable
+        if new:
+            taken = free - free_bytes() - (torch.cuda.memory_reserved() - reserved)
+            self.executable_bytes += max(0, taken)
         # Outputs are overwritten by the next replay of this graph: hand out copies.
         return tuple(o.clone() for o in outputs) if isinstance(outputs, tuple) else outputs.clone()
 

@@ -74,7 +74,8 @@ Memory: `gpu_mem_bytes` is the mode's steady-state peak: PyTorch's peak allocate
 timed epochs (model, optimizer state, gradients and activations of eager; what grape allocates
 through PyTorch), minus what was allocated before the mode started, plus, for grape, its graph
 arena (`arena_bytes`: grape's pool outside PyTorch's allocator statistics) and the device memory of
-its instantiated executables. `first_epochs_gpu_mem_bytes` is the same over setup and the first
+its instantiated executables; for ptgraph, its executables (what the driver reports taken by each
+capture and first replay, less PyTorch's reservations). `first_epochs_gpu_mem_bytes` is the same over setup and the first
 two epochs (grape's eager warm-ups of new shapes run beside its arena). `resident_bytes`: what the
 mode keeps once done, read from cudaMemGetInfo after PyTorch's cache is released. Acceptance
 targets, printed next to the results: grape >= 3x eager (steady) for training and inference;
@@ -410,6 +411,7 @@ def run_infer(mode: str, base, data: dict, reps: int, ctc: str) -> tuple[dict, t
         r.update(harness.grape_stats(compiled, GRAPE_STATS))
     if plain is not None:
         r["graphs"] = len(plain.graphs)
+        r["executable_bytes"] = plain.executable_bytes
     finish_memory(r, free0)
     return r, (logits, ids)
 

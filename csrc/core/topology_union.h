@@ -20,9 +20,10 @@
 // each node inserted or deleted costs 1. A key holds all that makes two nodes one: the node's type,
 // its launch attributes, and the kernel, or a copy's or memset's destination. (Pairing a kernel
 // node with another kernel, its function swapped by a parameter update, computed wrong results on
-// a GPU: wav2vec2's cuDNN convolutions on an H100, cause unknown.) It is searched within a band of
-// `max_edits` (at most kMaxEdits): O(nodes * max_edits) time and memory. This file knows neither
-// torch nor CUDA.
+// a GPU: wav2vec2's cuDNN convolutions on an H100. The driver accepts those swaps in a
+// cudaGraphExecUpdate, and rewriting every node before each launch does not help; cause unknown.)
+// It is searched within a band of `max_edits` (at most kMaxEdits): O(nodes * max_edits) time and
+// memory. This file knows neither torch nor CUDA.
 
 #include <cstddef>
 #include <cstdint>
