@@ -102,63 +102,27 @@ def compare_with_eager(results: dict) -> None:
             r["speedup_vs_eager"] = eager_ms / r["ms_per_token"]
 
 
-def _fmt(value, spec: str) -> str:
-    return spec.format(value) if value else "-"
-
-
 def markdown(cases: list[dict], extra: Sequence[tuple[str, str, str]] = ()) -> str:
     """One row per case and mode; `extra`: more columns after "vs eager", each (header, key of the
-    mode's result, format such as "{:.2f}x")."""
-    headers = ["case", "mode", "ms/token", "vs eager", *(h for h, _, _ in extra), "first call (s)",
-               "tokens equal eager"]
-    lines = ["| " + " | ".join(headers) + " |", "|" + "---|" * len(headers)]
-    for case in cases:
-        for mode, r in case["modes"].items():
-            cells = [case["name"], mode, _fmt(r.get("ms_per_token"), "{:.3f}"),
-                     _fmt(r.get("speedup_vs_eager"), "{:.2f}x"),
-                     *(_fmt(r.get(key), spec) for _, key, spec in extra),
-                     _fmt(r.get("first_call_s"), "{:.2f}"), str(r.get("correct", "-"))]
-            lines.append("| " + " | ".join(cells) + " |")
-    return "\n".join(lines) + "\n"
+    mode's result, template such as "{:.2f}x")."""
+    values = [("ms/token", "ms_per_token", "{:.3f}"), ("vs eager", "speedup_vs_eager", "{:.2f}x"),
+              *extra, ("first call (s)", "first_call_s", "{:.2f}")]
+    return harness.markdown_table(cases, [
+        *(harness.value_column(*column) for column in values),
+        ("tokens equal eager", lambda r: str(r.get("correct", "-")))])
 
 
 def plot(cases: list[dict], path: Path, modes: Sequence[str], title: str) -> bool:
     """Bars of ms per token, one group per case; a case whose config has `floor_ms_per_token`
     gets it as a dashed line across its group. False where matplotlib is missing."""
-    try:
-        import matplotlib
 
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        return False
-    modes = [m for m in modes if any(c["modes"].get(m, {}).get("ms_per_token") for c in cases)]
-    fig, ax = plt.subplots(figsize=(8, 4))
-    width = 0.8 / max(len(modes), 1)
-    for i, mode in enumerate(modes):
-        values = [c["modes"].get(mode, {}).get("ms_per_token") or 0 for c in cases]
-        ax.bar([x + i * width for x in range(len(cases))], values, width, label=mode)
-    floor_label = "HBM-bandwidth floor"
-    for x, c in enumerate(cases):
-        floor = c["config"].get("floor_ms_per_token")
-        if floor:
-            ax.hlines(floor, x - width / 2, x + width * (len(modes) - 0.5), colors="black",
-                      linestyles="dashed", label=floor_label)
-            floor_label = None
-    ax.set_xticks([x + width * (len(modes) - 1) / 2 for x in range(len(cases))])
-    ax.set_xticklabels([c["name"] for c in cases])
-    ax.set_ylabel("ms per token")
-    ax.set_title(title)
-    ax.legend()
-    fig.tight_layout()
-    fig.savefig(path)
-    return True
+    def floors(ax, spans: list[tuple[float, float]]) -> None:
+        label = "HBM-bandwidth floor"
+        for (left, right), case in zip(spans, cases):
+            floor = case["config"].get("floor_ms_per_token")
+            if floor:
+                ax.hlines(floor, left, right, colors="black", linestyles="dashed", label=label)
+                label = None  # one legend entry for all the floors
 
-
-def write_table_and_plot(path: Path, cases: list[dict], modes: Sequence[str], title: str,
-                         extra: Sequence[tuple[str, str, str]] = (), preface: str = "") -> None:
-    """The markdown table and the PNG plot next to the results JSON at `path`."""
-    table = path.with_suffix(".md")
-    table.write_text(preface + markdown(cases, extra))
-    plotted = plot(cases, path.with_suffix(".png"), modes, title)
-    print(f"\nwrote {path}, {table.name}" + (f", {path.with_suffix('.png').name}" if plotted else ""))
+    return harness.bar_plot(path, cases, modes, [("ms_per_token", "ms per token")], title, (8, 4),
+                            mark=floors)

@@ -1,4 +1,5 @@
-"""What every benchmark of the project shares: timing, memory, environment, the results file.
+"""What every benchmark of the project shares: timing, memory, environment, running its modes, the
+results file, and the markdown table and PNG plot written next to it.
 
 Results format (one JSON file per run, benchmarks/results/<benchmark>-<gpu>-<date>.json):
   {"benchmark", "device", "torch", "cuda", "commit", "cases": [
@@ -171,6 +172,25 @@ def median(values: list[float]) -> float:
     return statistics.median(values)
 
 
+def error_text(e: Exception) -> str:
+    """How a results file records an exception: its type and message, at most 500 characters."""
+    return f"{type(e).__name__}: {e}"[:500]
+
+
+def run_modes(modes: Iterable[str], run: Callable[[str], dict], metric: str) -> dict[str, dict]:
+    """Each mode's result by `run(mode)`, in order; a mode that raises gets {metric: None, "error"}.
+    Device memory is cleared after each mode."""
+    results = {}
+    for mode in modes:
+        print(f"  {mode} ...", flush=True)
+        try:
+            results[mode] = run(mode)
+        except Exception as e:  # a mode that fails is reported, not fatal to the others
+            results[mode] = {metric: None, "error": error_text(e)}
+        clear_memory()
+    return results
+
+
 def write_results(benchmark: str, cases: list[dict], out_dir: Path | None = None) -> Path:
     env = environment()
     gpu = env["device"].replace("NVIDIA ", "").split()[0].lower() if env["device"] != "cpu" else "cpu"
@@ -193,3 +213,69 @@ def print_table(case: dict, metric: str = "ms_per_step") -> None:
         mem = f"{m['gpu_mem_bytes'] / 2**20:.1f}" if m.get("gpu_mem_bytes") is not None else "-"
         shown = f"{value:.3f}" if value is not None else "-"
         print(f"{name:<16}{shown:>14}{speed:>10}{mem:>10}  {m.get('correct')}")
+
+
+def formatted(value, template: str) -> str:
+    """`value` in `template` ("{:.2f}x"); "-" where there is none."""
+    return template.format(value) if value is not None else "-"
+
+
+def value_column(header: str, key: str, template: str) -> tuple[str, Callable[[dict], str]]:
+    """A column of markdown_table: the value of `key` in a mode's result, in `template`."""
+    return header, lambda result: formatted(result.get(key), template)
+
+
+def markdown_table(cases: list[dict], columns: Sequence[tuple[str, Callable[[dict], str]]]) -> str:
+    """One row per case and mode: the case's name, the mode, then one cell per column, each column
+    (header, the cell of a mode's result)."""
+    headers = ["case", "mode", *(header for header, _ in columns)]
+    lines = ["| " + " | ".join(headers) + " |", "|" + "---|" * len(headers)]
+    for case in cases:
+        for mode, result in case["modes"].items():
+            cells = [case["name"], mode, *(cell(result) for _, cell in columns)]
+            lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def bar_plot(path: Path, cases: list[dict], modes: Sequence[str],
+             panels: Sequence[tuple[str, str]], title: str, figsize: tuple[float, float],
+             mark: Callable[[object, list[tuple[float, float]]], None] | None = None) -> bool:
+    """A PNG at `path`: one panel per (metric, y label) of `panels`, in each a group of bars per
+    case, one bar per mode; modes with no value of the first panel's metric in any case are left
+    out. `mark(axes, spans)` draws more on each panel before its legend, `spans` the x extent of
+    each case's group. False where matplotlib is missing."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")  # files only: no display needed
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return False
+    first_metric = panels[0][0]
+    modes = [m for m in modes if any(c["modes"].get(m, {}).get(first_metric) for c in cases)]
+    fig, axes = plt.subplots(1, len(panels), figsize=figsize, squeeze=False)
+    width = 0.8 / max(len(modes), 1)
+    spans = [(x - width / 2, x + width * (len(modes) - 0.5)) for x in range(len(cases))]
+    for ax, (metric, label) in zip(axes[0], panels):
+        for i, mode in enumerate(modes):
+            values = [c["modes"].get(mode, {}).get(metric) or 0 for c in cases]
+            ax.bar([x + i * width for x in range(len(cases))], values, width, label=mode)
+        if mark is not None:
+            mark(ax, spans)
+        ax.set_xticks([x + width * (len(modes) - 1) / 2 for x in range(len(cases))])
+        ax.set_xticklabels([c["name"] for c in cases])
+        ax.set_ylabel(label)
+        ax.legend()
+    fig.suptitle(title)
+    fig.tight_layout()
+    fig.savefig(path)
+    return True
+
+
+def write_table_and_plot(results: Path, table: str, plot: Callable[[Path], bool]) -> None:
+    """The markdown `table` and the PNG that `plot(png path)` draws (False where it drew none) next
+    to the results JSON at `results`."""
+    table_path, png = results.with_suffix(".md"), results.with_suffix(".png")
+    table_path.write_text(table)
+    plotted = plot(png)
+    print(f"\nwrote {results}, {table_path.name}" + (f", {png.name}" if plotted else ""))

@@ -130,7 +130,7 @@ def forward_alone(base, batch: int, new_tokens: int, reps: int) -> dict:
             graphs.append(graph)
             plain(input_ids=tok, past_key_values=cache, use_cache=True)
     except Exception as e:  # reported, not fatal to the rest of the benchmark
-        result["ideal_error"] = f"{type(e).__name__}: {e}"[:500]
+        result["ideal_error"] = harness.error_text(e)
         return result
     ms_per_step(lambda: [graph.replay() for graph in graphs])
     ideal_runs = [ms_per_step(lambda: [graph.replay() for graph in graphs]) for _ in range(reps)]
@@ -152,16 +152,8 @@ def run_case(base, name, batch, beams, new_tokens, reps, modes) -> dict:
     ids = torch.randint(0, base.config.vocab_size, (batch, 8), generator=g).to("cuda")
     case = {"inputs": (ids, torch.ones_like(ids)), "kwargs": generation.generate_kwargs(beams, new_tokens),
             "reps": reps}
-    results = {}
-    for mode in modes:
-        if mode == "grape_step" and beams > 1:
-            continue
-        print(f"  {mode} ...", flush=True)
-        try:
-            results[mode] = SETUPS[mode](base, case)
-        except Exception as e:  # a mode that fails is reported, not fatal to the others
-            results[mode] = {"ms_per_token": None, "error": f"{type(e).__name__}: {e}"[:500]}
-        harness.clear_memory()
+    runnable = [m for m in modes if not (m == "grape_step" and beams > 1)]  # grape_step: greedy only
+    results = harness.run_modes(runnable, lambda mode: SETUPS[mode](base, case), "ms_per_token")
     results["ptgraph"] = {"ms_per_token": None, "skipped": (
         "an unchanged generate() with a dynamic cache cannot replay plain CUDA graphs: the "
         "cache's tensors change shape and address at every step")}
@@ -204,7 +196,9 @@ def main(argv=None):
             cases.append(run_case(base, case_name, batch, beams, args.new_tokens, args.reps, modes))
             harness.print_table(cases[-1], "ms_per_token")
             path = harness.write_results(name, cases, args.out)
-    generation.write_table_and_plot(path, cases, MODES, "HF GPT-2 small generate, fp16")
+    harness.write_table_and_plot(
+        path, generation.markdown(cases),
+        lambda png: generation.plot(cases, png, MODES, "HF GPT-2 small generate, fp16"))
     return cases
 
 

@@ -175,19 +175,16 @@ SETUPS = {"eager": setup_eager, "grape": setup_grape,
 def run_case(model, name, ids, new_tokens, reps, modes, config) -> dict:
     case = {"inputs": (ids, torch.ones_like(ids)),
             "kwargs": generation.generate_kwargs(1, new_tokens), "reps": reps}
-    results = {}
-    for mode in modes:
-        print(f"  {mode} ...", flush=True)
+
+    def run_mode(mode: str) -> dict:
         torch.cuda.reset_peak_memory_stats()
-        try:
-            r = SETUPS[mode](model, case)
-            r["peak_allocated_bytes"] = torch.cuda.max_memory_allocated()
-            r["gpu_mem_bytes"] = (r["peak_allocated_bytes"] + (r.get("arena_bytes") or 0)
-                                  + (r.get("executable_bytes") or 0))
-        except Exception as e:  # a mode that fails is reported, not fatal to the others
-            r = {"ms_per_token": None, "error": f"{type(e).__name__}: {e}"[:500]}
-        results[mode] = r
-        harness.clear_memory()
+        r = SETUPS[mode](model, case)
+        r["peak_allocated_bytes"] = torch.cuda.max_memory_allocated()
+        r["gpu_mem_bytes"] = (r["peak_allocated_bytes"] + (r.get("arena_bytes") or 0)
+                              + (r.get("executable_bytes") or 0))
+        return r
+
+    results = harness.run_modes(modes, run_mode, "ms_per_token")
     generation.compare_with_eager(results)
     for r in results.values():
         if r.get("ms_per_token"):
@@ -229,8 +226,9 @@ def main(argv=None):
                f"HBM-bandwidth floor {c['floor_ms_per_token']:.3f} ms/token: "
                f"{c['weight_bytes_per_token'] / 1e9:.2f} GB of weights read per token at "
                f"{c['hbm_bandwidth_gbps']:.0f} GB/s (a device-to-device copy).\n\n")
-    generation.write_table_and_plot(path, cases, MODES, title,
-                                    extra=[("vs floor", "ratio_to_floor", "{:.2f}x")], preface=preface)
+    table = generation.markdown(cases, extra=[("vs floor", "ratio_to_floor", "{:.2f}x")])
+    harness.write_table_and_plot(path, preface + table,
+                                 lambda png: generation.plot(cases, png, MODES, title))
     return cases
 
 

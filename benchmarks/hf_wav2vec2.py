@@ -75,9 +75,11 @@ timed epochs (model, optimizer state, gradients and activations of eager; what g
 through PyTorch), minus what was allocated before the mode started, plus, for grape, its graph
 arena (`arena_bytes`: grape's pool outside PyTorch's allocator statistics) and the device memory of
 its instantiated executables; for ptgraph, its executables (what the driver reports taken by each
-capture and first replay, less PyTorch's reservations). `first_epochs_gpu_mem_bytes` is the same over setup and the first
-two epochs (grape's eager warm-ups of new shapes run beside its arena). `resident_bytes`: what the
-mode keeps once done, read from cudaMemGetInfo after PyTorch's cache is released. Acceptance
+capture and first replay, less PyTorch's reservations). `first_epochs_gpu_mem_bytes` is the same
+over setup and the first two epochs (grape's eager warm-ups of new shapes run beside its arena).
+`held_bytes`: what the mode holds once done as the driver reports it (cudaMemGetInfo), PyTorch's
+cached blocks included: no estimate in it (`held_ratio_to_eager`); `resident_bytes`: the same
+after PyTorch's cache is released. Acceptance
 targets, printed next to the results: grape >= 3x eager (steady) for training and inference;
 grape's memory within 1.3x of eager's.
 
@@ -331,11 +333,13 @@ def measure(mode: str, step, compiled, epoch, n_batches: int, reps: int, desc: s
 
 def finish_memory(r: dict, free0: int) -> None:
     """gpu_mem_bytes (steady) and first_epochs_gpu_mem_bytes: PyTorch's peaks plus, for grape, its
-    arena and executables (its stats, already in `r`); resident_bytes: what the mode keeps
-    (cudaMemGetInfo)."""
+    arena and executables (its stats, already in `r`); held_bytes and resident_bytes: what the
+    mode holds at its end as the driver sees it (cudaMemGetInfo), before and after PyTorch's
+    cache is released."""
     outside = r.get("arena_bytes", r.get("pool_bytes", 0)) + r.get("executable_bytes", 0)
     r["gpu_mem_bytes"] = r["peak_allocated_bytes"] + outside
     r["first_epochs_gpu_mem_bytes"] = r["first_epochs_peak_allocated_bytes"] + outside
+    r["held_bytes"] = free0 - harness.free_bytes()
     torch.cuda.empty_cache()
     r["resident_bytes"] = free0 - harness.free_bytes()
 
@@ -463,14 +467,13 @@ RUNNERS = {"infer": (run_infer, compare_infer), "train": (run_train, compare_tra
 
 def run_case(name: str, base, data: dict, modes: list[str], reps: int, ctc: str, config: dict) -> dict:
     run, compare = RUNNERS[name]
-    results, outputs = {}, {}
-    for mode in (m for m in modes if m in CASE_MODES[name]):
-        print(f"  {mode} ...", flush=True)
-        try:
-            results[mode], outputs[mode] = run(mode, base, data, reps, ctc)
-        except Exception as e:  # a mode that fails is reported, not fatal to the others
-            results[mode] = {"ms_per_step": None, "error": f"{type(e).__name__}: {e}"[:500]}
-        harness.clear_memory()
+    outputs = {}  # what compare() checks against eager's, for each mode that ran
+
+    def run_mode(mode: str) -> dict:
+        result, outputs[mode] = run(mode, base, data, reps, ctc)
+        return result
+
+    results = harness.run_modes([m for m in modes if m in CASE_MODES[name]], run_mode, "ms_per_step")
     compare(results, outputs)
     eager = results.get("eager", {})
     for mode, r in results.items():
@@ -483,6 +486,7 @@ def run_case(name: str, base, data: dict, modes: list[str], reps: int, ctc: str,
         r["mem_ratio_to_eager"] = r["gpu_mem_bytes"] / eager["gpu_mem_bytes"]
         r["first_epochs_mem_ratio_to_eager"] = (r["first_epochs_gpu_mem_bytes"]
                                                 / eager["first_epochs_gpu_mem_bytes"])
+        r["held_ratio_to_eager"] = r["held_bytes"] / eager["held_bytes"]
         r["meets_targets"] = bool(r["speedup_vs_eager"] >= TARGET_SPEEDUP
                                   and r["mem_ratio_to_eager"] <= TARGET_MEM_RATIO)
         plain = results.get("ptgraph", {}).get("ms_per_step")
@@ -506,7 +510,8 @@ def print_mode_targets(mode: str, g: dict) -> None:
     print(f"  {mode}: {g['speedup_vs_eager']:.2f}x eager steady (target >= {TARGET_SPEEDUP:.0f}x); "
           f"epoch 1 / epoch 2 / both take {' / '.join(ratio)} eager's time; memory "
           f"{g['mem_ratio_to_eager']:.2f}x eager's (target <= {TARGET_MEM_RATIO}x; first epochs "
-          f"{g['first_epochs_mem_ratio_to_eager']:.2f}x); {g.get('graphs')} graphs, "
+          f"{g['first_epochs_mem_ratio_to_eager']:.2f}x; held per the driver "
+          f"{g['held_ratio_to_eager']:.2f}x); {g.get('graphs')} graphs, "
           f"{len(g.get('fallbacks') or [])} fallbacks, steady state {g.get('steady_state')}"
           + (f"; {g['ratio_to_ptgraph']:.2f}x plain graphs' time" if g.get("ratio_to_ptgraph")
              else "")
@@ -516,52 +521,31 @@ def print_mode_targets(mode: str, g: dict) -> None:
 # ---------------------------------------------------------------------------------------- output
 
 def markdown(cases) -> str:
-    lines = ["| case | mode | ms/step | vs eager | epoch 1 (s) | epoch 2 (s) | epochs 1-2 vs eager "
-             "| GPU MB | mem vs eager | correct | graphs | fallbacks |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    def gpu_mb(r):
+        mem = r.get("gpu_mem_bytes")
+        return harness.formatted(mem / 2**20 if mem is not None else None, "{:.0f}")
 
-    def fmt(value, spec, suffix=""):
-        return f"{value:{spec}}{suffix}" if value is not None else "-"
+    def fallbacks(r):
+        listed = r.get("fallbacks")
+        return str(len(listed)) if listed is not None else "-"
 
-    for case in cases:
-        for mode, r in case["modes"].items():
-            mem = r.get("gpu_mem_bytes")
-            fallbacks = r.get("fallbacks")
-            lines.append(
-                f"| {case['name']} | {mode} | {fmt(r.get('ms_per_step'), '.2f')} | "
-                f"{fmt(r.get('speedup_vs_eager'), '.2f', 'x')} | {fmt(r.get('first_epoch_s'), '.1f')} | "
-                f"{fmt(r.get('second_epoch_s'), '.1f')} | "
-                f"{fmt(r.get('first_two_epochs_ratio_to_eager'), '.2f', 'x')} | "
-                f"{fmt(mem / 2**20 if mem is not None else None, '.0f')} | "
-                f"{fmt(r.get('mem_ratio_to_eager'), '.2f', 'x')} | {r.get('correct', '-')} | "
-                f"{r.get('graphs', '-')} | {len(fallbacks) if fallbacks is not None else '-'} |")
-    return "\n".join(lines) + "\n"
+    return harness.markdown_table(cases, [
+        harness.value_column("ms/step", "ms_per_step", "{:.2f}"),
+        harness.value_column("vs eager", "speedup_vs_eager", "{:.2f}x"),
+        harness.value_column("epoch 1 (s)", "first_epoch_s", "{:.1f}"),
+        harness.value_column("epoch 2 (s)", "second_epoch_s", "{:.1f}"),
+        harness.value_column("epochs 1-2 vs eager", "first_two_epochs_ratio_to_eager", "{:.2f}x"),
+        ("GPU MB", gpu_mb),
+        harness.value_column("mem vs eager", "mem_ratio_to_eager", "{:.2f}x"),
+        ("correct", lambda r: str(r.get("correct", "-"))),
+        ("graphs", lambda r: str(r.get("graphs", "-"))),
+        ("fallbacks", fallbacks)])
 
 
 def plot(cases, path, title) -> bool:
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        return False
-    modes = [m for m in MODES if any(c["modes"].get(m, {}).get("ms_per_step") for c in cases)]
-    fig, axes = plt.subplots(1, 2, figsize=(10, 4))
-    width = 0.8 / max(len(modes), 1)
-    for ax, metric, label in ((axes[0], "ms_per_step", "ms per step (steady state)"),
-                              (axes[1], "first_two_epochs_s", "epochs 1-2 (s): warm-ups, captures")):
-        for i, mode in enumerate(modes):
-            values = [c["modes"].get(mode, {}).get(metric) or 0 for c in cases]
-            ax.bar([x + i * width for x in range(len(cases))], values, width, label=mode)
-        ax.set_xticks([x + width * (len(modes) - 1) / 2 for x in range(len(cases))])
-        ax.set_xticklabels([c["name"] for c in cases])
-        ax.set_ylabel(label)
-        ax.legend()
-    fig.suptitle(title)
-    fig.tight_layout()
-    fig.savefig(path)
-    return True
+    return harness.bar_plot(path, cases, MODES, [
+        ("ms_per_step", "ms per step (steady state)"),
+        ("first_two_epochs_s", "epochs 1-2 (s): warm-ups, captures")], title, (10, 4))
 
 
 def main(argv=None):
@@ -618,11 +602,8 @@ def main(argv=None):
         harness.print_table(results[-1], "ms_per_step")
         print_targets(results[-1])
         path = harness.write_results(name, results, args.out)
-    table = path.with_suffix(".md")
-    table.write_text(markdown(results))
     title = f"HF {common['model']} (CTC), batch {BATCH}, {common['distinct_shapes']} shapes"
-    plotted = plot(results, path.with_suffix(".png"), title)
-    print(f"\nwrote {path}, {table.name}" + (f", {path.with_suffix('.png').name}" if plotted else ""))
+    harness.write_table_and_plot(path, markdown(results), lambda png: plot(results, png, title))
     return results
 
 
