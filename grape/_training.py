@@ -68,9 +68,9 @@ class StepWatch:
         self._handle.remove()
 
 
-def leaves_of(optimizers, modules) -> list[torch.Tensor]:
-    """The tensors whose ``.grad`` a captured step may set: the parameters that require grad of
-    the optimizers and the modules, each once."""
+def leaves_of(arguments, optimizers, modules) -> list[torch.Tensor]:
+    """The tensors whose ``.grad`` a captured step may set: the tensor arguments that require
+    grad, then the parameters that require grad of the optimizers and the modules, each once."""
     leaves, ids = [], set()
 
     def add(p):
@@ -78,6 +78,8 @@ def leaves_of(optimizers, modules) -> list[torch.Tensor]:
             ids.add(id(p))
             leaves.append(p)
 
+    for p in arguments:
+        add(p)
     for optimizer in optimizers:
         for group in optimizer.param_groups:
             for p in group["params"]:

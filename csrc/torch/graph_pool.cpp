@@ -7,6 +7,7 @@
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/util/Exception.h>
 
+#include "cuda/batched_copy.h"
 #include "torch/torch_version.h"
 
 #include <algorithm>
@@ -198,13 +199,26 @@ void GraphPool::move_into(c10::StorageImpl* storage, void* ptr) {
                    range});
 }
 
-void GraphPool::move_out(c10::StorageImpl* storage, c10::DataPtr&& data) {
-  storage->set_data_ptr_noswap(std::move(data));
-  live_.erase(std::remove_if(live_.begin(), live_.end(),
-                             [&](const LiveStorage& e) {
-                               return e.storage._unsafe_get_target() == storage;
-                             }),
-              live_.end());
+size_t GraphPool::evacuate(const std::vector<c10::StorageImpl*>& storages, cudaStream_t stream) {
+  std::vector<cuda::CopySegment> segments;
+  std::vector<c10::DataPtr> copies;
+  size_t bytes = 0;
+  for (c10::StorageImpl* storage : storages) {
+    copies.push_back(allocator::get()->allocate(storage->nbytes()));
+    if (storage->nbytes() == 0) continue;
+    segments.push_back({storage->data(), copies.back().get(), storage->nbytes()});
+    bytes += storage->nbytes();
+  }
+  if (!segments.empty()) C10_CUDA_CHECK(cuda::launch_batched_copy(segments, stream));
+  for (size_t i = 0; i < storages.size(); ++i) {
+    storages[i]->set_data_ptr_noswap(std::move(copies[i]));
+    live_.erase(std::remove_if(live_.begin(), live_.end(),
+                               [&](const LiveStorage& e) {
+                                 return e.storage._unsafe_get_target() == storages[i];
+                               }),
+                live_.end());
+  }
+  return bytes;
 }
 
 void GraphPool::prune_live() {

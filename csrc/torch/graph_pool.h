@@ -96,8 +96,10 @@ class GraphPool : public std::enable_shared_from_this<GraphPool> {
   c10::Storage hand_out(void* ptr, size_t bytes);
   // Points a live or new storage at pool memory `ptr` (its size unchanged) and registers it there.
   void move_into(c10::StorageImpl* storage, void* ptr);
-  // Points a storage at `data` outside the pool and forgets it.
-  void move_out(c10::StorageImpl* storage, c10::DataPtr&& data);
+  // Points each storage at a copy of its bytes outside the pool (one batched copy on `stream`)
+  // and forgets it: what a caller keeps must not be memory that replays may write. Returns the
+  // bytes copied.
+  size_t evacuate(const std::vector<c10::StorageImpl*>& storages, cudaStream_t stream);
 
   // Drops registry entries whose storage died.
   void prune_live();

@@ -5,6 +5,8 @@
 #include <torch/csrc/autograd/python_variable.h>
 
 #include <chrono>
+#include <unordered_map>
+#include <unordered_set>
 
 #include "core/alias_sites.h"
 #include "core/replay_plan.h"
@@ -139,7 +141,6 @@ Runtime::Runtime(py::object fn, int warmup, bool warmup_each_signature, py::obje
       warmup_(warmup),
       warmup_each_signature_(warmup_each_signature),
       alias_prediction_(alias_prediction),
-      executable_cache_(executable_cache),
       memory_budget_(memory_budget) {
   TORCH_CHECK(PyCallable_Check(fn_.ptr()), "grape.compile expects a callable, got ",
               Py_TYPE(fn_.ptr())->tp_name);
@@ -295,13 +296,7 @@ py::object Runtime::call(py::args args, py::kwargs kwargs) {
     }
   }
 
-  if (warming_up(entry)) {
-    ++entry.warmup_runs;
-    ++function_warmup_runs_;
-    ++stats_.warmup_calls;
-    EnteredContext watch(training_.step_watch());  // optimizers it steps become capturable
-    return run_eager(args, kwargs);
-  }
+  if (warming_up(entry)) return warm_up(entry, args, kwargs);
 
   // Capture with the spec of the arguments, so placeholders can stand in for the tensors.
   flattener_.flatten_call(args, kwargs, flat, /*with_spec=*/true, /*with_paths=*/false);
@@ -316,10 +311,7 @@ py::object Runtime::call(py::args args, py::kwargs kwargs) {
       // cache) may be what failed. This call is its warm-up; the next one captures again, and
       // falls back if that fails too. Running out of memory is not helped by a warm-up.
       error = py::none();
-      ++entry.warmup_runs;
-      ++stats_.warmup_calls;
-      EnteredContext watch(training_.step_watch());
-      return run_eager(args, kwargs);
+      return warm_up(entry, args, kwargs);
     }
     set_fallback(entry, reason, error);
     // The error's traceback holds f's frames: what they reference (an autograd graph whose
@@ -348,6 +340,14 @@ void Runtime::retire(std::unique_ptr<CapturedGraph> graph) {
   graph->member = {};
 #endif
   retired_.push_back(std::move(graph));
+}
+
+py::object Runtime::warm_up(Entry& entry, const py::args& args, const py::kwargs& kwargs) {
+  ++entry.warmup_runs;
+  ++function_warmup_runs_;
+  ++stats_.warmup_calls;
+  EnteredContext watch(training_.step_watch());  // optimizers it steps become capturable
+  return run_eager(args, kwargs);
 }
 
 bool Runtime::warming_up(const Entry& entry) const {
@@ -441,7 +441,6 @@ void abort_capture(std::unique_ptr<ReplayGraph>& graph, GraphPool& pool,
     }
     pool.release_to(use_count_before);
   }
-  GraphArena::destroy_released();
 }
 
 // Whether input `i` is its whole storage, laid out as a placeholder would be, and the only input
@@ -577,6 +576,10 @@ bool Runtime::capture(FlatCall& flat, std::unique_ptr<CapturedGraph>& into, std:
   bool effects_ok = true;
   std::string effects_reason;
   {
+    // On every way out of the capture, arenas whose last block died during it are destroyed.
+    struct DestroyReleasedArenas {
+      ~DestroyReleasedArenas() { GraphArena::destroy_released(); }
+    } destroy_released_arenas;
     const GarbageCollectionPaused no_collection_while_capturing;
     // The capture stream follows the caller's stream, as torch.cuda.graph does.
     pool.wait_for(at::cuda::getCurrentCUDAStream(pool.device()));
@@ -661,7 +664,6 @@ bool Runtime::capture(FlatCall& flat, std::unique_ptr<CapturedGraph>& into, std:
     }
   }
 
-  GraphArena::destroy_released();  // arenas whose last block died during the capture
   pool.hold_for_graph(use_count_before);
   auto captured = std::make_unique<CapturedGraph>();
   captured->pool = pool_;
@@ -753,19 +755,21 @@ bool Runtime::capture(FlatCall& flat, std::unique_ptr<CapturedGraph>& into, std:
   }
   captured->output_spec = std::move(out.spec);
   captured->static_tensors = gather_static_tensors(flat);
-  for (const auto& leaf : gradients.leaves()) {
-    captured->static_tensors.emplace_back(leaf, leaf.data_ptr());
+  {
+    // Leaves that are not parameters of the modules (parameter arguments, optimizers' params).
+    std::unordered_set<const c10::TensorImpl*> known;
+    for (const auto& [tensor, ptr] : captured->static_tensors) {
+      known.insert(tensor.unsafeGetTensorImpl());
+    }
+    for (const auto& leaf : gradients.leaves()) {
+      if (known.insert(leaf.unsafeGetTensorImpl()).second) {
+        captured->static_tensors.emplace_back(leaf, leaf.data_ptr());
+      }
+    }
   }
   captured->grad_guards = std::move(grad_guards);
-  {
-    py::module_ training = py::module_::import("grape._training");
-    const py::list stepped = stepped_optimizers.get().attr("stepped");
-    for (py::handle t : training.attr("state_tensors")(stepped)) {
-      const at::Tensor& tensor = THPVariable_Unpack(t.ptr());
-      captured->static_tensors.emplace_back(tensor, tensor.data_ptr());
-    }
-    captured->hyperparameters = training.attr("hyperparameters")(stepped);
-  }
+  captured->hyperparameters =
+      TrainingState::bake_optimizers(stepped_optimizers.get(), captured->static_tensors);
   captured->host_constants = host_constants.attr("kept");
   into = std::move(captured);
   ++stats_.captures;
@@ -893,8 +897,7 @@ bool Runtime::replay(Entry& entry, CapturedGraph& g, FlatCall& flat, py::object&
 
   // 1. Evacuate live outputs the replay may overwrite: all of them but the inputs that stay put
   //    or move into their placeholders.
-  std::vector<cuda::CopySegment> segments;
-  std::vector<std::pair<c10::StorageImpl*, c10::DataPtr>> evacuated;
+  std::vector<c10::StorageImpl*> evacuated;
   for (const auto& live : pool.live()) {
     c10::StorageImpl* impl = live.storage._unsafe_get_target();
     bool keep = false;
@@ -904,20 +907,13 @@ bool Runtime::replay(Entry& entry, CapturedGraph& g, FlatCall& flat, py::object&
                plan.evacuate.end();
       }
     }
-    if (keep) continue;
-    c10::DataPtr fresh = allocator::get()->allocate(impl->nbytes());
-    segments.push_back({impl->data(), fresh.get(), impl->nbytes()});
-    evacuated.emplace_back(impl, std::move(fresh));
-    stats_.bytes_evacuated += static_cast<int64_t>(impl->nbytes());
+    if (!keep) evacuated.push_back(impl);
   }
-  if (!segments.empty()) {
-    check_copy(cuda::launch_batched_copy(segments, stream));
-    for (auto& [impl, data] : evacuated) pool.move_out(impl, std::move(data));
-    stats_.evacuations += static_cast<int64_t>(evacuated.size());
-    segments.clear();
-  }
+  stats_.bytes_evacuated += static_cast<int64_t>(pool.evacuate(evacuated, stream));
+  stats_.evacuations += static_cast<int64_t>(evacuated.size());
 
   // 2. Feed the placeholders.
+  std::vector<cuda::CopySegment> segments;
   for (size_t i = 0; i < n; ++i) {
     const auto action = plan.actions[i];
     const auto& ph = g.placeholders[i];
@@ -1045,9 +1041,13 @@ py::dict Runtime::stats() {
   d["memory_budget"] = memory_budget_ < 0 ? py::object(py::none()) : py::int_(memory_budget_);
   cuda::ExecutableStats ex;
   std::string unshareable_reason;
+  py::object executable_cache = py::none();  // none: no limit (or no executables in this build)
 #ifdef GRAPE_WITH_CUDA
   ex = executables_->stats();
   unshareable_reason = executables_->unshareable_reason();
+  if (executables_->cache_bytes() != SIZE_MAX) {
+    executable_cache = py::int_(static_cast<int64_t>(executables_->cache_bytes()));
+  }
 #endif
   d["shapes"] = ex.members;
   d["topology_groups"] = ex.groups;
@@ -1059,8 +1059,7 @@ py::dict Runtime::stats() {
   d["resident_executables"] = ex.resident;
   d["executable_bytes"] = static_cast<int64_t>(ex.device_bytes);
   d["cached_executable_bytes"] = static_cast<int64_t>(ex.cached_bytes);
-  d["executable_cache"] =
-      executable_cache_ < 0 ? py::object(py::none()) : py::int_(executable_cache_);
+  d["executable_cache"] = executable_cache;
   d["instantiations"] = ex.instantiations;
   d["evictions"] = ex.evictions;
   d["graphs_joined"] = ex.joins;

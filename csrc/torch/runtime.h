@@ -133,6 +133,8 @@ class Runtime {
   void retire(std::unique_ptr<CapturedGraph> graph);
   // Whether a call of `entry`'s signature is a warm-up call (eager, before its capture).
   bool warming_up(const Entry& entry) const;
+  // An eager call that warms `entry` up.
+  py::object warm_up(Entry& entry, const py::args& args, const py::kwargs& kwargs);
   std::vector<std::pair<at::Tensor, const void*>> gather_static_tensors(const FlatCall& flat);
   // What of a graph's static state (parameters, buffers, gradients, optimizer state and
   // settings) is not as it was captured, if anything; `changed` says it in words.
@@ -149,7 +151,6 @@ class Runtime {
   bool warmup_each_signature_;
   int function_warmup_runs_ = 0;
   bool alias_prediction_;
-  int64_t executable_cache_;  // < 0: no limit
   int64_t memory_budget_;     // < 0: none
   Flattener flattener_;
   std::unordered_map<core::Signature, std::unique_ptr<Entry>, core::SignatureHash> cache_;

@@ -1,7 +1,5 @@
 #include "torch/training.h"
 
-#include <c10/cuda/CUDACachingAllocator.h>
-#include <c10/cuda/CUDAException.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <torch/csrc/autograd/python_variable.h>
 
@@ -11,17 +9,6 @@
 namespace grape {
 
 namespace {
-
-// Points a live handed-out storage at a copy outside the pool: a gradient that a graph
-// accumulates into in place must not be memory that other graphs' replays may write.
-void move_out_of_pool(GraphPool& pool, const at::Tensor& t, cudaStream_t stream) {
-  c10::StorageImpl* impl = t.storage().unsafeGetStorageImpl();
-  if (pool.find_live(impl) == nullptr || impl->nbytes() == 0) return;
-  c10::DataPtr fresh = c10::cuda::CUDACachingAllocator::get()->allocate(impl->nbytes());
-  C10_CUDA_CHECK(cudaMemcpyAsync(fresh.get(), impl->data(), impl->nbytes(),
-                                 cudaMemcpyDeviceToDevice, stream));
-  pool.move_out(impl, std::move(fresh));
-}
 
 py::module_ training_module() { return py::module_::import("grape._training"); }
 
@@ -36,17 +23,17 @@ py::object TrainingState::step_watch() {
 
 std::vector<at::Tensor> TrainingState::tracked_leaves(const py::object& static_module,
                                                       const FlatCall& flat) {
-  std::vector<at::Tensor> leaves = flat.static_leaves;
-  py::list modules;
+  py::list arguments, modules;
+  for (const auto& t : flat.static_leaves) {
+    arguments.append(py::reinterpret_steal<py::object>(THPVariable_Wrap(t)));
+  }
   if (!static_module.is_none()) modules.append(static_module);
   for (const auto& m : flat.modules) modules.append(m);
   const py::object optimizers =
       seen_optimizers_.is_none() ? py::object(py::list()) : seen_optimizers_;
-  for (py::handle t : training_module().attr("leaves_of")(optimizers, modules)) {
-    const at::Tensor& leaf = THPVariable_Unpack(t.ptr());
-    bool known = false;
-    for (const auto& l : leaves) known |= l.unsafeGetTensorImpl() == leaf.unsafeGetTensorImpl();
-    if (!known) leaves.push_back(leaf);
+  std::vector<at::Tensor> leaves;
+  for (py::handle t : training_module().attr("leaves_of")(arguments, optimizers, modules)) {
+    leaves.push_back(THPVariable_Unpack(t.ptr()));
   }
   return leaves;
 }
@@ -58,6 +45,17 @@ void TrainingState::prepare_backward(GraphPool& pool) {
       py::module_::import("torch").attr("device")("cuda", static_cast<int>(pool.device()));
   training_module().attr("prepare_backward")(device);
   backward_prepared_ = true;
+}
+
+py::list TrainingState::bake_optimizers(
+    const py::object& watch, std::vector<std::pair<at::Tensor, const void*>>& statics) {
+  const py::module_ training = training_module();
+  const py::list stepped = watch.attr("stepped");
+  for (py::handle t : training.attr("state_tensors")(stepped)) {
+    const at::Tensor& tensor = THPVariable_Unpack(t.ptr());
+    statics.emplace_back(tensor, tensor.data_ptr());
+  }
+  return training.attr("hyperparameters")(stepped);
 }
 
 bool optimizer_settings_hold(const py::list& settings, std::string& changed) {
@@ -101,7 +99,12 @@ CaptureGradients::CaptureGradients(std::vector<at::Tensor> leaves, GraphPool& po
     : leaves_(std::move(leaves)) {
   for (const auto& leaf : leaves_) {
     const at::Tensor& grad = leaf.grad();
-    if (grad.defined() && grad.is_cuda()) move_out_of_pool(pool, grad, stream);
+    // A gradient that a graph accumulates into in place must not be memory that other graphs'
+    // replays may write.
+    if (grad.defined() && grad.is_cuda() &&
+        pool.find_live(grad.storage().unsafeGetStorageImpl()) != nullptr) {
+      pool.evacuate({grad.storage().unsafeGetStorageImpl()}, stream);
+    }
     before_.push_back(grad);
     versions_.push_back(grad.defined() ? grad._version() : 0);
   }

@@ -25,6 +25,7 @@
 #include <pybind11/pybind11.h>
 
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "torch/pytree.h"
@@ -58,6 +59,11 @@ class TrainingState {
   // Before the first capture that tracks leaves: a small backward pass on the capture stream,
   // outside any capture (grape._training.prepare_backward).
   void prepare_backward(GraphPool& pool);
+  // What a capture baked in of the optimizers that `watch` (a step_watch() it ran in) saw
+  // stepped: their state tensors, appended to `statics` with their addresses (static, like
+  // parameters), and the Python settings it returns (for optimizer_settings_hold).
+  static py::list bake_optimizers(const py::object& watch,
+                                  std::vector<std::pair<at::Tensor, const void*>>& statics);
 
   int traverse(visitproc visit, void* arg) {
     Py_VISIT(seen_optimizers_.ptr());

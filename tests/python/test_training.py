@@ -58,8 +58,18 @@ def test_leaves_are_parameters_that_require_grad_once():
     m = model()
     m[2].bias.requires_grad_(False)
     opt = torch.optim.AdamW(list(m[0].parameters()) + list(m[2].parameters()))
-    leaves = _training.leaves_of([opt], [m, m[0]])
+    leaves = _training.leaves_of([], [opt], [m, m[0]])
     assert [id(p) for p in leaves] == [id(m[0].weight), id(m[0].bias), id(m[2].weight)]
+
+
+def test_leaves_start_with_the_arguments_that_require_grad_once():
+    m = model()
+    opt = torch.optim.AdamW(m[0].parameters())
+    extra = torch.zeros(2, requires_grad=True)
+    arguments = [m[2].weight, extra, extra, torch.zeros(2)]
+    leaves = _training.leaves_of(arguments, [opt], [m])
+    assert [id(p) for p in leaves] == [id(m[2].weight), id(extra), id(m[0].weight),
+                                       id(m[0].bias), id(m[2].bias)]
 
 
 def two_groups():
