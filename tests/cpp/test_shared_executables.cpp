@@ -4,11 +4,13 @@
 #include <cuda_runtime_api.h>
 
 #include <cstdint>
+#include <string>
 #include <tuple>
 #include <vector>
 
 #include "cuda/batched_copy.h"
 #include "cuda/shared_executables.h"
+#include "test_kernels.h"
 
 using grape::cuda::CopySegment;
 using grape::cuda::SharedExecutables;
@@ -31,18 +33,22 @@ uint8_t* device_alloc(size_t bytes) {
 constexpr size_t kBytes = 1 << 16;
 
 // Device buffers of one test: sources filled with distinct bytes, destinations cleared per run.
+// All their work goes to the test's stream, which (non-blocking) does not wait for the legacy one.
 struct Buffers {
+  cudaStream_t stream;
   std::vector<uint8_t*> sources;
   uint8_t* copy_dst = nullptr;
   uint8_t* memcpy_dst = nullptr;
   uint8_t* memset_dst = nullptr;
   uint8_t* extra_dst = nullptr;  // the extra memsets' bytes (capture_shape)
-  explicit Buffers(int count) {
+  Buffers(cudaStream_t stream, int count) : stream(stream) {
     for (int i = 0; i < count; ++i) {
       uint8_t* p = device_alloc(kBytes);
       std::vector<uint8_t> host(kBytes);
       for (size_t j = 0; j < kBytes; ++j) host[j] = static_cast<uint8_t>(j * 7 + i * 31 + 1);
-      EXPECT_EQ(cudaMemcpy(p, host.data(), kBytes, cudaMemcpyHostToDevice), cudaSuccess);
+      EXPECT_EQ(cudaMemcpyAsync(p, host.data(), kBytes, cudaMemcpyHostToDevice, stream),
+                cudaSuccess);
+      EXPECT_EQ(cudaStreamSynchronize(stream), cudaSuccess);  // before `host` goes
       sources.push_back(p);
     }
     copy_dst = device_alloc(kBytes);
@@ -50,6 +56,8 @@ struct Buffers {
     memset_dst = device_alloc(kBytes);
     extra_dst = device_alloc(kBytes);
   }
+  Buffers(const Buffers&) = delete;
+  Buffers& operator=(const Buffers&) = delete;
   ~Buffers() {
     for (auto* p : sources) cudaFree(p);
     cudaFree(copy_dst);
@@ -58,12 +66,19 @@ struct Buffers {
     cudaFree(extra_dst);
   }
   void clear() {
-    cudaMemset(copy_dst, 0, kBytes);
-    cudaMemset(memcpy_dst, 0, kBytes);
-    cudaMemset(memset_dst, 0, kBytes);
-    cudaMemset(extra_dst, 0, kBytes);
-    // The tests launch on a non-blocking stream, which does not wait for the legacy stream.
-    cudaDeviceSynchronize();
+    for (uint8_t* p : {copy_dst, memcpy_dst, memset_dst, extra_dst}) {
+      EXPECT_EQ(cudaMemsetAsync(p, 0, kBytes, stream), cudaSuccess);
+    }
+    // A launch that follows on the stream is ordered after the clearing anyway; waiting here
+    // reports a failed clear as such rather than as a wrong result.
+    EXPECT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
+  }
+  // A buffer's bytes, read on the test's stream once its work is done.
+  std::vector<uint8_t> read(const uint8_t* p) const {
+    std::vector<uint8_t> host(kBytes);
+    EXPECT_EQ(cudaMemcpyAsync(host.data(), p, kBytes, cudaMemcpyDeviceToHost, stream), cudaSuccess);
+    EXPECT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
+    return host;
   }
 };
 
@@ -94,131 +109,185 @@ void replay(SharedExecutables& ex, SharedExecutables::Member member, Buffers& b,
   CUDA_OK(cudaStreamSynchronize(stream));
 }
 
-// What the shape's graph must leave in the destinations.
-void expect_shape(Buffers& b, int i, size_t bytes, int extra_memsets = 0) {
-  std::vector<uint8_t> src(kBytes), copied(kBytes), memcpyd(kBytes), memset(kBytes), extra(kBytes);
-  ASSERT_EQ(cudaMemcpy(extra.data(), b.extra_dst, kBytes, cudaMemcpyDeviceToHost), cudaSuccess);
+// Byte k of extra_dst is 100 + k for the first `extra_memsets` bytes, else 0.
+void expect_extra_memsets(const Buffers& b, int extra_memsets, const char* shape) {
+  const std::vector<uint8_t> extra = b.read(b.extra_dst);
   for (size_t k = 0; k < kBytes; ++k) {
     ASSERT_EQ(extra[k], static_cast<int>(k) < extra_memsets ? 100 + k : 0)
-        << "shape " << i << " extra memset byte " << k;
-  }
-  ASSERT_EQ(cudaMemcpy(src.data(), b.sources[i], kBytes, cudaMemcpyDeviceToHost), cudaSuccess);
-  ASSERT_EQ(cudaMemcpy(copied.data(), b.copy_dst, kBytes, cudaMemcpyDeviceToHost), cudaSuccess);
-  ASSERT_EQ(cudaMemcpy(memcpyd.data(), b.memcpy_dst, kBytes, cudaMemcpyDeviceToHost), cudaSuccess);
-  ASSERT_EQ(cudaMemcpy(memset.data(), b.memset_dst, kBytes, cudaMemcpyDeviceToHost), cudaSuccess);
-  for (size_t j = 0; j < kBytes; ++j) {
-    const uint8_t written = j < bytes ? src[j] : 0;
-    ASSERT_EQ(copied[j], written) << "shape " << i << " kernel byte " << j;
-    ASSERT_EQ(memcpyd[j], written) << "shape " << i << " memcpy byte " << j;
-    ASSERT_EQ(memset[j], j < bytes ? 10 + i : 0) << "shape " << i << " memset byte " << j;
+        << shape << " extra memset byte " << k;
   }
 }
+
+// What the shape's graph must leave in the destinations.
+void expect_shape(const Buffers& b, int i, size_t bytes, int extra_memsets = 0) {
+  const std::string shape = "shape " + std::to_string(i);
+  ASSERT_NO_FATAL_FAILURE(expect_extra_memsets(b, extra_memsets, shape.c_str()));
+  const std::vector<uint8_t> src = b.read(b.sources[i]);
+  const std::vector<uint8_t> copied = b.read(b.copy_dst);
+  const std::vector<uint8_t> memcpyd = b.read(b.memcpy_dst);
+  const std::vector<uint8_t> memset = b.read(b.memset_dst);
+  for (size_t j = 0; j < kBytes; ++j) {
+    const uint8_t written = j < bytes ? src[j] : 0;
+    ASSERT_EQ(copied[j], written) << shape << " kernel byte " << j;
+    ASSERT_EQ(memcpyd[j], written) << shape << " memcpy byte " << j;
+    ASSERT_EQ(memset[j], j < bytes ? 10 + i : 0) << shape << " memset byte " << j;
+  }
+}
+
+// Graphs that differ only in the kernel they run at one node (test_kernels.h).
+enum class Kernel { kAddOne, kTimesTwo };
+constexpr int kKernelInput = 7;
+constexpr size_t kKernelBytes = 3000;
+
+const char* name(Kernel kernel) { return kernel == Kernel::kAddOne ? "add_one" : "times_two"; }
+
+uint8_t kernel_result(Kernel kernel) {
+  return static_cast<uint8_t>(kernel == Kernel::kAddOne ? kKernelInput + 1 : kKernelInput * 2);
+}
+
+// memset, `extra_memsets` one-byte memsets (as capture_shape), `kernel` writing copy_dst, and a
+// memcpy of its result into memcpy_dst; every parameter but the kernel the same for both kernels.
+cudaGraph_t capture_kernel(Buffers& b, Kernel kernel, cudaStream_t stream, int extra_memsets = 0) {
+  cudaGraph_t graph = nullptr;
+  EXPECT_EQ(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal), cudaSuccess);
+  EXPECT_EQ(cudaMemsetAsync(b.memset_dst, 10, kKernelBytes, stream), cudaSuccess);
+  for (int k = 0; k < extra_memsets; ++k) {
+    EXPECT_EQ(cudaMemsetAsync(b.extra_dst + k, 100 + k, 1, stream), cudaSuccess);
+  }
+  EXPECT_EQ(kernel == Kernel::kAddOne
+                ? grape::test_kernels::launch_add_one(b.copy_dst, kKernelInput, kKernelBytes,
+                                                      stream)
+                : grape::test_kernels::launch_times_two(b.copy_dst, kKernelInput, kKernelBytes,
+                                                        stream),
+            cudaSuccess);
+  EXPECT_EQ(cudaMemcpyAsync(b.memcpy_dst, b.copy_dst, kKernelBytes, cudaMemcpyDeviceToDevice,
+                            stream),
+            cudaSuccess);
+  EXPECT_EQ(cudaStreamEndCapture(stream, &graph), cudaSuccess);
+  return graph;
+}
+
+// What capture_kernel's graph must leave in the destinations.
+void expect_kernel(const Buffers& b, Kernel kernel, int extra_memsets) {
+  ASSERT_NO_FATAL_FAILURE(expect_extra_memsets(b, extra_memsets, name(kernel)));
+  const std::vector<uint8_t> computed = b.read(b.copy_dst);
+  const std::vector<uint8_t> memcpyd = b.read(b.memcpy_dst);
+  const std::vector<uint8_t> memset = b.read(b.memset_dst);
+  for (size_t j = 0; j < kBytes; ++j) {
+    const uint8_t result = j < kKernelBytes ? kernel_result(kernel) : 0;
+    ASSERT_EQ(computed[j], result) << name(kernel) << " kernel byte " << j;
+    ASSERT_EQ(memcpyd[j], result) << name(kernel) << " memcpy byte " << j;
+    ASSERT_EQ(memset[j], j < kKernelBytes ? 10 : 0) << name(kernel) << " memset byte " << j;
+  }
+}
+
+// Skips without a GPU; gives each test a non-blocking stream (as torch's are) to capture and
+// replay on. A test's buffers and executables are gone before TearDown destroys the stream.
+class SharedExecutablesOnGpu : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (!has_gpu()) GTEST_SKIP() << "no CUDA device";
+    CUDA_OK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
+  }
+  void TearDown() override {
+    if (stream_ != nullptr) {
+      EXPECT_EQ(cudaStreamDestroy(stream_), cudaSuccess);
+    }
+  }
+  // Four shapes of one topology (capture_shape at sizes kFourSizes), one graph each, added to `ex`.
+  std::vector<SharedExecutables::Member> add_four_shapes(SharedExecutables& ex, Buffers& b) {
+    std::vector<SharedExecutables::Member> members;
+    for (int i = 0; i < 4; ++i) {
+      members.push_back(ex.add(capture_shape(b, i, kFourSizes[i], stream_), stream_));
+    }
+    return members;
+  }
+  static constexpr size_t kFourSizes[] = {kBytes, 1000, 4096 + 3, 77};
+  cudaStream_t stream_ = nullptr;
+};
 
 }  // namespace
 
-TEST(SharedExecutables, ShapesOfOneTopologyShareOneExecutableAndReplayTheirOwnParameters) {
-  if (!has_gpu()) GTEST_SKIP() << "no CUDA device";
-  cudaStream_t stream;
-  CUDA_OK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
-  {
-    Buffers b(4);
-    SharedExecutables ex(/*share=*/true, /*cache_bytes=*/0);
-    const size_t sizes[] = {kBytes, 1000, 4096 + 3, 77};
-    std::vector<SharedExecutables::Member> members;
-    for (int i = 0; i < 4; ++i) members.push_back(ex.add(capture_shape(b, i, sizes[i], stream), stream));
-    auto s = ex.stats();
-    EXPECT_EQ(s.groups, 1);
-    EXPECT_EQ(s.members, 4);
-    EXPECT_EQ(s.joins, 3);
-    EXPECT_EQ(s.instantiations, 1);
-    EXPECT_LT(s.params_bytes, s.params_raw_bytes);
-    // Any order, repeats included, replays each shape's own parameters.
-    for (int i : {2, 0, 0, 3, 1, 2, 3, 0}) {
-      replay(ex, members[static_cast<size_t>(i)], b, stream);
-      expect_shape(b, i, sizes[i]);
-    }
-    s = ex.stats();
-    EXPECT_GT(s.nodes_patched, 0);
-    EXPECT_EQ(s.switches, 7);  // 8 launches; the repeated 0 needs no patching
-
-    // Evicted, it is instantiated again from the base graph and patched.
-    EXPECT_EQ(ex.evict_to(0, {}), 1);
-    EXPECT_EQ(ex.stats().resident, 0);
-    replay(ex, members[3], b, stream);
-    expect_shape(b, 3, sizes[3]);
-    EXPECT_EQ(ex.stats().instantiations, 2);
-
-    for (auto m : members) ex.remove(m);
-    EXPECT_EQ(ex.stats().groups, 0);
+TEST_F(SharedExecutablesOnGpu, ShapesOfOneTopologyShareOneExecutableAndReplayTheirOwnParameters) {
+  Buffers b(stream_, 4);
+  SharedExecutables ex(/*share=*/true, /*cache_bytes=*/0);
+  const std::vector<SharedExecutables::Member> members = add_four_shapes(ex, b);
+  auto s = ex.stats();
+  EXPECT_EQ(s.groups, 1);
+  EXPECT_EQ(s.members, 4);
+  EXPECT_EQ(s.joins, 3);
+  EXPECT_EQ(s.instantiations, 1);
+  EXPECT_LT(s.params_bytes, s.params_raw_bytes);
+  // Any order, repeats included, replays each shape's own parameters.
+  for (int i : {2, 0, 0, 3, 1, 2, 3, 0}) {
+    replay(ex, members[static_cast<size_t>(i)], b, stream_);
+    expect_shape(b, i, kFourSizes[i]);
   }
-  CUDA_OK(cudaStreamDestroy(stream));
+  s = ex.stats();
+  EXPECT_GT(s.nodes_patched, 0);
+  EXPECT_EQ(s.switches, 7);  // 8 launches; the repeated 0 needs no patching
+
+  // Evicted, it is instantiated again from the base graph and patched.
+  EXPECT_EQ(ex.evict_to(0, {}), 1);
+  EXPECT_EQ(ex.stats().resident, 0);
+  replay(ex, members[3], b, stream_);
+  expect_shape(b, 3, kFourSizes[3]);
+  EXPECT_EQ(ex.stats().instantiations, 2);
+
+  for (auto m : members) ex.remove(m);
+  EXPECT_EQ(ex.stats().groups, 0);
 }
 
-TEST(SharedExecutables, PatchesBackToTheBaseAfterARemovedShape) {
-  if (!has_gpu()) GTEST_SKIP() << "no CUDA device";
-  cudaStream_t stream;
-  CUDA_OK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
-  {
-    Buffers b(3);
-    SharedExecutables ex(true, 0);
-    auto base = ex.add(capture_shape(b, 0, 512, stream), stream);
-    auto gone = ex.add(capture_shape(b, 1, 2048, stream), stream);
-    auto kept = ex.add(capture_shape(b, 2, 300, stream), stream);
-    ex.prepare(gone, stream);
-    ex.remove(gone);  // the executable holds a shape that no longer exists
-    for (auto [m, i, n] : {std::tuple{kept, 2, size_t{300}}, std::tuple{base, 0, size_t{512}}}) {
-      replay(ex, m, b, stream);
-      expect_shape(b, i, n);
-    }
+TEST_F(SharedExecutablesOnGpu, PatchesBackToTheBaseAfterARemovedShape) {
+  Buffers b(stream_, 3);
+  SharedExecutables ex(true, 0);
+  auto base = ex.add(capture_shape(b, 0, 512, stream_), stream_);
+  auto gone = ex.add(capture_shape(b, 1, 2048, stream_), stream_);
+  auto kept = ex.add(capture_shape(b, 2, 300, stream_), stream_);
+  ex.prepare(gone, stream_);
+  ex.remove(gone);  // the executable holds a shape that no longer exists
+  for (auto [m, i, n] : {std::tuple{kept, 2, size_t{300}}, std::tuple{base, 0, size_t{512}}}) {
+    replay(ex, m, b, stream_);
+    expect_shape(b, i, n);
   }
-  CUDA_OK(cudaStreamDestroy(stream));
 }
 
-TEST(SharedExecutables, FarTopologiesAndSharingOffGetExecutablesOfTheirOwn) {
-  if (!has_gpu()) GTEST_SKIP() << "no CUDA device";
-  cudaStream_t stream;
-  CUDA_OK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
-  {
-    Buffers b(2);
-    SharedExecutables ex(true, 0);
-    auto plain = ex.add(capture_shape(b, 0, 1000, stream), stream);
-    // 20 nodes more than 3: beyond the 8 a near topology may differ by.
-    auto far = ex.add(capture_shape(b, 1, 1000, stream, /*extra_memsets=*/20), stream);
-    EXPECT_EQ(ex.stats().groups, 2);
-    EXPECT_EQ(ex.stats().joins, 0);
-    replay(ex, plain, b, stream);
-    expect_shape(b, 0, 1000);
-    replay(ex, far, b, stream);
-    expect_shape(b, 1, 1000, 20);
-    // Least recently used first; the one kept is spared.
-    EXPECT_EQ(ex.evict_to(0, far), 1);
-    EXPECT_EQ(ex.stats().resident, 1);
+TEST_F(SharedExecutablesOnGpu, FarTopologiesAndSharingOffGetExecutablesOfTheirOwn) {
+  Buffers b(stream_, 2);
+  SharedExecutables ex(true, 0);
+  auto plain = ex.add(capture_shape(b, 0, 1000, stream_), stream_);
+  // 20 nodes more than 3: beyond the 8 a near topology may differ by.
+  auto far = ex.add(capture_shape(b, 1, 1000, stream_, /*extra_memsets=*/20), stream_);
+  EXPECT_EQ(ex.stats().groups, 2);
+  EXPECT_EQ(ex.stats().joins, 0);
+  replay(ex, plain, b, stream_);
+  expect_shape(b, 0, 1000);
+  replay(ex, far, b, stream_);
+  expect_shape(b, 1, 1000, 20);
+  // Least recently used first; the one kept is spared.
+  EXPECT_EQ(ex.evict_to(0, far), 1);
+  EXPECT_EQ(ex.stats().resident, 1);
 
-    SharedExecutables separate(false, SIZE_MAX);
-    separate.add(capture_shape(b, 0, 1000, stream), stream);
-    auto second = separate.add(capture_shape(b, 1, 500, stream), stream);
-    EXPECT_EQ(separate.stats().groups, 2);
-    EXPECT_EQ(separate.stats().params_bytes, 0u);
-    replay(separate, second, b, stream);
-    expect_shape(b, 1, 500);
-  }
-  CUDA_OK(cudaStreamDestroy(stream));
+  SharedExecutables separate(false, SIZE_MAX);
+  separate.add(capture_shape(b, 0, 1000, stream_), stream_);
+  auto second = separate.add(capture_shape(b, 1, 500, stream_), stream_);
+  EXPECT_EQ(separate.stats().groups, 2);
+  EXPECT_EQ(separate.stats().params_bytes, 0u);
+  replay(separate, second, b, stream_);
+  expect_shape(b, 1, 500);
 }
 
-TEST(SharedExecutables, NearTopologiesShareOneUnionAndRunOnlyTheirOwnNodes) {
+TEST_F(SharedExecutablesOnGpu, NearTopologiesShareOneUnionAndRunOnlyTheirOwnNodes) {
   // Note [Near topologies]: shapes with 0, 2 and 1 extra memsets share one group; each runs its
   // own nodes only (a disabled memset leaves its byte zero), in any order, patched or in slots.
-  if (!has_gpu()) GTEST_SKIP() << "no CUDA device";
-  cudaStream_t stream;
-  CUDA_OK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
   for (size_t cache : {size_t{0}, SIZE_MAX}) {
-    Buffers b(4);
+    Buffers b(stream_, 4);
     SharedExecutables ex(true, cache);
     const size_t sizes[] = {1000, 2048, 77, 4096};
     const int extras[] = {0, 2, 1, 0};
     std::vector<SharedExecutables::Member> members;
     for (int i = 0; i < 4; ++i) {
-      members.push_back(ex.add(capture_shape(b, i, sizes[i], stream, extras[i]), stream));
+      members.push_back(ex.add(capture_shape(b, i, sizes[i], stream_, extras[i]), stream_));
     }
     auto s = ex.stats();
     EXPECT_EQ(s.groups, 1) << "cache " << cache;
@@ -227,7 +296,7 @@ TEST(SharedExecutables, NearTopologiesShareOneUnionAndRunOnlyTheirOwnNodes) {
     EXPECT_EQ(s.near_joins, 3);  // the union is built by the second; the fourth is no longer exact
     EXPECT_EQ(s.unions, 1);
     for (int i : {1, 2, 0, 1, 3, 2, 2, 0, 3, 1}) {
-      replay(ex, members[static_cast<size_t>(i)], b, stream);
+      replay(ex, members[static_cast<size_t>(i)], b, stream_);
       expect_shape(b, i, sizes[i], extras[i]);
     }
     if (cache == 0) {
@@ -238,29 +307,25 @@ TEST(SharedExecutables, NearTopologiesShareOneUnionAndRunOnlyTheirOwnNodes) {
     }
     // Evicted, the union is instantiated again with the base's absent nodes disabled.
     ex.evict_to(0, {});
-    replay(ex, members[0], b, stream);
+    replay(ex, members[0], b, stream_);
     expect_shape(b, 0, sizes[0], 0);
     for (auto m : members) ex.remove(m);
     EXPECT_EQ(ex.stats().groups, 0);
   }
-  CUDA_OK(cudaStreamDestroy(stream));
 }
 
-TEST(SharedExecutables, AGraphOfTheGroupsOwnTopologyEnablesWhatASmallerShapeDisabled) {
+TEST_F(SharedExecutablesOnGpu, AGraphOfTheGroupsOwnTopologyEnablesWhatASmallerShapeDisabled) {
   // The larger graph first: the smaller one joins it as is, disabling its extra memset in the
   // slot it is patched into; a later graph of the larger topology must run that memset again
   // (an executable update would leave it disabled).
-  if (!has_gpu()) GTEST_SKIP() << "no CUDA device";
-  cudaStream_t stream;
-  CUDA_OK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
   for (size_t cache : {size_t{0}, SIZE_MAX}) {
-    Buffers b(3);
+    Buffers b(stream_, 3);
     SharedExecutables ex(true, cache);
     const size_t sizes[] = {1000, 300, 2048};
     const int extras[] = {1, 0, 1};
     std::vector<SharedExecutables::Member> members;
     for (int i = 0; i < 3; ++i) {
-      members.push_back(ex.add(capture_shape(b, i, sizes[i], stream, extras[i]), stream));
+      members.push_back(ex.add(capture_shape(b, i, sizes[i], stream_, extras[i]), stream_));
     }
     auto s = ex.stats();
     EXPECT_EQ(s.groups, 1) << "cache " << cache;
@@ -268,23 +333,17 @@ TEST(SharedExecutables, AGraphOfTheGroupsOwnTopologyEnablesWhatASmallerShapeDisa
     EXPECT_EQ(s.near_joins, 2);
     EXPECT_EQ(s.unions, 0);
     for (int i : {2, 1, 2, 0, 1, 0, 2}) {
-      replay(ex, members[static_cast<size_t>(i)], b, stream);
+      replay(ex, members[static_cast<size_t>(i)], b, stream_);
       expect_shape(b, i, sizes[i], extras[i]);
     }
   }
-  CUDA_OK(cudaStreamDestroy(stream));
 }
 
-TEST(SharedExecutables, ShapesWithSlotsOfTheirOwnReplayWithoutPatching) {
-  if (!has_gpu()) GTEST_SKIP() << "no CUDA device";
-  cudaStream_t stream;
-  CUDA_OK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+TEST_F(SharedExecutablesOnGpu, ShapesWithSlotsOfTheirOwnReplayWithoutPatching) {
   {
-    Buffers b(4);
-    const size_t sizes[] = {kBytes, 1000, 4096 + 3, 77};
+    Buffers b(stream_, 4);
     SharedExecutables ex(true, SIZE_MAX);
-    std::vector<SharedExecutables::Member> members;
-    for (int i = 0; i < 4; ++i) members.push_back(ex.add(capture_shape(b, i, sizes[i], stream), stream));
+    const std::vector<SharedExecutables::Member> members = add_four_shapes(ex, b);
     auto s = ex.stats();
     EXPECT_EQ(s.groups, 1);
     EXPECT_EQ(s.resident, 4);
@@ -292,8 +351,8 @@ TEST(SharedExecutables, ShapesWithSlotsOfTheirOwnReplayWithoutPatching) {
     EXPECT_GT(s.cached_bytes, 0u);
     EXPECT_LT(s.cached_bytes, s.device_bytes);
     for (int i : {2, 0, 0, 3, 1, 2, 3, 0}) {
-      replay(ex, members[static_cast<size_t>(i)], b, stream);
-      expect_shape(b, i, sizes[i]);
+      replay(ex, members[static_cast<size_t>(i)], b, stream_);
+      expect_shape(b, i, kFourSizes[i]);
     }
     EXPECT_EQ(ex.stats().switches, 0);
 
@@ -302,8 +361,8 @@ TEST(SharedExecutables, ShapesWithSlotsOfTheirOwnReplayWithoutPatching) {
     EXPECT_EQ(ex.evict_to(0, members[3]), 3);
     EXPECT_EQ(ex.stats().resident, 1);
     for (int i : {0, 2, 3}) {
-      replay(ex, members[static_cast<size_t>(i)], b, stream);
-      expect_shape(b, i, sizes[i]);
+      replay(ex, members[static_cast<size_t>(i)], b, stream_);
+      expect_shape(b, i, kFourSizes[i]);
     }
     EXPECT_EQ(ex.stats().resident, 3);
     EXPECT_EQ(ex.stats().switches, 1);  // shape 2's new slot, patched from the base
@@ -311,34 +370,104 @@ TEST(SharedExecutables, ShapesWithSlotsOfTheirOwnReplayWithoutPatching) {
   {
     // With room for one more executable, two slots alternate: the shape predicted next is
     // patched into the slot not launched last, and prepare() then has nothing to write.
-    Buffers b(3);
+    Buffers b(stream_, 3);
     const size_t sizes[] = {512, 2000, 3000};
     SharedExecutables ex(true, 0);
     std::vector<SharedExecutables::Member> members;
-    members.push_back(ex.add(capture_shape(b, 0, sizes[0], stream), stream));
+    members.push_back(ex.add(capture_shape(b, 0, sizes[0], stream_), stream_));
     // A group's executables are all charged as its first: room for exactly one more.
     const size_t one = ex.stats().device_bytes;
     ex.set_cache_bytes(one + one / 2);
-    for (int i = 1; i < 3; ++i) members.push_back(ex.add(capture_shape(b, i, sizes[i], stream), stream));
+    for (int i = 1; i < 3; ++i) {
+      members.push_back(ex.add(capture_shape(b, i, sizes[i], stream_), stream_));
+    }
     EXPECT_EQ(ex.stats().resident, 2);
     for (int round = 0; round < 2; ++round) {
       for (int i = 0; i < 3; ++i) {
         b.clear();
-        cudaGraphExec_t launched = ex.prepare(members[static_cast<size_t>(i)], stream);
-        CUDA_OK(cudaGraphLaunch(launched, stream));
+        cudaGraphExec_t launched = ex.prepare(members[static_cast<size_t>(i)], stream_);
+        CUDA_OK(cudaGraphLaunch(launched, stream_));
         const int next = (i + 1) % 3;
         const auto before = ex.stats().switches;
         ex.prepare_ahead(members[static_cast<size_t>(next)]);
         // Three shapes in two slots: every next shape is patched ahead, into the other slot.
         EXPECT_EQ(ex.stats().switches - before, 1);
         const auto at_prepare = ex.stats().switches;
-        EXPECT_NE(ex.prepare(members[static_cast<size_t>(next)], stream), launched)
+        EXPECT_NE(ex.prepare(members[static_cast<size_t>(next)], stream_), launched)
             << "the next shape was patched into the executable just launched";
         EXPECT_EQ(ex.stats().switches, at_prepare) << "prepare() patched after prepare_ahead()";
-        CUDA_OK(cudaStreamSynchronize(stream));
+        CUDA_OK(cudaStreamSynchronize(stream_));
         expect_shape(b, i, sizes[i]);
       }
     }
   }
-  CUDA_OK(cudaStreamDestroy(stream));
+}
+
+TEST_F(SharedExecutablesOnGpu, GraphsOfOneTopologyRunningDifferentKernelsEachReplayTheirOwnKernel) {
+  // A topology leaves the kernel to executable updates, so these graphs (memset, kernel, memcpy;
+  // only the kernel differs) have one topology and the second joins the first's group through
+  // cudaGraphExecUpdate, which the driver lets change a node's function. Replays alternate the
+  // kernels: with one executable (cache 0) each one swaps the function back by a node update;
+  // with a slot each, the whole-graph update swapped it once.
+  for (size_t cache : {size_t{0}, SIZE_MAX}) {
+    Buffers b(stream_, 0);
+    SharedExecutables ex(true, cache);
+    const Kernel kernels[] = {Kernel::kAddOne, Kernel::kTimesTwo};
+    std::vector<SharedExecutables::Member> members;
+    for (Kernel k : kernels) members.push_back(ex.add(capture_kernel(b, k, stream_), stream_));
+    auto s = ex.stats();
+    EXPECT_EQ(s.groups, 1) << "cache " << cache;
+    EXPECT_EQ(s.unshareable, 0);
+    EXPECT_EQ(s.members, 2);
+    EXPECT_EQ(s.joins, 1);
+    EXPECT_EQ(s.near_joins, 0);  // the update path, not alignment
+    const auto switches_before = s.switches;
+    constexpr int kReplays = 6;
+    for (int r = 0; r < kReplays; ++r) {
+      replay(ex, members[static_cast<size_t>(r % 2)], b, stream_);
+      expect_kernel(b, kernels[r % 2], 0);
+    }
+    s = ex.stats();
+    if (cache == 0) {
+      EXPECT_EQ(s.resident, 1);
+      EXPECT_EQ(s.switches - switches_before, kReplays);  // every replay swapped the kernel
+    } else {
+      EXPECT_EQ(s.resident, 2);
+      EXPECT_EQ(s.switches - switches_before, 0);
+    }
+  }
+}
+
+TEST_F(SharedExecutablesOnGpu, NearTopologiesNeverPairNodesThatRunDifferentKernels) {
+  // Note [Near topologies]: alignment pairs identical nodes only; a kernel node paired with
+  // another kernel (its function swapped by a node update) computed wrong results on real
+  // workloads. Graph A is memset, extra memset, add_one, memcpy; graph B is memset, times_two,
+  // memcpy. Their node counts differ, so B joins A's group by alignment. Were the kernels paired,
+  // B would be A without its extra memset and join as is (no union); as they are not, times_two
+  // is a node of its own, added to a union of five nodes in which each graph disables the
+  // other's kernel.
+  for (size_t cache : {size_t{0}, SIZE_MAX}) {
+    Buffers b(stream_, 0);
+    SharedExecutables ex(true, cache);
+    const Kernel kernels[] = {Kernel::kAddOne, Kernel::kTimesTwo};
+    const int extras[] = {1, 0};
+    std::vector<SharedExecutables::Member> members;
+    for (int i = 0; i < 2; ++i) {
+      members.push_back(ex.add(capture_kernel(b, kernels[i], stream_, extras[i]), stream_));
+    }
+    const auto s = ex.stats();
+    EXPECT_EQ(s.groups, 1) << "cache " << cache;
+    EXPECT_EQ(s.unshareable, 0);
+    EXPECT_EQ(s.members, 2);
+    EXPECT_EQ(s.joins, 1);
+    EXPECT_EQ(s.near_joins, 1);
+    EXPECT_EQ(s.unions, 1) << "times_two was aligned with add_one instead of added to the union";
+    // Each runs its own kernel (the memcpy after it copies that kernel's result) and its own
+    // memsets, in alternating order.
+    for (int r = 0; r < 6; ++r) {
+      replay(ex, members[static_cast<size_t>(r % 2)], b, stream_);
+      expect_kernel(b, kernels[r % 2], extras[r % 2]);
+    }
+    EXPECT_EQ(ex.stats().resident, cache == 0 ? 1 : 2);
+  }
 }

@@ -1,0 +1,33 @@
+#include "test_kernels.h"
+
+namespace grape::test_kernels {
+
+namespace {
+
+constexpr unsigned kThreads = 256;
+
+unsigned blocks(size_t bytes) { return static_cast<unsigned>((bytes + kThreads - 1) / kThreads); }
+
+__global__ void add_one(uint8_t* out, int value, size_t bytes) {
+  const size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x;
+  if (i < bytes) out[i] = static_cast<uint8_t>(value + 1);
+}
+
+__global__ void times_two(uint8_t* out, int value, size_t bytes) {
+  const size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x;
+  if (i < bytes) out[i] = static_cast<uint8_t>(value * 2);
+}
+
+}  // namespace
+
+cudaError_t launch_add_one(uint8_t* out, int value, size_t bytes, cudaStream_t stream) {
+  add_one<<<blocks(bytes), kThreads, 0, stream>>>(out, value, bytes);
+  return cudaGetLastError();
+}
+
+cudaError_t launch_times_two(uint8_t* out, int value, size_t bytes, cudaStream_t stream) {
+  times_two<<<blocks(bytes), kThreads, 0, stream>>>(out, value, bytes);
+  return cudaGetLastError();
+}
+
+}  // namespace grape::test_kernels

@@ -1,0 +1,18 @@
+#pragma once
+// Two distinct kernels of one signature and one launch configuration, for GPU tests of graphs
+// that differ only in which kernel runs at a node (test_kernels.cu).
+
+#include <cuda_runtime_api.h>
+
+#include <cstddef>
+#include <cstdint>
+
+namespace grape::test_kernels {
+
+// Sets out[0, bytes) to value + 1 (truncated to a byte) on `stream`; bytes > 0. Returns the
+// launch error, if any.
+cudaError_t launch_add_one(uint8_t* out, int value, size_t bytes, cudaStream_t stream);
+// The same, writing value * 2.
+cudaError_t launch_times_two(uint8_t* out, int value, size_t bytes, cudaStream_t stream);
+
+}  // namespace grape::test_kernels
