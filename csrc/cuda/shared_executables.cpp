@@ -464,8 +464,12 @@ void add_edge(cudaGraph_t graph, cudaGraphNode_t from, cudaGraphNode_t to) {
 #endif
 }
 
-// How many nodes a graph of `nodes` nodes may differ by from a group it joins by alignment.
-size_t near_allowance(size_t nodes) { return std::max<size_t>(8, nodes / 8); }
+// How near a graph must be to join a union (Note [Near topologies]): it may bring
+// near_inserts(its nodes) nodes the union lacks, and the union may hold union_growth(smallest)
+// nodes more than its smallest member, which runs them all, disabled. Deleted nodes (the union's
+// that the graph lacks) are bounded by the growth alone: a union is meant to hold many variants.
+size_t near_inserts(size_t nodes) { return std::max<size_t>(8, nodes / 8); }
+size_t union_growth(size_t smallest) { return std::max<size_t>(16, smallest / 4); }
 
 // A captured graph as plan_union sees it, its creation order as its order. No order (no
 // alignment) where an edge is not a plain dependency, since alignment reasons about full
@@ -672,7 +676,10 @@ SharedExecutables::Member SharedExecutables::add(cudaGraph_t graph, cudaStream_t
       if (!groups_[index] || std::find(tried.begin(), tried.end(), index) != tried.end()) continue;
       const Group& group = *groups_[index];
       const size_t n = group.nodes.size(), m = contents.nodes.size();
-      if (!group.params || (n > m ? n - m : m - n) > near_allowance(m)) continue;
+      const size_t smallest = std::min(group.smallest_member, m);
+      if (!group.params || m > n + near_inserts(m) || n > smallest + union_growth(smallest)) {
+        continue;
+      }
       ++near_tried;
       Member joined;
       if (join_aligned(static_cast<uint32_t>(index), aligned, contents, stream, joined)) {
@@ -713,11 +720,13 @@ bool SharedExecutables::join_aligned(uint32_t index, const core::NodeGraph& grap
   const size_t n = group.nodes.size();
   const size_t m = contents.nodes.size();
   if (!group.params || group.shape.order.size() != n || graph.order.size() != m) return false;
-  const auto plan = core::plan_union(group.shape, graph, near_allowance(m));
+  if (m > n + near_inserts(m)) return false;
+  // Inserted plus deleted nodes are (n - m) + 2 * inserted: this bounds the inserted ones.
+  const auto plan = core::plan_union(group.shape, graph, n + 2 * near_inserts(m) - m);
   if (!plan) return false;
   // Every member runs the whole union, its absent nodes disabled: keep that few.
   const size_t smallest = std::min(group.smallest_member, m);
-  if (n + plan->added.size() > smallest + near_allowance(smallest)) return false;
+  if (n + plan->added.size() > smallest + union_growth(smallest)) return false;
   std::vector<core::Blob> blobs(n + plan->added.size());  // empty: absent
   for (size_t i = 0; i < m; ++i) blobs[plan->node_of[i]] = contents.blobs[i];
   uint32_t shape = 0;

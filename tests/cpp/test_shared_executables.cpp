@@ -277,6 +277,28 @@ TEST_F(SharedExecutablesOnGpu, FarTopologiesAndSharingOffGetExecutablesOfTheirOw
   expect_shape(b, 1, 500);
 }
 
+TEST_F(SharedExecutablesOnGpu, AUnionHoldsVariantsFartherApartThanOneGraphMayBring) {
+  // Note [Near topologies]: a graph may bring at most 8 nodes a union lacks, but the union's
+  // own extra nodes are bounded only by its growth over its smallest member (16 here). A graph
+  // with 12 memsets more, then the plain one, share one executable; each runs its own nodes.
+  Buffers b(stream_, 2);
+  SharedExecutables ex(true, 0);
+  const size_t sizes[] = {1000, 2048};
+  const int extras[] = {12, 0};
+  std::vector<SharedExecutables::Member> members;
+  for (int i = 0; i < 2; ++i) {
+    members.push_back(ex.add(capture_shape(b, i, sizes[i], stream_, extras[i]), stream_));
+  }
+  const auto s = ex.stats();
+  EXPECT_EQ(s.groups, 1);
+  EXPECT_EQ(s.near_joins, 1);
+  EXPECT_EQ(s.unions, 0);  // the plain graph's nodes are all in the wider one
+  for (int i : {1, 0, 1, 1, 0}) {
+    replay(ex, members[static_cast<size_t>(i)], b, stream_);
+    expect_shape(b, i, sizes[i], extras[i]);
+  }
+}
+
 TEST_F(SharedExecutablesOnGpu, NearTopologiesShareOneUnionAndRunOnlyTheirOwnNodes) {
   // Note [Near topologies]: shapes with 0, 2 and 1 extra memsets share one group; each runs its
   // own nodes only (a disabled memset leaves its byte zero), in any order, patched or in slots.
