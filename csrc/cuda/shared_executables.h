@@ -78,7 +78,6 @@ class SharedExecutables {
   // slots that it evicts again at once.
   void set_device_limit(size_t bytes) { device_limit_ = bytes; }
   void set_cache_bytes(size_t bytes) { cache_bytes_ = bytes; }
-  size_t cache_bytes() const { return cache_bytes_; }
   size_t device_bytes() const { return device_bytes_; }
   ExecutableStats stats() const;
   // Why the last graph that could not share was given an executable of its own ("" if none).

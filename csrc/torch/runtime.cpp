@@ -141,6 +141,7 @@ Runtime::Runtime(py::object fn, int warmup, bool warmup_each_signature, py::obje
       warmup_(warmup),
       warmup_each_signature_(warmup_each_signature),
       alias_prediction_(alias_prediction),
+      executable_cache_(executable_cache),
       memory_budget_(memory_budget) {
   TORCH_CHECK(PyCallable_Check(fn_.ptr()), "grape.compile expects a callable, got ",
               Py_TYPE(fn_.ptr())->tp_name);
@@ -342,14 +343,6 @@ void Runtime::retire(std::unique_ptr<CapturedGraph> graph) {
   retired_.push_back(std::move(graph));
 }
 
-py::object Runtime::warm_up(Entry& entry, const py::args& args, const py::kwargs& kwargs) {
-  ++entry.warmup_runs;
-  ++function_warmup_runs_;
-  ++stats_.warmup_calls;
-  EnteredContext watch(training_.step_watch());  // optimizers it steps become capturable
-  return run_eager(args, kwargs);
-}
-
 bool Runtime::warming_up(const Entry& entry) const {
   if (entry.graph) return false;
   return warmup_each_signature_ ? entry.warmup_runs < warmup_
@@ -375,6 +368,14 @@ std::vector<std::pair<at::Tensor, const void*>> Runtime::gather_static_tensors(
 #ifdef GRAPE_WITH_CUDA
 
 namespace allocator = c10::cuda::CUDACachingAllocator;
+
+py::object Runtime::warm_up(Entry& entry, const py::args& args, const py::kwargs& kwargs) {
+  ++entry.warmup_runs;
+  ++function_warmup_runs_;
+  ++stats_.warmup_calls;
+  EnteredContext watch(training_.step_watch());  // optimizers it steps become capturable
+  return run_eager(args, kwargs);
+}
 
 Runtime::StateChange Runtime::static_state_change(const CapturedGraph& g,
                                                   std::string& changed) const {
@@ -644,11 +645,12 @@ bool Runtime::capture(FlatCall& flat, std::unique_ptr<CapturedGraph>& into, std:
         abort_capture(graph, pool, use_count_before);
         throw;
       }
+      // The capture ends before any more Python runs (a failing __str__ must not leave it open).
+      result = py::none();
+      abort_capture(graph, pool, use_count_before);
       reason = "capture failed: " + python_error_text(e);
       out_of_memory = e.matches(py::module_::import("torch").attr("OutOfMemoryError"));
       error = e.value();
-      result = py::none();
-      abort_capture(graph, pool, use_count_before);
       return false;
     } catch (const c10::OutOfMemoryError& e) {
       reason = std::string("capture failed: ") + e.what_without_backtrace();
@@ -1041,13 +1043,9 @@ py::dict Runtime::stats() {
   d["memory_budget"] = memory_budget_ < 0 ? py::object(py::none()) : py::int_(memory_budget_);
   cuda::ExecutableStats ex;
   std::string unshareable_reason;
-  py::object executable_cache = py::none();  // none: no limit (or no executables in this build)
 #ifdef GRAPE_WITH_CUDA
   ex = executables_->stats();
   unshareable_reason = executables_->unshareable_reason();
-  if (executables_->cache_bytes() != SIZE_MAX) {
-    executable_cache = py::int_(static_cast<int64_t>(executables_->cache_bytes()));
-  }
 #endif
   d["shapes"] = ex.members;
   d["topology_groups"] = ex.groups;
@@ -1059,7 +1057,8 @@ py::dict Runtime::stats() {
   d["resident_executables"] = ex.resident;
   d["executable_bytes"] = static_cast<int64_t>(ex.device_bytes);
   d["cached_executable_bytes"] = static_cast<int64_t>(ex.cached_bytes);
-  d["executable_cache"] = executable_cache;
+  d["executable_cache"] =
+      executable_cache_ < 0 ? py::object(py::none()) : py::int_(executable_cache_);
   d["instantiations"] = ex.instantiations;
   d["evictions"] = ex.evictions;
   d["graphs_joined"] = ex.joins;

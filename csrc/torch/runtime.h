@@ -151,6 +151,7 @@ class Runtime {
   bool warmup_each_signature_;
   int function_warmup_runs_ = 0;
   bool alias_prediction_;
+  int64_t executable_cache_;  // < 0: no limit
   int64_t memory_budget_;     // < 0: none
   Flattener flattener_;
   std::unordered_map<core::Signature, std::unique_ptr<Entry>, core::SignatureHash> cache_;

@@ -28,7 +28,11 @@ uint8_t* device_alloc(size_t bytes) {
   return static_cast<uint8_t*>(p);
 }
 
-#define CUDA_OK(expr) ASSERT_EQ((expr), cudaSuccess) << cudaGetErrorString(cudaGetLastError())
+#define CUDA_OK(expr)                                            \
+  do {                                                           \
+    const cudaError_t status_ = (expr);                          \
+    ASSERT_EQ(status_, cudaSuccess) << cudaGetErrorString(status_); \
+  } while (0)
 
 constexpr size_t kBytes = 1 << 16;
 
@@ -220,7 +224,7 @@ TEST_F(SharedExecutablesOnGpu, ShapesOfOneTopologyShareOneExecutableAndReplayThe
   EXPECT_LT(s.params_bytes, s.params_raw_bytes);
   // Any order, repeats included, replays each shape's own parameters.
   for (int i : {2, 0, 0, 3, 1, 2, 3, 0}) {
-    replay(ex, members[static_cast<size_t>(i)], b, stream_);
+    ASSERT_NO_FATAL_FAILURE(replay(ex, members[static_cast<size_t>(i)], b, stream_));
     expect_shape(b, i, kFourSizes[i]);
   }
   s = ex.stats();
@@ -230,7 +234,7 @@ TEST_F(SharedExecutablesOnGpu, ShapesOfOneTopologyShareOneExecutableAndReplayThe
   // Evicted, it is instantiated again from the base graph and patched.
   EXPECT_EQ(ex.evict_to(0, {}), 1);
   EXPECT_EQ(ex.stats().resident, 0);
-  replay(ex, members[3], b, stream_);
+  ASSERT_NO_FATAL_FAILURE(replay(ex, members[3], b, stream_));
   expect_shape(b, 3, kFourSizes[3]);
   EXPECT_EQ(ex.stats().instantiations, 2);
 
@@ -247,7 +251,7 @@ TEST_F(SharedExecutablesOnGpu, PatchesBackToTheBaseAfterARemovedShape) {
   ex.prepare(gone, stream_);
   ex.remove(gone);  // the executable holds a shape that no longer exists
   for (auto [m, i, n] : {std::tuple{kept, 2, size_t{300}}, std::tuple{base, 0, size_t{512}}}) {
-    replay(ex, m, b, stream_);
+    ASSERT_NO_FATAL_FAILURE(replay(ex, m, b, stream_));
     expect_shape(b, i, n);
   }
 }
@@ -260,9 +264,9 @@ TEST_F(SharedExecutablesOnGpu, FarTopologiesAndSharingOffGetExecutablesOfTheirOw
   auto far = ex.add(capture_shape(b, 1, 1000, stream_, /*extra_memsets=*/20), stream_);
   EXPECT_EQ(ex.stats().groups, 2);
   EXPECT_EQ(ex.stats().joins, 0);
-  replay(ex, plain, b, stream_);
+  ASSERT_NO_FATAL_FAILURE(replay(ex, plain, b, stream_));
   expect_shape(b, 0, 1000);
-  replay(ex, far, b, stream_);
+  ASSERT_NO_FATAL_FAILURE(replay(ex, far, b, stream_));
   expect_shape(b, 1, 1000, 20);
   // Least recently used first; the one kept is spared.
   EXPECT_EQ(ex.evict_to(0, far), 1);
@@ -273,7 +277,7 @@ TEST_F(SharedExecutablesOnGpu, FarTopologiesAndSharingOffGetExecutablesOfTheirOw
   auto second = separate.add(capture_shape(b, 1, 500, stream_), stream_);
   EXPECT_EQ(separate.stats().groups, 2);
   EXPECT_EQ(separate.stats().params_bytes, 0u);
-  replay(separate, second, b, stream_);
+  ASSERT_NO_FATAL_FAILURE(replay(separate, second, b, stream_));
   expect_shape(b, 1, 500);
 }
 
@@ -294,7 +298,7 @@ TEST_F(SharedExecutablesOnGpu, AUnionHoldsVariantsFartherApartThanOneGraphMayBri
   EXPECT_EQ(s.near_joins, 1);
   EXPECT_EQ(s.unions, 0);  // the plain graph's nodes are all in the wider one
   for (int i : {1, 0, 1, 1, 0}) {
-    replay(ex, members[static_cast<size_t>(i)], b, stream_);
+    ASSERT_NO_FATAL_FAILURE(replay(ex, members[static_cast<size_t>(i)], b, stream_));
     expect_shape(b, i, sizes[i], extras[i]);
   }
 }
@@ -318,7 +322,7 @@ TEST_F(SharedExecutablesOnGpu, NearTopologiesShareOneUnionAndRunOnlyTheirOwnNode
     EXPECT_EQ(s.near_joins, 3);  // the union is built by the second; the fourth is no longer exact
     EXPECT_EQ(s.unions, 1);
     for (int i : {1, 2, 0, 1, 3, 2, 2, 0, 3, 1}) {
-      replay(ex, members[static_cast<size_t>(i)], b, stream_);
+      ASSERT_NO_FATAL_FAILURE(replay(ex, members[static_cast<size_t>(i)], b, stream_));
       expect_shape(b, i, sizes[i], extras[i]);
     }
     if (cache == 0) {
@@ -329,7 +333,7 @@ TEST_F(SharedExecutablesOnGpu, NearTopologiesShareOneUnionAndRunOnlyTheirOwnNode
     }
     // Evicted, the union is instantiated again with the base's absent nodes disabled.
     ex.evict_to(0, {});
-    replay(ex, members[0], b, stream_);
+    ASSERT_NO_FATAL_FAILURE(replay(ex, members[0], b, stream_));
     expect_shape(b, 0, sizes[0], 0);
     for (auto m : members) ex.remove(m);
     EXPECT_EQ(ex.stats().groups, 0);
@@ -355,7 +359,7 @@ TEST_F(SharedExecutablesOnGpu, AGraphOfTheGroupsOwnTopologyEnablesWhatASmallerSh
     EXPECT_EQ(s.near_joins, 2);
     EXPECT_EQ(s.unions, 0);
     for (int i : {2, 1, 2, 0, 1, 0, 2}) {
-      replay(ex, members[static_cast<size_t>(i)], b, stream_);
+      ASSERT_NO_FATAL_FAILURE(replay(ex, members[static_cast<size_t>(i)], b, stream_));
       expect_shape(b, i, sizes[i], extras[i]);
     }
   }
@@ -373,7 +377,7 @@ TEST_F(SharedExecutablesOnGpu, ShapesWithSlotsOfTheirOwnReplayWithoutPatching) {
     EXPECT_GT(s.cached_bytes, 0u);
     EXPECT_LT(s.cached_bytes, s.device_bytes);
     for (int i : {2, 0, 0, 3, 1, 2, 3, 0}) {
-      replay(ex, members[static_cast<size_t>(i)], b, stream_);
+      ASSERT_NO_FATAL_FAILURE(replay(ex, members[static_cast<size_t>(i)], b, stream_));
       expect_shape(b, i, kFourSizes[i]);
     }
     EXPECT_EQ(ex.stats().switches, 0);
@@ -383,7 +387,7 @@ TEST_F(SharedExecutablesOnGpu, ShapesWithSlotsOfTheirOwnReplayWithoutPatching) {
     EXPECT_EQ(ex.evict_to(0, members[3]), 3);
     EXPECT_EQ(ex.stats().resident, 1);
     for (int i : {0, 2, 3}) {
-      replay(ex, members[static_cast<size_t>(i)], b, stream_);
+      ASSERT_NO_FATAL_FAILURE(replay(ex, members[static_cast<size_t>(i)], b, stream_));
       expect_shape(b, i, kFourSizes[i]);
     }
     EXPECT_EQ(ex.stats().resident, 3);
@@ -446,7 +450,7 @@ TEST_F(SharedExecutablesOnGpu, GraphsOfOneTopologyRunningDifferentKernelsEachRep
     const auto switches_before = s.switches;
     constexpr int kReplays = 6;
     for (int r = 0; r < kReplays; ++r) {
-      replay(ex, members[static_cast<size_t>(r % 2)], b, stream_);
+      ASSERT_NO_FATAL_FAILURE(replay(ex, members[static_cast<size_t>(r % 2)], b, stream_));
       expect_kernel(b, kernels[r % 2], 0);
     }
     s = ex.stats();
@@ -487,7 +491,7 @@ TEST_F(SharedExecutablesOnGpu, NearTopologiesNeverPairNodesThatRunDifferentKerne
     // Each runs its own kernel (the memcpy after it copies that kernel's result) and its own
     // memsets, in alternating order.
     for (int r = 0; r < 6; ++r) {
-      replay(ex, members[static_cast<size_t>(r % 2)], b, stream_);
+      ASSERT_NO_FATAL_FAILURE(replay(ex, members[static_cast<size_t>(r % 2)], b, stream_));
       expect_kernel(b, kernels[r % 2], extras[r % 2]);
     }
     EXPECT_EQ(ex.stats().resident, cache == 0 ? 1 : 2);
