@@ -191,6 +191,16 @@ def run_modes(modes: Iterable[str], run: Callable[[str], dict], metric: str) -> 
     return results
 
 
+def exit_status(cases: list[dict]) -> int:
+    """1 where a mode of any case failed (its error is in the results), else 0: a run whose modes
+    fail is reported in full, then fails, so that smoke runs catch it."""
+    failed = [f"{case['name']}/{mode}" for case in cases for mode, r in case["modes"].items()
+              if r.get("error")]
+    if failed:
+        print(f"failed modes: {', '.join(failed)}", flush=True)
+    return 1 if failed else 0
+
+
 def write_results(benchmark: str, cases: list[dict], out_dir: Path | None = None) -> Path:
     env = environment()
     gpu = env["device"].replace("NVIDIA ", "").split()[0].lower() if env["device"] != "cpu" else "cpu"

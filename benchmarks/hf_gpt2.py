@@ -21,6 +21,7 @@ Writes JSON and a markdown table to benchmarks/results/ (a PNG plot too where ma
 from __future__ import annotations
 
 import copy
+import sys
 import warnings
 
 import torch
@@ -203,4 +204,4 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(harness.exit_status(main()))

@@ -30,6 +30,7 @@ Writes JSON and a markdown table to benchmarks/results/ (a PNG plot too where ma
 from __future__ import annotations
 
 import contextlib
+import sys
 import warnings
 from typing import Iterator
 
@@ -233,4 +234,4 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(harness.exit_status(main()))

@@ -93,6 +93,7 @@ import argparse
 import copy
 import itertools
 import math
+import sys
 import warnings
 
 import torch
@@ -608,4 +609,4 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(harness.exit_status(main()))
