@@ -198,15 +198,21 @@ class SharedExecutablesOnGpu : public ::testing::Test {
       EXPECT_EQ(cudaStreamDestroy(stream_), cudaSuccess);
     }
   }
-  // Four shapes of one topology (capture_shape at sizes kFourSizes), one graph each, added to `ex`.
-  std::vector<SharedExecutables::Member> add_four_shapes(SharedExecutables& ex, Buffers& b) {
+  // Shape i's graph (capture_shape with sizes[i] bytes and extras[i] extra memsets, none where
+  // `extras` is empty) added to `ex`, for each i.
+  std::vector<SharedExecutables::Member> add_shapes(SharedExecutables& ex, Buffers& b,
+                                                    const std::vector<size_t>& sizes,
+                                                    const std::vector<int>& extras = {}) {
     std::vector<SharedExecutables::Member> members;
-    for (int i = 0; i < 4; ++i) {
-      members.push_back(ex.add(capture_shape(b, i, kFourSizes[i], stream_), stream_));
+    for (size_t i = 0; i < sizes.size(); ++i) {
+      const int extra = extras.empty() ? 0 : extras[i];
+      members.push_back(
+          ex.add(capture_shape(b, static_cast<int>(i), sizes[i], stream_, extra), stream_));
     }
     return members;
   }
-  static constexpr size_t kFourSizes[] = {kBytes, 1000, 4096 + 3, 77};
+  // Four shapes of one topology, most tests' set.
+  const std::vector<size_t> kFourSizes = {kBytes, 1000, 4096 + 3, 77};
   cudaStream_t stream_ = nullptr;
 };
 
@@ -215,7 +221,7 @@ class SharedExecutablesOnGpu : public ::testing::Test {
 TEST_F(SharedExecutablesOnGpu, ShapesOfOneTopologyShareOneExecutableAndReplayTheirOwnParameters) {
   Buffers b(stream_, 4);
   SharedExecutables ex(/*share=*/true, /*cache_bytes=*/0);
-  const std::vector<SharedExecutables::Member> members = add_four_shapes(ex, b);
+  const std::vector<SharedExecutables::Member> members = add_shapes(ex, b, kFourSizes);
   auto s = ex.stats();
   EXPECT_EQ(s.groups, 1);
   EXPECT_EQ(s.members, 4);
@@ -287,12 +293,9 @@ TEST_F(SharedExecutablesOnGpu, AUnionHoldsVariantsFartherApartThanOneGraphMayBri
   // with 12 memsets more, then the plain one, share one executable; each runs its own nodes.
   Buffers b(stream_, 2);
   SharedExecutables ex(true, 0);
-  const size_t sizes[] = {1000, 2048};
-  const int extras[] = {12, 0};
-  std::vector<SharedExecutables::Member> members;
-  for (int i = 0; i < 2; ++i) {
-    members.push_back(ex.add(capture_shape(b, i, sizes[i], stream_, extras[i]), stream_));
-  }
+  const std::vector<size_t> sizes = {1000, 2048};
+  const std::vector<int> extras = {12, 0};
+  const std::vector<SharedExecutables::Member> members = add_shapes(ex, b, sizes, extras);
   const auto s = ex.stats();
   EXPECT_EQ(s.groups, 1);
   EXPECT_EQ(s.near_joins, 1);
@@ -309,12 +312,9 @@ TEST_F(SharedExecutablesOnGpu, NearTopologiesShareOneUnionAndRunOnlyTheirOwnNode
   for (size_t cache : {size_t{0}, SIZE_MAX}) {
     Buffers b(stream_, 4);
     SharedExecutables ex(true, cache);
-    const size_t sizes[] = {1000, 2048, 77, 4096};
-    const int extras[] = {0, 2, 1, 0};
-    std::vector<SharedExecutables::Member> members;
-    for (int i = 0; i < 4; ++i) {
-      members.push_back(ex.add(capture_shape(b, i, sizes[i], stream_, extras[i]), stream_));
-    }
+    const std::vector<size_t> sizes = {1000, 2048, 77, 4096};
+    const std::vector<int> extras = {0, 2, 1, 0};
+    const std::vector<SharedExecutables::Member> members = add_shapes(ex, b, sizes, extras);
     auto s = ex.stats();
     EXPECT_EQ(s.groups, 1) << "cache " << cache;
     EXPECT_EQ(s.members, 4);
@@ -347,12 +347,9 @@ TEST_F(SharedExecutablesOnGpu, AGraphOfTheGroupsOwnTopologyEnablesWhatASmallerSh
   for (size_t cache : {size_t{0}, SIZE_MAX}) {
     Buffers b(stream_, 3);
     SharedExecutables ex(true, cache);
-    const size_t sizes[] = {1000, 300, 2048};
-    const int extras[] = {1, 0, 1};
-    std::vector<SharedExecutables::Member> members;
-    for (int i = 0; i < 3; ++i) {
-      members.push_back(ex.add(capture_shape(b, i, sizes[i], stream_, extras[i]), stream_));
-    }
+    const std::vector<size_t> sizes = {1000, 300, 2048};
+    const std::vector<int> extras = {1, 0, 1};
+    const std::vector<SharedExecutables::Member> members = add_shapes(ex, b, sizes, extras);
     auto s = ex.stats();
     EXPECT_EQ(s.groups, 1) << "cache " << cache;
     EXPECT_EQ(s.joins, 2);
@@ -369,7 +366,7 @@ TEST_F(SharedExecutablesOnGpu, ShapesWithSlotsOfTheirOwnReplayWithoutPatching) {
   {
     Buffers b(stream_, 4);
     SharedExecutables ex(true, SIZE_MAX);
-    const std::vector<SharedExecutables::Member> members = add_four_shapes(ex, b);
+    const std::vector<SharedExecutables::Member> members = add_shapes(ex, b, kFourSizes);
     auto s = ex.stats();
     EXPECT_EQ(s.groups, 1);
     EXPECT_EQ(s.resident, 4);
