@@ -471,6 +471,13 @@ void add_edge(cudaGraph_t graph, cudaGraphNode_t from, cudaGraphNode_t to) {
 size_t near_inserts(size_t nodes) { return std::max<size_t>(8, nodes / 8); }
 size_t union_growth(size_t smallest) { return std::max<size_t>(16, smallest / 4); }
 
+// Whether a graph of m nodes that brings `added` new ones is near enough to join a union of n
+// nodes whose smallest member has `smallest_member`.
+bool near_enough(size_t n, size_t m, size_t smallest_member, size_t added) {
+  const size_t smallest = std::min(smallest_member, m);
+  return m <= n + near_inserts(m) && n + added <= smallest + union_growth(smallest);
+}
+
 // A captured graph as plan_union sees it, its creation order as its order. No order (no
 // alignment) where an edge is not a plain dependency, since alignment reasons about full
 // dependencies only, or where creation order is not topological.
@@ -675,9 +682,8 @@ SharedExecutables::Member SharedExecutables::add(cudaGraph_t graph, cudaStream_t
     for (size_t index = groups_.size(); index-- > 0 && near_tried < kNearGroupsTried;) {
       if (!groups_[index] || std::find(tried.begin(), tried.end(), index) != tried.end()) continue;
       const Group& group = *groups_[index];
-      const size_t n = group.nodes.size(), m = contents.nodes.size();
-      const size_t smallest = std::min(group.smallest_member, m);
-      if (!group.params || m > n + near_inserts(m) || n > smallest + union_growth(smallest)) {
+      if (!group.params ||
+          !near_enough(group.nodes.size(), contents.nodes.size(), group.smallest_member, 0)) {
         continue;
       }
       ++near_tried;
@@ -720,13 +726,12 @@ bool SharedExecutables::join_aligned(uint32_t index, const core::NodeGraph& grap
   const size_t n = group.nodes.size();
   const size_t m = contents.nodes.size();
   if (!group.params || group.shape.order.size() != n || graph.order.size() != m) return false;
-  if (m > n + near_inserts(m)) return false;
+  if (!near_enough(n, m, group.smallest_member, 0)) return false;
   // Inserted plus deleted nodes are (n - m) + 2 * inserted: this bounds the inserted ones.
   const auto plan = core::plan_union(group.shape, graph, n + 2 * near_inserts(m) - m);
-  if (!plan) return false;
   // Every member runs the whole union, its absent nodes disabled: keep that few.
+  if (!plan || !near_enough(n, m, group.smallest_member, plan->added.size())) return false;
   const size_t smallest = std::min(group.smallest_member, m);
-  if (n + plan->added.size() > smallest + union_growth(smallest)) return false;
   std::vector<core::Blob> blobs(n + plan->added.size());  // empty: absent
   for (size_t i = 0; i < m; ++i) blobs[plan->node_of[i]] = contents.blobs[i];
   uint32_t shape = 0;

@@ -46,6 +46,12 @@ def run_shapes(fn, lengths):
     return [tuple(t.clone() for t in fn(*inputs(n))) for n in lengths]
 
 
+def expect_shapes(fn, lengths, expected):
+    """Runs fn at each length in turn: every output equals the expected one, bit for bit."""
+    for n, out, want in zip(lengths, run_shapes(fn, lengths), expected):
+        assert all(torch.equal(a, b) for a, b in zip(out, want)), f"length {n}"
+
+
 @pytest.mark.parametrize("executable_cache", [0, None], ids=["one-per-topology", "all-cached"])
 def test_random_shape_orders_replay_results_identical_to_eager(executable_cache):
     step = make_step()
@@ -92,8 +98,7 @@ def test_the_executable_cache_keeps_shapes_resident_within_its_bytes():
     cache = 8 * one_executable
     compiled = grape.compile(step, alias_prediction=False, executable_cache=cache)
     for _ in range(4):
-        for out, want in zip(run_shapes(compiled, lengths), expected):
-            assert all(torch.equal(a, b) for a, b in zip(out, want))
+        expect_shapes(compiled, lengths, expected)
     s = grape.stats(compiled)
     assert s["executable_cache"] == cache and not s["fallbacks"]
     assert 0 < s["cached_executable_bytes"] <= cache
@@ -110,13 +115,11 @@ def test_a_repeated_order_is_patched_ahead_with_results_identical_to_eager():
     expected = run_shapes(step, lengths)
     compiled = grape.compile(step, alias_prediction=False, executable_cache=0)
     for _ in range(4):
-        for out, want in zip(run_shapes(compiled, lengths), expected):
-            assert all(torch.equal(a, b) for a, b in zip(out, want))
+        expect_shapes(compiled, lengths, expected)
     s = grape.stats(compiled)
     assert s["patches_ahead"] >= len(lengths) // 2 and not s["fallbacks"]
     # Reversed, the predictions miss; the launches patch what they need, results unchanged.
-    for out, want in zip(run_shapes(compiled, lengths[::-1]), expected[::-1]):
-        assert all(torch.equal(a, b) for a, b in zip(out, want))
+    expect_shapes(compiled, lengths[::-1], expected[::-1])
 
 
 def test_sharing_off_gives_every_shape_its_own_executable():
