@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Build and run everything on a machine with a GPU: C++ tests, Python tests (GPU tests included,
 # none may skip for want of a GPU), and a benchmark smoke run. Usage: bash tools/gpu_check.sh
+# Each step is stopped after GRAPE_STEP_TIMEOUT seconds (300).
 # With $OUT set, logs and the smoke results are written there. Set GRAPE_COMMIT where the tree
 # has no .git (the device copy), so results name the commit.
 set -uo pipefail
@@ -10,10 +11,11 @@ out="${OUT:-build/gpu-check}"
 mkdir -p "$out"
 python3 -c "import torch; assert torch.cuda.is_available(), 'no CUDA device'; print(torch.__version__, torch.cuda.get_device_name())" || exit 1
 status=0
+# A step that hangs (a fault can leave the GPU spinning) is stopped, so the rest still runs.
 step() {  # step NAME COMMAND...: runs, logs to $out/NAME.log, remembers failure
   local name=$1; shift
   echo "== $name"
-  "$@" 2>&1 | tee "$out/$name.log"
+  timeout --signal=ABRT "${GRAPE_STEP_TIMEOUT:-300}" "$@" 2>&1 | tee "$out/$name.log"
   local rc=${PIPESTATUS[0]}
   echo "== $name: rc=$rc"
   [ "$rc" -eq 0 ] || status=1

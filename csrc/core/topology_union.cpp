@@ -5,30 +5,6 @@
 
 namespace grape::core {
 
-namespace {
-
-// Whether `to` is reachable from `from` along `adjacency`, where every edge goes forward in
-// `position` (so the search stops at nodes past `to`). `seen` holds a stamp per node.
-bool reachable(const std::vector<std::vector<uint32_t>>& adjacency,
-               const std::vector<uint32_t>& position, uint32_t from, uint32_t to,
-               std::vector<uint32_t>& seen, uint32_t stamp) {
-  std::vector<uint32_t> stack{from};
-  seen[from] = stamp;
-  while (!stack.empty()) {
-    const uint32_t node = stack.back();
-    stack.pop_back();
-    if (node == to) return true;
-    for (uint32_t next : adjacency[node]) {
-      if (seen[next] == stamp || position[next] > position[to]) continue;
-      seen[next] = stamp;
-      stack.push_back(next);
-    }
-  }
-  return false;
-}
-
-}  // namespace
-
 std::optional<UnionPlan> plan_union(const NodeGraph& group, const NodeGraph& graph,
                                     size_t max_edits) {
   const size_t n = group.order.size();
@@ -110,21 +86,20 @@ std::optional<UnionPlan> plan_union(const NodeGraph& group, const NodeGraph& gra
     plan.order.push_back(plan.node_of[h]);
   }
 
-  // The graph's edges that the union does not already imply.
-  std::vector<uint32_t> position(union_size + plan.added.size());
-  for (uint32_t p = 0; p < plan.order.size(); ++p) position[plan.order[p]] = p;
-  std::vector<std::vector<uint32_t>> adjacency(union_size);
-  for (const auto& [from, to] : group.edges) adjacency[from].push_back(to);
-  std::vector<uint32_t> seen(union_size, 0);
-  uint32_t stamp = 0;
+  // The graph's edges that the union lacks. A path through other nodes does not do: they may be
+  // disabled for this graph, and a disabled node is not relied on to order anything.
+  std::vector<uint8_t> has_predecessor(m, 0), has_successor(m, 0);
   for (const auto& [from, to] : graph.edges) {
+    has_successor[from] = 1;
+    has_predecessor[to] = 1;
     const Edge edge{plan.node_of[from], plan.node_of[to]};
-    const bool existing = edge.first < union_size && edge.second < union_size;
-    if (existing && (std::binary_search(group.edges.begin(), group.edges.end(), edge) ||
-                     reachable(adjacency, position, edge.first, edge.second, seen, ++stamp))) {
-      continue;
+    if (!std::binary_search(group.edges.begin(), group.edges.end(), edge)) {
+      plan.added_edges.push_back(edge);
     }
-    plan.added_edges.push_back(edge);
+  }
+  for (uint32_t h = 0; h < m; ++h) {
+    if (!has_predecessor[h]) plan.sources.push_back(plan.node_of[h]);
+    if (!has_successor[h]) plan.sinks.push_back(plan.node_of[h]);
   }
   std::sort(plan.added_edges.begin(), plan.added_edges.end());
   return plan;

@@ -7,21 +7,29 @@
 // would need a topology group and an executable of its own (Note [Shared executables]). Instead a
 // group may hold the union of its members' graphs: nodes aligned in order, edges of all, and each
 // member disables the union's nodes it lacks. CUDA lets an executable enable and disable kernel,
-// memcpy and memset nodes (cudaGraphNodeSetEnabled; a disabled node runs as an empty one, so
-// dependencies through it hold), so "absent" is one more node parameter, patched like the others.
+// memcpy and memset nodes (cudaGraphNodeSetEnabled), so "absent" is one more node parameter,
+// patched like the others.
 //
 // Running a member's shape in the union is correct when the union orders every pair of nodes that
-// the member orders. Alignment preserves each graph's node order, and a member's edge that the
-// union does not imply (by a path, disabled nodes included) is added to it. Extra union edges only
-// serialize more. The union's node order stays topological: every edge of a captured graph goes
-// from an earlier-created node to a later one, and the aligned order keeps both orders.
+// the member orders, through nodes that run for it, and when work queued after a launch waits for
+// the member's last nodes. A disabled node is documented to run as an empty one, its dependencies
+// holding, but that is not relied on. On an H100 (CUDA 13), work queued after a member's launch
+// did not wait for its last kernel when a node the member disables followed that kernel, in 16 of
+// 16 launches, with or without an empty node after both; wav2vec2's feature encoder, its unions
+// so built, faulted unless every launch was waited for. (HIP's driver is known to drop
+// dependencies through disabled nodes across streams.) So every member's edges are edges of the
+// union, and the union has two anchors that are never disabled: a start (an empty node) before
+// every member's first nodes and an end (a kernel that does nothing: an empty one did not do)
+// after every member's last. Extra union edges only serialize more. The union's node order stays
+// topological: every edge of a captured graph goes from an earlier-created node to a later one,
+// and the aligned order keeps both orders.
 //
 // Alignment is the cheapest edit script: nodes are matched only where their keys are equal, and
 // each node inserted or deleted costs 1. A key holds all that makes two nodes one: the node's type,
 // its launch attributes, and the kernel, or a copy's or memset's destination. (Pairing a kernel
-// node with another kernel, its function swapped by a parameter update, computed wrong results on
-// a GPU: wav2vec2's cuDNN convolutions on an H100. The driver accepts those swaps in a
-// cudaGraphExecUpdate, and rewriting every node before each launch does not help; cause unknown.)
+// node with another kernel, its function swapped by a parameter update, computed wrong results in
+// wav2vec2 on an H100, but that was measured while unions still relied on disabled nodes, which
+// may have been the cause; not measured since.)
 // It is searched within a band of `max_edits` (at most kMaxEdits): O(nodes * max_edits) time and
 // memory. This file knows neither torch nor CUDA.
 
@@ -51,6 +59,8 @@ struct UnionPlan {
   std::vector<uint32_t> added;      // the joining graph's nodes the union lacks, in order
   std::vector<Edge> added_edges;    // the joining graph's edges (union indices) the union lacks
   std::vector<uint32_t> order;      // the union's nodes afterwards, in a topological order
+  std::vector<uint32_t> sources;    // the joining graph's first nodes (without predecessors)
+  std::vector<uint32_t> sinks;      // and its last (without successors), both union indices
   size_t absent = 0;                // union nodes the joining graph lacks
 };
 

@@ -15,6 +15,7 @@
 #include "core/param_codec.h"
 #include "core/topology_union.h"
 #include "cuda/driver.h"
+#include "cuda/graph_anchor.h"
 
 namespace grape::cuda {
 
@@ -478,6 +479,9 @@ bool near_enough(size_t n, size_t m, size_t smallest_member, size_t added) {
   return m <= n + near_inserts(m) && n + added <= smallest + union_growth(smallest);
 }
 
+// Anchored flags of a union's node (Group::anchored).
+constexpr uint8_t kFromStart = 1, kToEnd = 2;
+
 // A captured graph as plan_union sees it, its creation order as its order. No order (no
 // alignment) where an edge is not a plain dependency, since alignment reasons about full
 // dependencies only, or where creation order is not topological.
@@ -533,8 +537,15 @@ struct SharedExecutables::Group {
   // Note [Near topologies]: the graph as aligned, its nodes some member lacks (enabled or not per
   // shape), and of those the ones the base lacks, disabled at instantiation.
   core::NodeGraph shape;
-  std::vector<uint8_t> optional;  // any set: members join by alignment only (add())
+  std::vector<uint8_t> optional;
   std::vector<uint32_t> absent_in_base;
+  // The union's start and end anchors, an empty node and a no-op kernel (cuda/graph_anchor.h),
+  // null until the group first becomes a union (from then on members join by alignment only,
+  // add()); and per node whether an edge from the start (kFromStart) or to the end (kToEnd)
+  // holds it.
+  cudaGraphNode_t start = nullptr;
+  cudaGraphNode_t end = nullptr;
+  std::vector<uint8_t> anchored;
   size_t smallest_member = 0;    // node count of its smallest member
   std::vector<uint64_t> topologies;  // its keys in by_topology_
   int64_t members = 0;
@@ -544,6 +555,26 @@ struct SharedExecutables::Group {
   std::vector<Executable> executables;
   size_t executable_bytes = 0;  // each executable's charge (instantiate())
 };
+
+void SharedExecutables::anchor(Group& group, uint32_t node, uint8_t flag) {
+  if ((group.anchored[node] & flag) != 0) return;
+  if (flag == kFromStart) {
+    add_edge(group.graph, group.start, group.nodes[node]);
+  } else {
+    add_edge(group.graph, group.nodes[node], group.end);
+  }
+  group.anchored[node] |= flag;
+}
+
+bool SharedExecutables::anchors_hold(const Group& group, const core::UnionPlan& plan) {
+  if (group.start == nullptr) return false;
+  const auto holds = [&](const std::vector<uint32_t>& nodes, uint8_t flag) {
+    return std::all_of(nodes.begin(), nodes.end(), [&](uint32_t node) {
+      return node < group.anchored.size() && (group.anchored[node] & flag) != 0;
+    });
+  };
+  return holds(plan.sources, kFromStart) && holds(plan.sinks, kToEnd);
+}
 
 SharedExecutables::SharedExecutables(bool share, size_t cache_bytes)
     : share_(share), cache_bytes_(cache_bytes) {}
@@ -644,11 +675,9 @@ SharedExecutables::Member SharedExecutables::add(cudaGraph_t graph, cudaStream_t
       Group& group = *groups_[it->second];
       tried.push_back(it->second);
       // cudaGraphExecUpdate takes graphs of the group's base topology only, and leaves nodes'
-      // enabled state as it is: into a group whose shapes disable nodes, or registered by a near
-      // join, a graph joins by alignment, which sets it.
-      const bool disables = std::find(group.optional.begin(), group.optional.end(), 1) !=
-                            group.optional.end();
-      if (disables || contents.topology != group.topologies.front()) {
+      // enabled state as it is: into a union (its anchors are no captured graph's nodes), or a
+      // group registered by a near join, a graph joins by alignment, which sets it.
+      if (group.start != nullptr || contents.topology != group.topologies.front()) {
         Member joined;
         if (join_aligned(it->second, aligned, contents, stream, joined)) return joined;
         continue;
@@ -736,7 +765,7 @@ bool SharedExecutables::join_aligned(uint32_t index, const core::NodeGraph& grap
   for (size_t i = 0; i < m; ++i) blobs[plan->node_of[i]] = contents.blobs[i];
   uint32_t shape = 0;
   try {
-    if (plan->added.empty() && plan->added_edges.empty()) {
+    if (plan->added.empty() && plan->added_edges.empty() && anchors_hold(group, *plan)) {
       shape = join_as_is(group, blobs, stream);
     } else {
       shape = join_grown(index, contents, *plan, blobs, stream);
@@ -807,6 +836,29 @@ uint32_t SharedExecutables::join_grown(uint32_t index, const GraphContents& cont
     add_edge(grown->graph, grown->nodes[from], grown->nodes[to]);
     grown->shape.edges.emplace_back(from, to);
   }
+  grown->anchored = group.anchored;
+  grown->anchored.resize(grown->nodes.size(), 0);
+  if (group.start != nullptr) {
+    check(cudaGraphNodeFindInClone(&grown->start, group.start, grown->graph),
+          "cudaGraphNodeFindInClone");
+    check(cudaGraphNodeFindInClone(&grown->end, group.end, grown->graph),
+          "cudaGraphNodeFindInClone");
+  } else {
+    check(cudaGraphAddEmptyNode(&grown->start, grown->graph, nullptr, 0), "cudaGraphAddEmptyNode");
+    check(add_noop_kernel_node(&grown->end, grown->graph), "cudaGraphAddKernelNode");
+    // Until now every member had the base's topology: its first and last nodes are theirs.
+    std::vector<uint8_t> has_predecessor(n, 0), has_successor(n, 0);
+    for (const auto& [from, to] : group.shape.edges) {
+      has_successor[from] = 1;
+      has_predecessor[to] = 1;
+    }
+    for (uint32_t node = 0; node < n; ++node) {
+      if (!has_predecessor[node]) anchor(*grown, node, kFromStart);
+      if (!has_successor[node]) anchor(*grown, node, kToEnd);
+    }
+  }
+  for (uint32_t node : plan.sources) anchor(*grown, node, kFromStart);
+  for (uint32_t node : plan.sinks) anchor(*grown, node, kToEnd);
   std::sort(grown->shape.edges.begin(), grown->shape.edges.end());
   grown->shape.order = plan.order;
   for (size_t node = 0; node < n; ++node) {

@@ -98,6 +98,11 @@ class SharedExecutables {
   uint32_t join_grown(uint32_t index, const GraphContents& contents,
                       const core::UnionPlan& plan, const std::vector<core::Blob>& blobs,
                       cudaStream_t stream);
+  // Gives node `node` of union `group` an edge from its start anchor (kFromStart) or to its end
+  // anchor (kToEnd), unless it has one (Note [Near topologies]).
+  static void anchor(Group& group, uint32_t node, uint8_t flag);
+  // Whether `group` is a union whose anchors already hold the joining graph's first and last nodes.
+  static bool anchors_hold(const Group& group, const core::UnionPlan& plan);
   // A new slot of `group`, instantiated from its base graph (holding the base's parameters);
   // returns its index.
   size_t instantiate(Group& group, cudaStream_t stream);

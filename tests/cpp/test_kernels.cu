@@ -18,6 +18,14 @@ __global__ void times_two(uint8_t* out, int value, size_t bytes) {
   if (i < bytes) out[i] = static_cast<uint8_t>(value * 2);
 }
 
+__global__ void fill_slowly(uint8_t* out, int value, size_t bytes, long long cycles) {
+  const long long start = clock64();
+  while (clock64() - start < cycles) {
+  }
+  const size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x;
+  if (i < bytes) out[i] = static_cast<uint8_t>(value);
+}
+
 }  // namespace
 
 cudaError_t launch_add_one(uint8_t* out, int value, size_t bytes, cudaStream_t stream) {
@@ -27,6 +35,12 @@ cudaError_t launch_add_one(uint8_t* out, int value, size_t bytes, cudaStream_t s
 
 cudaError_t launch_times_two(uint8_t* out, int value, size_t bytes, cudaStream_t stream) {
   times_two<<<blocks(bytes), kThreads, 0, stream>>>(out, value, bytes);
+  return cudaGetLastError();
+}
+
+cudaError_t launch_fill_slowly(uint8_t* out, int value, size_t bytes, long long cycles,
+                               cudaStream_t stream) {
+  fill_slowly<<<blocks(bytes), kThreads, 0, stream>>>(out, value, bytes, cycles);
   return cudaGetLastError();
 }
 

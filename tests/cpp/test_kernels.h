@@ -1,6 +1,7 @@
 #pragma once
-// Two distinct kernels of one signature and one launch configuration, for GPU tests of graphs
-// that differ only in which kernel runs at a node (test_kernels.cu).
+// Kernels for GPU tests of graphs (test_kernels.cu): two distinct kernels of one signature and
+// one launch configuration, for graphs that differ only in which kernel runs at a node, and a slow
+// one, for work that is still running when the host goes on.
 
 #include <cuda_runtime_api.h>
 
@@ -14,5 +15,8 @@ namespace grape::test_kernels {
 cudaError_t launch_add_one(uint8_t* out, int value, size_t bytes, cudaStream_t stream);
 // The same, writing value * 2.
 cudaError_t launch_times_two(uint8_t* out, int value, size_t bytes, cudaStream_t stream);
+// Sets out[0, bytes) to `value` after each thread has spun for `cycles` clock cycles.
+cudaError_t launch_fill_slowly(uint8_t* out, int value, size_t bytes, long long cycles,
+                               cudaStream_t stream);
 
 }  // namespace grape::test_kernels

@@ -299,7 +299,9 @@ TEST_F(SharedExecutablesOnGpu, AUnionHoldsVariantsFartherApartThanOneGraphMayBri
   const auto s = ex.stats();
   EXPECT_EQ(s.groups, 1);
   EXPECT_EQ(s.near_joins, 1);
-  EXPECT_EQ(s.unions, 0);  // the plain graph's nodes are all in the wider one
+  // The plain graph's nodes are all in the wider one; the union gains its anchors and the plain
+  // graph's memset-to-kernel edge, which must not go through the memsets it disables.
+  EXPECT_EQ(s.unions, 1);
   for (int i : {1, 0, 1, 1, 0}) {
     ASSERT_NO_FATAL_FAILURE(replay(ex, members[static_cast<size_t>(i)], b, stream_));
     expect_shape(b, i, sizes[i], extras[i]);
@@ -320,7 +322,9 @@ TEST_F(SharedExecutablesOnGpu, NearTopologiesShareOneUnionAndRunOnlyTheirOwnNode
     EXPECT_EQ(s.members, 4);
     EXPECT_EQ(s.joins, 3);
     EXPECT_EQ(s.near_joins, 3);  // the union is built by the second; the fourth is no longer exact
-    EXPECT_EQ(s.unions, 1);
+    // The third grows it by an edge from its one extra memset to the kernel; the fourth's edges
+    // and first and last nodes are the base's, already in the union: it joins as is.
+    EXPECT_EQ(s.unions, 2);
     for (int i : {1, 2, 0, 1, 3, 2, 2, 0, 3, 1}) {
       ASSERT_NO_FATAL_FAILURE(replay(ex, members[static_cast<size_t>(i)], b, stream_));
       expect_shape(b, i, sizes[i], extras[i]);
@@ -341,9 +345,10 @@ TEST_F(SharedExecutablesOnGpu, NearTopologiesShareOneUnionAndRunOnlyTheirOwnNode
 }
 
 TEST_F(SharedExecutablesOnGpu, AGraphOfTheGroupsOwnTopologyEnablesWhatASmallerShapeDisabled) {
-  // The larger graph first: the smaller one joins it as is, disabling its extra memset in the
-  // slot it is patched into; a later graph of the larger topology must run that memset again
-  // (an executable update would leave it disabled).
+  // The larger graph first: the smaller one joins it, disabling its extra memset in the slot it
+  // is patched into (the union only gains the smaller one's memset-to-kernel edge, and anchors);
+  // a later graph of the larger topology joins as is and must run that memset again (an
+  // executable update would leave it disabled).
   for (size_t cache : {size_t{0}, SIZE_MAX}) {
     Buffers b(stream_, 3);
     SharedExecutables ex(true, cache);
@@ -354,7 +359,7 @@ TEST_F(SharedExecutablesOnGpu, AGraphOfTheGroupsOwnTopologyEnablesWhatASmallerSh
     EXPECT_EQ(s.groups, 1) << "cache " << cache;
     EXPECT_EQ(s.joins, 2);
     EXPECT_EQ(s.near_joins, 2);
-    EXPECT_EQ(s.unions, 0);
+    EXPECT_EQ(s.unions, 1);
     for (int i : {2, 1, 2, 0, 1, 0, 2}) {
       ASSERT_NO_FATAL_FAILURE(replay(ex, members[static_cast<size_t>(i)], b, stream_));
       expect_shape(b, i, sizes[i], extras[i]);
@@ -462,13 +467,10 @@ TEST_F(SharedExecutablesOnGpu, GraphsOfOneTopologyRunningDifferentKernelsEachRep
 }
 
 TEST_F(SharedExecutablesOnGpu, NearTopologiesNeverPairNodesThatRunDifferentKernels) {
-  // Note [Near topologies]: alignment pairs identical nodes only; a kernel node paired with
-  // another kernel (its function swapped by a node update) computed wrong results on real
-  // workloads. Graph A is memset, extra memset, add_one, memcpy; graph B is memset, times_two,
-  // memcpy. Their node counts differ, so B joins A's group by alignment. Were the kernels paired,
-  // B would be A without its extra memset and join as is (no union); as they are not, times_two
-  // is a node of its own, added to a union of five nodes in which each graph disables the
-  // other's kernel.
+  // Note [Near topologies]: alignment pairs identical nodes only. Graph A is memset, extra
+  // memset, add_one, memcpy; graph B is memset, times_two, memcpy. Their node counts differ, so B
+  // joins A's group by alignment: times_two is a node of its own, added to a union in which each
+  // graph disables the other's kernel.
   for (size_t cache : {size_t{0}, SIZE_MAX}) {
     Buffers b(stream_, 0);
     SharedExecutables ex(true, cache);
@@ -484,7 +486,7 @@ TEST_F(SharedExecutablesOnGpu, NearTopologiesNeverPairNodesThatRunDifferentKerne
     EXPECT_EQ(s.members, 2);
     EXPECT_EQ(s.joins, 1);
     EXPECT_EQ(s.near_joins, 1);
-    EXPECT_EQ(s.unions, 1) << "times_two was aligned with add_one instead of added to the union";
+    EXPECT_EQ(s.unions, 1);
     // Each runs its own kernel (the memcpy after it copies that kernel's result) and its own
     // memsets, in alternating order.
     for (int r = 0; r < 6; ++r) {
@@ -492,5 +494,49 @@ TEST_F(SharedExecutablesOnGpu, NearTopologiesNeverPairNodesThatRunDifferentKerne
       expect_kernel(b, kernels[r % 2], extras[r % 2]);
     }
     EXPECT_EQ(ex.stats().resident, cache == 0 ? 1 : 2);
+  }
+}
+
+TEST_F(SharedExecutablesOnGpu, AMembersLaunchEndsAfterItsOwnNodesWhateverTheUnionDisables) {
+  // Note [Near topologies]: graph A is a slow kernel, then a memset; graph B the slow kernel
+  // alone. In their union B disables the memset, A's last node. Work queued after B's launch must
+  // still wait for B's kernel: each launch is followed, without waiting, by a copy of the kernel's
+  // output, and the output is cleared before the next launch. (With an empty node ending the
+  // union, every copy after B's launches read the cleared output on an H100.)
+  constexpr long long kSpinCycles = 200000;  // ~100 us: still running when the copy is queued
+  constexpr int kLaunches = 24;
+  const int values[] = {5, 9};
+  Buffers b(stream_, 0);
+  SharedExecutables ex(true, 0);
+  std::vector<SharedExecutables::Member> members;
+  for (int g = 0; g < 2; ++g) {
+    cudaGraph_t graph = nullptr;
+    CUDA_OK(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal));
+    CUDA_OK(grape::test_kernels::launch_fill_slowly(b.copy_dst, values[g], kKernelBytes,
+                                                    kSpinCycles, stream_));
+    if (g == 0) CUDA_OK(cudaMemsetAsync(b.extra_dst, 100, 1, stream_));
+    CUDA_OK(cudaStreamEndCapture(stream_, &graph));
+    members.push_back(ex.add(graph, stream_));
+  }
+  EXPECT_EQ(ex.stats().groups, 1);
+  EXPECT_EQ(ex.stats().near_joins, 1);
+  uint8_t* copies = device_alloc(kLaunches * kKernelBytes);
+  std::vector<int> order;
+  for (int r = 0; r < kLaunches; ++r) order.push_back(r % 3 == 0 ? 0 : 1);  // mostly B
+  for (int r = 0; r < kLaunches; ++r) {
+    CUDA_OK(cudaMemsetAsync(b.copy_dst, 0, kKernelBytes, stream_));
+    CUDA_OK(cudaGraphLaunch(ex.prepare(members[static_cast<size_t>(order[r])], stream_), stream_));
+    CUDA_OK(cudaMemcpyAsync(copies + static_cast<size_t>(r) * kKernelBytes, b.copy_dst,
+                            kKernelBytes, cudaMemcpyDeviceToDevice, stream_));
+  }
+  std::vector<uint8_t> host(kLaunches * kKernelBytes);
+  CUDA_OK(cudaMemcpyAsync(host.data(), copies, host.size(), cudaMemcpyDeviceToHost, stream_));
+  CUDA_OK(cudaStreamSynchronize(stream_));
+  CUDA_OK(cudaFree(copies));
+  for (int r = 0; r < kLaunches; ++r) {
+    for (size_t j = 0; j < kKernelBytes; ++j) {
+      ASSERT_EQ(host[static_cast<size_t>(r) * kKernelBytes + j], values[order[r]])
+          << "launch " << r << " of graph " << (order[r] == 0 ? "A" : "B") << ", byte " << j;
+    }
   }
 }
