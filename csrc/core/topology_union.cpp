@@ -5,6 +5,31 @@
 
 namespace grape::core {
 
+namespace {
+
+// Fills in `plan`'s added_edges, sources and sinks from `graph`'s edges and plan.node_of.
+void link(const NodeGraph& group, const NodeGraph& graph, UnionPlan& plan) {
+  // The graph's edges that the union lacks. A path through other nodes does not do: they may be
+  // disabled for this graph, and a disabled node is not relied on to order anything.
+  const size_t m = graph.keys.size();
+  std::vector<uint8_t> has_predecessor(m, 0), has_successor(m, 0);
+  for (const auto& [from, to] : graph.edges) {
+    has_successor[from] = 1;
+    has_predecessor[to] = 1;
+    const Edge edge{plan.node_of[from], plan.node_of[to]};
+    if (!std::binary_search(group.edges.begin(), group.edges.end(), edge)) {
+      plan.added_edges.push_back(edge);
+    }
+  }
+  std::sort(plan.added_edges.begin(), plan.added_edges.end());
+  for (uint32_t h = 0; h < m; ++h) {
+    if (!has_predecessor[h]) plan.sources.push_back(plan.node_of[h]);
+    if (!has_successor[h]) plan.sinks.push_back(plan.node_of[h]);
+  }
+}
+
+}  // namespace
+
 std::optional<UnionPlan> plan_union(const NodeGraph& group, const NodeGraph& graph,
                                     size_t max_edits) {
   const size_t n = group.order.size();
@@ -86,22 +111,33 @@ std::optional<UnionPlan> plan_union(const NodeGraph& group, const NodeGraph& gra
     plan.order.push_back(plan.node_of[h]);
   }
 
-  // The graph's edges that the union lacks. A path through other nodes does not do: they may be
-  // disabled for this graph, and a disabled node is not relied on to order anything.
-  std::vector<uint8_t> has_predecessor(m, 0), has_successor(m, 0);
+  link(group, graph, plan);
+  return plan;
+}
+
+std::optional<UnionPlan> plan_as_mapped(const NodeGraph& group, const NodeGraph& graph,
+                                        const std::vector<uint32_t>& node_of) {
+  const size_t n = group.keys.size();
+  const size_t m = graph.keys.size();
+  if (node_of.size() != m || m > n || group.order.size() != n) return std::nullopt;
+  std::vector<uint8_t> used(n, 0);
+  for (uint32_t h = 0; h < m; ++h) {
+    const uint32_t node = node_of[h];
+    if (node >= n || used[node] || group.keys[node] != graph.keys[h]) return std::nullopt;
+    used[node] = 1;
+  }
+  std::vector<uint32_t> position(n);
+  for (uint32_t p = 0; p < n; ++p) position[group.order[p]] = p;
   for (const auto& [from, to] : graph.edges) {
-    has_successor[from] = 1;
-    has_predecessor[to] = 1;
-    const Edge edge{plan.node_of[from], plan.node_of[to]};
-    if (!std::binary_search(group.edges.begin(), group.edges.end(), edge)) {
-      plan.added_edges.push_back(edge);
+    if (from >= m || to >= m || position[node_of[from]] >= position[node_of[to]]) {
+      return std::nullopt;
     }
   }
-  for (uint32_t h = 0; h < m; ++h) {
-    if (!has_predecessor[h]) plan.sources.push_back(plan.node_of[h]);
-    if (!has_successor[h]) plan.sinks.push_back(plan.node_of[h]);
-  }
-  std::sort(plan.added_edges.begin(), plan.added_edges.end());
+  UnionPlan plan;
+  plan.node_of = node_of;
+  plan.order = group.order;
+  plan.absent = n - m;
+  link(group, graph, plan);
   return plan;
 }
 

@@ -31,7 +31,10 @@
 // wav2vec2 on an H100, but that was measured while unions still relied on disabled nodes, which
 // may have been the cause; not measured since.)
 // It is searched within a band of `max_edits` (at most kMaxEdits): O(nodes * max_edits) time and
-// memory. This file knows neither torch nor CUDA.
+// memory. Where alignments tie, a graph may pair with other nodes of its keys than an earlier
+// graph of its topology did, and then need edges that one did not; so a graph of a topology that
+// already joined is mapped as that one was (plan_as_mapped), in O(nodes + edges). This file knows
+// neither torch nor CUDA.
 
 #include <cstddef>
 #include <cstdint>
@@ -69,5 +72,12 @@ struct UnionPlan {
 // (or kMaxEdits), or an edge of `graph` does not go forward in its order.
 std::optional<UnionPlan> plan_union(const NodeGraph& group, const NodeGraph& graph,
                                     size_t max_edits);
+
+// How `graph` joins `group` as a graph of its topology did before, without aligning: its node i is
+// union node node_of[i] (that join's UnionPlan::node_of; union nodes keep their indices as a union
+// grows). Nothing where the mapping does not fit `graph`: a node mapped to one of another key or
+// to a node mapped already, or an edge that would go backward in the union's order.
+std::optional<UnionPlan> plan_as_mapped(const NodeGraph& group, const NodeGraph& graph,
+                                        const std::vector<uint32_t>& node_of);
 
 }  // namespace grape::core

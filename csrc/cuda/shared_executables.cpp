@@ -8,6 +8,7 @@
 #include <cstring>
 #include <mutex>
 #include <numeric>
+#include <optional>
 #include <stdexcept>
 #include <utility>
 
@@ -548,6 +549,9 @@ struct SharedExecutables::Group {
   std::vector<uint8_t> anchored;
   size_t smallest_member = 0;    // node count of its smallest member
   std::vector<uint64_t> topologies;  // its keys in by_topology_
+  // Per topology of its members, their nodes' union nodes (UnionPlan::node_of), so that another
+  // graph of that topology joins as it did, without aligning (which may pair it otherwise).
+  std::unordered_map<uint64_t, std::vector<uint32_t>> node_of_topology;
   int64_t members = 0;
   // Resident slots (Note [Executable slots]): which shape each holds and when it was last
   // prepared, and its executable, by the same index. Empty while evicted.
@@ -733,6 +737,9 @@ SharedExecutables::Member SharedExecutables::add(cudaGraph_t graph, cudaStream_t
   group->optional.assign(count, 0);
   group->smallest_member = count;
   group->topologies = {contents.topology};
+  if (!group->shape.order.empty()) {
+    group->node_of_topology.emplace(contents.topology, group->shape.order);
+  }
   if (shareable) group->params = std::make_unique<core::ParamTable>(std::move(contents.blobs));
   group->members = 1;
   const auto index = static_cast<uint32_t>(groups_.size());
@@ -755,11 +762,18 @@ bool SharedExecutables::join_aligned(uint32_t index, const core::NodeGraph& grap
   const size_t n = group.nodes.size();
   const size_t m = contents.nodes.size();
   if (!group.params || group.shape.order.size() != n || graph.order.size() != m) return false;
-  if (!near_enough(n, m, group.smallest_member, 0)) return false;
-  // Inserted plus deleted nodes are (n - m) + 2 * inserted: this bounds the inserted ones.
-  const auto plan = core::plan_union(group.shape, graph, n + 2 * near_inserts(m) - m);
-  // Every member runs the whole union, its absent nodes disabled: keep that few.
-  if (!plan || !near_enough(n, m, group.smallest_member, plan->added.size())) return false;
+  std::optional<core::UnionPlan> plan;
+  const auto known = group.node_of_topology.find(contents.topology);
+  if (known != group.node_of_topology.end()) {
+    plan = core::plan_as_mapped(group.shape, graph, known->second);
+  }
+  if (!plan) {
+    if (!near_enough(n, m, group.smallest_member, 0)) return false;
+    // Inserted plus deleted nodes are (n - m) + 2 * inserted: this bounds the inserted ones.
+    plan = core::plan_union(group.shape, graph, n + 2 * near_inserts(m) - m);
+    // Every member runs the whole union, its absent nodes disabled: keep that few.
+    if (!plan || !near_enough(n, m, group.smallest_member, plan->added.size())) return false;
+  }
   const size_t smallest = std::min(group.smallest_member, m);
   std::vector<core::Blob> blobs(n + plan->added.size());  // empty: absent
   for (size_t i = 0; i < m; ++i) blobs[plan->node_of[i]] = contents.blobs[i];
@@ -775,6 +789,7 @@ bool SharedExecutables::join_aligned(uint32_t index, const core::NodeGraph& grap
   }
   Group& joined_group = *groups_[index];  // join_grown replaced it
   joined_group.smallest_member = smallest;
+  joined_group.node_of_topology.emplace(contents.topology, plan->node_of);
   ++joined_group.members;
   if (std::find(joined_group.topologies.begin(), joined_group.topologies.end(),
                 contents.topology) == joined_group.topologies.end()) {
@@ -865,6 +880,7 @@ uint32_t SharedExecutables::join_grown(uint32_t index, const GraphContents& cont
     if (blobs[node].empty() && grown->kinds[node] != NodeKind::kEmpty) grown->optional[node] = 1;
   }
   grown->topologies = group.topologies;
+  grown->node_of_topology = group.node_of_topology;
   grown->members = group.members;
 
   // An executable of the union, holding the joining graph's parameters: the driver checks them.

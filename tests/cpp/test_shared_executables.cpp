@@ -309,23 +309,25 @@ TEST_F(SharedExecutablesOnGpu, AUnionHoldsVariantsFartherApartThanOneGraphMayBri
 }
 
 TEST_F(SharedExecutablesOnGpu, NearTopologiesShareOneUnionAndRunOnlyTheirOwnNodes) {
-  // Note [Near topologies]: shapes with 0, 2 and 1 extra memsets share one group; each runs its
-  // own nodes only (a disabled memset leaves its byte zero), in any order, patched or in slots.
+  // Note [Near topologies]: shapes with 0, 2, 1, 0 and 1 extra memsets share one group; each
+  // runs its own nodes only (a disabled memset leaves its byte zero), in any order, patched or in
+  // slots.
   for (size_t cache : {size_t{0}, SIZE_MAX}) {
-    Buffers b(stream_, 4);
+    Buffers b(stream_, 5);
     SharedExecutables ex(true, cache);
-    const std::vector<size_t> sizes = {1000, 2048, 77, 4096};
-    const std::vector<int> extras = {0, 2, 1, 0};
+    const std::vector<size_t> sizes = {1000, 2048, 77, 4096, 3000};
+    const std::vector<int> extras = {0, 2, 1, 0, 1};
     const std::vector<SharedExecutables::Member> members = add_shapes(ex, b, sizes, extras);
     auto s = ex.stats();
     EXPECT_EQ(s.groups, 1) << "cache " << cache;
-    EXPECT_EQ(s.members, 4);
-    EXPECT_EQ(s.joins, 3);
-    EXPECT_EQ(s.near_joins, 3);  // the union is built by the second; the fourth is no longer exact
-    // The third grows it by an edge from its one extra memset to the kernel; the fourth's edges
-    // and first and last nodes are the base's, already in the union: it joins as is.
+    EXPECT_EQ(s.members, 5);
+    EXPECT_EQ(s.joins, 4);
+    EXPECT_EQ(s.near_joins, 4);  // the union is built by the second; the rest are no longer exact
+    // The third grows it by an edge from its one extra memset to the kernel. The fourth's edges
+    // and first and last nodes are the base's, already in the union, and the fifth maps as the
+    // third did: both join as is.
     EXPECT_EQ(s.unions, 2);
-    for (int i : {1, 2, 0, 1, 3, 2, 2, 0, 3, 1}) {
+    for (int i : {1, 2, 0, 1, 3, 4, 2, 2, 0, 3, 4, 1}) {
       ASSERT_NO_FATAL_FAILURE(replay(ex, members[static_cast<size_t>(i)], b, stream_));
       expect_shape(b, i, sizes[i], extras[i]);
     }
@@ -333,7 +335,7 @@ TEST_F(SharedExecutablesOnGpu, NearTopologiesShareOneUnionAndRunOnlyTheirOwnNode
       EXPECT_EQ(ex.stats().resident, 1);
       EXPECT_GT(ex.stats().switches, 0);
     } else {
-      EXPECT_EQ(ex.stats().resident, 4);
+      EXPECT_EQ(ex.stats().resident, 5);
     }
     // Evicted, the union is instantiated again with the base's absent nodes disabled.
     ex.evict_to(0, {});

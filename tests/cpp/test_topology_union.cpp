@@ -9,6 +9,7 @@
 
 using grape::core::Edge;
 using grape::core::NodeGraph;
+using grape::core::plan_as_mapped;
 using grape::core::plan_union;
 using grape::core::UnionPlan;
 
@@ -182,6 +183,7 @@ TEST(TopologyUnion, RepeatedUnionsOfMutatedChainsStaySound) {
   for (auto& k : base) k = 1 + rng() % 3;
   NodeGraph group = chain(base);
   std::vector<NodeGraph> members{group};
+  std::vector<std::vector<uint32_t>> mappings{group.order};  // each member's node_of at its join
   for (int round = 0; round < 40; ++round) {
     std::vector<uint64_t> keys = base;
     for (int e = 0; e < 3; ++e) {
@@ -199,16 +201,42 @@ TEST(TopologyUnion, RepeatedUnionsOfMutatedChainsStaySound) {
     expect_sound(grown, graph, *plan);
     group = std::move(grown);
     members.push_back(graph);
+    mappings.push_back(plan->node_of);
   }
-  for (const NodeGraph& member : members) {
-    // A member again (as a recapture would be) needs no new node. (It may need edges: where
-    // alignments tie, it may pair with other nodes of its keys than when it joined.)
+  for (size_t k = 0; k < members.size(); ++k) {
+    const NodeGraph& member = members[k];
+    // A member again (as a recapture would be) needs no new node. Aligned afresh, it may need
+    // edges: where alignments tie, it may pair with other nodes of its keys than when it joined.
     auto plan = plan_union(group, member, 256);
     ASSERT_TRUE(plan);
     EXPECT_TRUE(plan->added.empty());
     expect_sound(apply(group, member, *plan), member, *plan);
+    // Mapped as when it joined, it needs nothing.
+    plan = plan_as_mapped(group, member, mappings[k]);
+    ASSERT_TRUE(plan) << "member " << k;
+    EXPECT_TRUE(plan->added.empty());
+    EXPECT_TRUE(plan->added_edges.empty()) << "member " << k;
+    EXPECT_EQ(plan->order, group.order);
+    expect_sound(apply(group, member, *plan), member, *plan);
   }
   EXPECT_LT(group.keys.size(), base.size() + 40 * 3);
+}
+
+TEST(TopologyUnion, AMappingThatDoesNotFitTheGraphIsRefused) {
+  // The union K M K K; a graph K K K mapped to its nodes 0, 2, 3 fits (the memset absent).
+  const NodeGraph group = chain({K, M, K, K});
+  const NodeGraph graph = chain({K, K, K});
+  auto plan = plan_as_mapped(group, graph, {0, 2, 3});
+  ASSERT_TRUE(plan);
+  EXPECT_EQ(plan->absent, 1u);
+  EXPECT_EQ(plan->added_edges, (std::vector<Edge>{{0, 2}}));  // not through the memset
+  EXPECT_EQ(plan->sources, (std::vector<uint32_t>{0}));
+  EXPECT_EQ(plan->sinks, (std::vector<uint32_t>{3}));
+  EXPECT_FALSE(plan_as_mapped(group, graph, {0, 1, 3}));     // a kernel mapped to the memset
+  EXPECT_FALSE(plan_as_mapped(group, graph, {0, 2, 2}));     // two nodes mapped to one
+  EXPECT_FALSE(plan_as_mapped(group, graph, {0, 2}));        // a node not mapped
+  EXPECT_FALSE(plan_as_mapped(group, graph, {0, 2, 4}));     // past the union
+  EXPECT_FALSE(plan_as_mapped(group, graph, {3, 2, 0}));     // edges going backward
 }
 
 }  // namespace
