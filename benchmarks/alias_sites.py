@@ -20,6 +20,7 @@ their variants captured: `warm_passes`). Counters come from one such steady pass
 
 from __future__ import annotations
 
+import sys
 import time
 
 import torch
@@ -257,4 +258,4 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(harness.exit_status(main()))

@@ -15,6 +15,7 @@ any host synchronization in them raises.
 
 from __future__ import annotations
 
+import sys
 import time
 
 import torch
@@ -167,4 +168,4 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(harness.exit_status([main()]))

@@ -509,9 +509,14 @@ def main(argv=None):
             with tempfile.TemporaryDirectory() as out:
                 child = [a for a in (argv if argv is not None else sys.argv[1:])]
                 child = strip_option(strip_option(child, "--batch"), "--out")
-                subprocess.run([sys.executable, "-m", "benchmarks.gpt2_decode", *child,
-                                "--batch", str(batch), "--out", out], check=True)
-                (result,) = Path(out).glob("*.json")
+                # A child whose results differ from eager exits with an error, results written.
+                done = subprocess.run([sys.executable, "-m", "benchmarks.gpt2_decode", *child,
+                                       "--batch", str(batch), "--out", out])
+                written = list(Path(out).glob("*.json"))
+                if len(written) != 1:
+                    raise RuntimeError(f"batch {batch}: the run wrote no results "
+                                       f"(exit status {done.returncode})")
+                (result,) = written
                 cases += json.loads(result.read_text())["cases"]
             path = harness.write_results(name + ("-quick" if args.quick else ""), cases, args.out)
         print(f"\nwrote {path}")
@@ -529,4 +534,4 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(harness.exit_status(main()))

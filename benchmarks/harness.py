@@ -192,10 +192,12 @@ def run_modes(modes: Iterable[str], run: Callable[[str], dict], metric: str) -> 
 
 
 def exit_status(cases: list[dict]) -> int:
-    """1 where a mode of any case failed (its error is in the results), else 0: a run whose modes
-    fail is reported in full, then fails, so that smoke runs catch it."""
-    failed = [f"{case['name']}/{mode}" for case in cases for mode, r in case["modes"].items()
-              if r.get("error")]
+    """1 where a mode of any case failed (its error is in the results) or computed results that
+    differ from eager's ("correct" False), else 0: a run whose modes fail is reported in full,
+    then fails, so that smoke runs catch it."""
+    failed = [f"{case['name']}/{mode}" + ("" if r.get("error") else " (results differ from eager)")
+              for case in cases for mode, r in case.get("modes", {}).items()
+              if r.get("error") or r.get("correct") is False]
     if failed:
         print(f"failed modes: {', '.join(failed)}", flush=True)
     return 1 if failed else 0

@@ -28,6 +28,15 @@ def test_a_run_with_a_failed_mode_exits_with_an_error(capsys):
     assert "train/grape" in capsys.readouterr().out
 
 
+def test_a_run_whose_results_differ_from_eager_exits_with_an_error(capsys):
+    checked = {"eager": {"correct": "reference"}, "grape": {"correct": True},
+               "ptgraph": {"correct": None}}  # None: not compared
+    assert harness.exit_status([{"name": "infer", "modes": checked}]) == 0
+    wrong = dict(checked, grape_compact={"correct": False})
+    assert harness.exit_status([{"name": "infer", "modes": wrong}, {"name": "hook"}]) == 1
+    assert "infer/grape_compact (results differ from eager)" in capsys.readouterr().out
+
+
 def test_the_markdown_table_has_a_row_per_case_and_mode():
     cases = [{"name": "b1", "modes": {"eager": {"ms": 2.0}, "grape": {"ms": 0.5}}},
              {"name": "b8", "modes": {"eager": {"ms": None}}}]
