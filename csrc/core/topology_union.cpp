@@ -11,24 +11,35 @@ namespace {
 void link(const NodeGraph& group, const NodeGraph& graph, UnionPlan& plan) {
   // The graph's edges that the union lacks. A path through other nodes does not do: they may be
   // disabled for this graph, and a disabled node is not relied on to order anything.
-  const size_t m = graph.keys.size();
-  std::vector<uint8_t> has_predecessor(m, 0), has_successor(m, 0);
   for (const auto& [from, to] : graph.edges) {
-    has_successor[from] = 1;
-    has_predecessor[to] = 1;
     const Edge edge{plan.node_of[from], plan.node_of[to]};
     if (!std::binary_search(group.edges.begin(), group.edges.end(), edge)) {
       plan.added_edges.push_back(edge);
     }
   }
   std::sort(plan.added_edges.begin(), plan.added_edges.end());
-  for (uint32_t h = 0; h < m; ++h) {
-    if (!has_predecessor[h]) plan.sources.push_back(plan.node_of[h]);
-    if (!has_successor[h]) plan.sinks.push_back(plan.node_of[h]);
-  }
+  first_and_last_nodes(graph, plan.sources, plan.sinks);
+  for (uint32_t& node : plan.sources) node = plan.node_of[node];
+  for (uint32_t& node : plan.sinks) node = plan.node_of[node];
 }
 
 }  // namespace
+
+void first_and_last_nodes(const NodeGraph& graph, std::vector<uint32_t>& first,
+                          std::vector<uint32_t>& last) {
+  const size_t count = graph.keys.size();
+  std::vector<uint8_t> has_predecessor(count, 0), has_successor(count, 0);
+  for (const auto& [from, to] : graph.edges) {
+    has_successor[from] = 1;
+    has_predecessor[to] = 1;
+  }
+  first.clear();
+  last.clear();
+  for (uint32_t node = 0; node < count; ++node) {
+    if (!has_predecessor[node]) first.push_back(node);
+    if (!has_successor[node]) last.push_back(node);
+  }
+}
 
 std::optional<UnionPlan> plan_union(const NodeGraph& group, const NodeGraph& graph,
                                     size_t max_edits) {

@@ -67,6 +67,10 @@ struct UnionPlan {
   size_t absent = 0;                // union nodes the joining graph lacks
 };
 
+// `graph`'s nodes without predecessors (first) and without successors (last), by index.
+void first_and_last_nodes(const NodeGraph& graph, std::vector<uint32_t>& first,
+                          std::vector<uint32_t>& last);
+
 // How `graph` (a captured graph: `order` is its creation order) joins `group` (a union built so
 // far), or nothing where the cheapest alignment inserts plus deletes more than `max_edits` nodes
 // (or kMaxEdits), or an edge of `graph` does not go forward in its order.

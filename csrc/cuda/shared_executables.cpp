@@ -862,15 +862,10 @@ uint32_t SharedExecutables::join_grown(uint32_t index, const GraphContents& cont
     check(cudaGraphAddEmptyNode(&grown->start, grown->graph, nullptr, 0), "cudaGraphAddEmptyNode");
     check(add_noop_kernel_node(&grown->end, grown->graph), "cudaGraphAddKernelNode");
     // Until now every member had the base's topology: its first and last nodes are theirs.
-    std::vector<uint8_t> has_predecessor(n, 0), has_successor(n, 0);
-    for (const auto& [from, to] : group.shape.edges) {
-      has_successor[from] = 1;
-      has_predecessor[to] = 1;
-    }
-    for (uint32_t node = 0; node < n; ++node) {
-      if (!has_predecessor[node]) anchor(*grown, node, kFromStart);
-      if (!has_successor[node]) anchor(*grown, node, kToEnd);
-    }
+    std::vector<uint32_t> first, last;
+    core::first_and_last_nodes(group.shape, first, last);
+    for (uint32_t node : first) anchor(*grown, node, kFromStart);
+    for (uint32_t node : last) anchor(*grown, node, kToEnd);
   }
   for (uint32_t node : plan.sources) anchor(*grown, node, kFromStart);
   for (uint32_t node : plan.sinks) anchor(*grown, node, kToEnd);
