@@ -802,11 +802,15 @@ bool SharedExecutables::join_aligned(uint32_t index, const core::NodeGraph& grap
   return true;
 }
 
-uint32_t SharedExecutables::join_as_is(Group& group, const std::vector<core::Blob>& blobs,
-                                       cudaStream_t stream) {
+void SharedExecutables::mark_absent_nodes(Group& group, const std::vector<core::Blob>& blobs) {
   for (size_t node = 0; node < blobs.size(); ++node) {
     if (blobs[node].empty() && group.kinds[node] != NodeKind::kEmpty) group.optional[node] = 1;
   }
+}
+
+uint32_t SharedExecutables::join_as_is(Group& group, const std::vector<core::Blob>& blobs,
+                                       cudaStream_t stream) {
+  mark_absent_nodes(group, blobs);
   const uint32_t shape = group.params->add(blobs);
   try {
     // Patching the shape in now also asks the driver whether it takes these parameters.
@@ -871,9 +875,7 @@ uint32_t SharedExecutables::join_grown(uint32_t index, const GraphContents& cont
   for (uint32_t node : plan.sinks) anchor(*grown, node, kToEnd);
   std::sort(grown->shape.edges.begin(), grown->shape.edges.end());
   grown->shape.order = plan.order;
-  for (size_t node = 0; node < n; ++node) {
-    if (blobs[node].empty() && grown->kinds[node] != NodeKind::kEmpty) grown->optional[node] = 1;
-  }
+  mark_absent_nodes(*grown, blobs);
   grown->topologies = group.topologies;
   grown->node_of_topology = group.node_of_topology;
   grown->members = group.members;
