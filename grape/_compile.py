@@ -12,7 +12,7 @@ import os
 import sys
 import traceback
 import warnings
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Optional, Union
 
 import torch
 
@@ -80,12 +80,12 @@ class CompiledFunction(_C.Runtime):
     def __init__(self, fn: Callable, *, warmup: int = 1, warmup_each_signature: bool = True,
                  module: Optional[torch.nn.Module] = None,
                  name: Optional[str] = None, alias_prediction: bool = True, rewrite: bool = True,
-                 on_unsupported: str = "error", share_executables: bool = True,
+                 on_unsupported: str = "error", share_executables: Union[bool, str] = True,
                  executable_cache: Optional[int] = DEFAULT_EXECUTABLE_CACHE,
                  memory_budget: Optional[int] = None):
         run, why = _rewrite.rewrite(fn, on_unsupported) if rewrite else (fn, "rewrite=False")
-        super().__init__(run, warmup, warmup_each_signature, module, alias_prediction,
-                         share_executables,
+        sharing = {False: "none", True: "topology"}.get(share_executables, share_executables)
+        super().__init__(run, warmup, warmup_each_signature, module, alias_prediction, sharing,
                          -1 if executable_cache is None else executable_cache,
                          -1 if memory_budget is None else memory_budget)
         # Whether tensor-dependent control flow in fn is predicated (docs/semantics.md); else why not.
@@ -161,8 +161,8 @@ _UNSET = object()
 
 def compile(fn: Optional[Callable] = None, *, warmup: int = 1, warmup_each_signature: bool = True,
             alias_prediction: bool = True,
-            rewrite: bool = True, on_unsupported: str = "error", share_executables: bool = True,
-            executable_cache: Optional[int] = DEFAULT_EXECUTABLE_CACHE, memory_budget: Any = _UNSET):
+            rewrite: bool = True, on_unsupported: str = "error",
+            share_executables: Union[bool, str] = True, executable_cache: Optional[int] = DEFAULT_EXECUTABLE_CACHE, memory_budget: Any = _UNSET):
     """Compiles ``fn`` (a function or an ``nn.Module``) into CUDA graphs, one per call signature.
 
     * ``grape.compile(fn)`` and ``@grape.compile`` return a :class:`CompiledFunction`;
@@ -198,7 +198,11 @@ def compile(fn: Optional[Callable] = None, *, warmup: int = 1, warmup_each_signa
     ``share_executables``: graphs of one topology (typically every shape of the function) share
     instantiated executables, patched to a shape's kernel parameters when it is replayed; the
     parameters are kept compressed on the host. Off: one executable per graph (more device memory,
-    no patching). ``executable_cache``: bytes of device memory for executables beyond one per
+    no patching). ``"near"`` (experimental): graphs of near topologies (a kernel or memset more or
+    less, as cuDNN picks algorithms per shape) also share one, a union of their graphs in which
+    each shape disables the nodes it lacks; on an H100 this still faults on wav2vec2's feature
+    encoder when calls are not waited for (docs/design.md, "Near topologies").
+    ``executable_cache``: bytes of device memory for executables beyond one per
     topology, so that the shapes holding one replay without patching (about 4 KB per kernel of a
     graph; default 256 MiB); 0: one executable per topology, the least memory; None: no limit.
     ``memory_budget``: bytes of device memory for the function's graph memory (its
@@ -220,9 +224,9 @@ def compile(fn: Optional[Callable] = None, *, warmup: int = 1, warmup_each_signa
         raise TypeError(f"grape.compile: rewrite must be a bool, got {type(rewrite).__name__}")
     if on_unsupported not in ("error", "sync"):
         raise ValueError(f"grape.compile: on_unsupported must be 'error' or 'sync', got {on_unsupported!r}")
-    if not isinstance(share_executables, bool):
-        raise TypeError("grape.compile: share_executables must be a bool, got "
-                        f"{type(share_executables).__name__}")
+    if not isinstance(share_executables, bool) and share_executables != "near":
+        raise TypeError("grape.compile: share_executables must be a bool or 'near', got "
+                        f"{share_executables!r}")
     if memory_budget is _UNSET:
         memory_budget = _default_memory_budget
     options = dict(warmup=warmup, warmup_each_signature=warmup_each_signature,

@@ -540,7 +540,7 @@ struct SharedExecutables::Group {
   core::NodeGraph shape;
   std::vector<uint8_t> optional;
   std::vector<uint32_t> absent_in_base;
-  // The union's start and end anchors, an empty node and a no-op kernel (cuda/graph_anchor.h),
+  // The union's start and end anchors, no-op kernels (cuda/graph_anchor.h),
   // null until the group first becomes a union (from then on members join by alignment only,
   // add()); and per node whether an edge from the start (kFromStart) or to the end (kToEnd)
   // holds it.
@@ -580,8 +580,8 @@ bool SharedExecutables::anchors_hold(const Group& group, const core::UnionPlan& 
   return holds(plan.sources, kFromStart) && holds(plan.sinks, kToEnd);
 }
 
-SharedExecutables::SharedExecutables(bool share, size_t cache_bytes)
-    : share_(share), cache_bytes_(cache_bytes) {}
+SharedExecutables::SharedExecutables(Sharing sharing, size_t cache_bytes)
+    : sharing_(sharing), cache_bytes_(cache_bytes) {}
 
 SharedExecutables::~SharedExecutables() {
   for (auto& group : groups_) {
@@ -666,9 +666,10 @@ bool SharedExecutables::room_for_slot(const Group& group) const {
 
 SharedExecutables::Member SharedExecutables::add(cudaGraph_t graph, cudaStream_t stream) {
   GraphOwner owner{graph};
-  GraphContents contents = read_graph(graph, share_);
-  const bool shareable = share_ && contents.readable;
-  if (share_ && !contents.readable) unshareable_reason_ = contents.why_not;
+  const bool share = sharing_ != Sharing::kNone;
+  GraphContents contents = read_graph(graph, share);
+  const bool shareable = share && contents.readable;
+  if (share && !contents.readable) unshareable_reason_ = contents.why_not;
 
   core::NodeGraph aligned;  // a shareable graph's view for alignment; kept if it starts a group
   if (shareable) {
@@ -712,7 +713,8 @@ SharedExecutables::Member SharedExecutables::add(cudaGraph_t graph, cudaStream_t
     // A graph of no group's topology (or one whose update the driver refused, which alignment
     // would not check better) may join the most recent groups of a near topology.
     int near_tried = 0;
-    for (size_t index = groups_.size(); index-- > 0 && near_tried < kNearGroupsTried;) {
+    for (size_t index = groups_.size();
+         sharing_ == Sharing::kNearTopologies && index-- > 0 && near_tried < kNearGroupsTried;) {
       if (!groups_[index] || std::find(tried.begin(), tried.end(), index) != tried.end()) continue;
       const Group& group = *groups_[index];
       if (!group.params ||
@@ -863,7 +865,7 @@ uint32_t SharedExecutables::join_grown(uint32_t index, const GraphContents& cont
     check(cudaGraphNodeFindInClone(&grown->end, group.end, grown->graph),
           "cudaGraphNodeFindInClone");
   } else {
-    check(cudaGraphAddEmptyNode(&grown->start, grown->graph, nullptr, 0), "cudaGraphAddEmptyNode");
+    check(add_noop_kernel_node(&grown->start, grown->graph), "cudaGraphAddKernelNode");
     check(add_noop_kernel_node(&grown->end, grown->graph), "cudaGraphAddKernelNode");
     // Until now every member had the base's topology: its first and last nodes are theirs.
     std::vector<uint32_t> first, last;

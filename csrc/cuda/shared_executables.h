@@ -48,10 +48,16 @@ class SharedExecutables {
     bool valid() const { return group != UINT32_MAX; }
   };
 
-  // `share`: group graphs by topology; false gives every graph an executable of its own.
+  // Which graphs share an executable.
+  enum class Sharing {
+    kNone,            // every graph has an executable of its own
+    kTopology,        // graphs of one topology (Note [Shared executables])
+    kNearTopologies,  // and graphs of near topologies, in unions (Note [Near topologies])
+  };
+
   // `cache_bytes`: device memory that the executables beyond one per group may take
   // (Note [Executable slots]); SIZE_MAX: no limit.
-  SharedExecutables(bool share, size_t cache_bytes);
+  SharedExecutables(Sharing sharing, size_t cache_bytes);
   ~SharedExecutables();
   SharedExecutables(const SharedExecutables&) = delete;
   SharedExecutables& operator=(const SharedExecutables&) = delete;
@@ -117,7 +123,7 @@ class SharedExecutables {
   // Whether the executable cache can take another slot of `group`.
   bool room_for_slot(const Group& group) const;
 
-  bool share_;
+  Sharing sharing_;
   size_t cache_bytes_;
   size_t cached_bytes_ = 0;  // the executables beyond the first of each group
   size_t device_limit_ = SIZE_MAX;

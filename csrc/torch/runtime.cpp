@@ -134,7 +134,7 @@ Entry::Entry() = default;
 Entry::~Entry() = default;
 
 Runtime::Runtime(py::object fn, int warmup, bool warmup_each_signature, py::object static_module,
-                 bool alias_prediction, bool share_executables, int64_t executable_cache,
+                 bool alias_prediction, const std::string& sharing, int64_t executable_cache,
                  int64_t memory_budget)
     : fn_(std::move(fn)),
       static_module_(std::move(static_module)),
@@ -146,13 +146,16 @@ Runtime::Runtime(py::object fn, int warmup, bool warmup_each_signature, py::obje
   TORCH_CHECK(PyCallable_Check(fn_.ptr()), "grape.compile expects a callable, got ",
               Py_TYPE(fn_.ptr())->tp_name);
   TORCH_CHECK(warmup_ >= 0, "grape.compile: warmup must be >= 0, got ", warmup_);
+  TORCH_CHECK(sharing == "none" || sharing == "topology" || sharing == "near",
+              "grape.compile: executable sharing must be 'none', 'topology' or 'near', got '",
+              sharing, "'");
 #ifdef GRAPE_WITH_CUDA
+  using Sharing = cuda::SharedExecutables::Sharing;
   if (alias_prediction_) sites_ = std::make_unique<InputSites>();
   executables_ = std::make_shared<cuda::SharedExecutables>(
-      share_executables,
+      sharing == "none" ? Sharing::kNone
+                        : (sharing == "near" ? Sharing::kNearTopologies : Sharing::kTopology),
       executable_cache < 0 ? SIZE_MAX : static_cast<size_t>(executable_cache));
-#else
-  (void)share_executables;
 #endif
 }
 

@@ -73,7 +73,8 @@ class Runtime {
   // `static_module`: an nn.Module (or None) whose parameters and buffers the function reads.
   // `alias_prediction`: feed an earlier replay's output to the next graph in place (chaining), and
   // hand the caller's allocations at predicted code positions the graphs' input buffers.
-  // `share_executables`: graphs of one topology share executables (Note [Shared executables]).
+  // `sharing`: which graphs share executables: "none", "topology" (Note [Shared executables]) or
+  // "near" (near topologies too, Note [Near topologies]).
   // `executable_cache`: bytes of device memory for the executables beyond one per topology, which
   // let shapes replay without patching (Note [Executable slots]); < 0: no limit.
   // `memory_budget`: bytes of device memory for the arena and resident executables; < 0: none.
@@ -81,7 +82,7 @@ class Runtime {
   // only the function's first `warmup` calls do, and a signature whose capture fails without a
   // warm-up of its own runs eagerly once and is captured again at its next call.
   Runtime(py::object fn, int warmup, bool warmup_each_signature, py::object static_module,
-          bool alias_prediction, bool share_executables, int64_t executable_cache,
+          bool alias_prediction, const std::string& sharing, int64_t executable_cache,
           int64_t memory_budget);
   virtual ~Runtime();
   Runtime(const Runtime&) = delete;

@@ -4,6 +4,7 @@
 #include <cuda_runtime_api.h>
 
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <tuple>
 #include <vector>
@@ -14,6 +15,7 @@
 
 using grape::cuda::CopySegment;
 using grape::cuda::SharedExecutables;
+using Sharing = SharedExecutables::Sharing;
 
 namespace {
 
@@ -220,7 +222,7 @@ class SharedExecutablesOnGpu : public ::testing::Test {
 
 TEST_F(SharedExecutablesOnGpu, ShapesOfOneTopologyShareOneExecutableAndReplayTheirOwnParameters) {
   Buffers b(stream_, 4);
-  SharedExecutables ex(/*share=*/true, /*cache_bytes=*/0);
+  SharedExecutables ex(Sharing::kTopology, /*cache_bytes=*/0);
   const std::vector<SharedExecutables::Member> members = add_shapes(ex, b, kFourSizes);
   auto s = ex.stats();
   EXPECT_EQ(s.groups, 1);
@@ -250,7 +252,7 @@ TEST_F(SharedExecutablesOnGpu, ShapesOfOneTopologyShareOneExecutableAndReplayThe
 
 TEST_F(SharedExecutablesOnGpu, PatchesBackToTheBaseAfterARemovedShape) {
   Buffers b(stream_, 3);
-  SharedExecutables ex(true, 0);
+  SharedExecutables ex(Sharing::kTopology, 0);
   auto base = ex.add(capture_shape(b, 0, 512, stream_), stream_);
   auto gone = ex.add(capture_shape(b, 1, 2048, stream_), stream_);
   auto kept = ex.add(capture_shape(b, 2, 300, stream_), stream_);
@@ -262,9 +264,9 @@ TEST_F(SharedExecutablesOnGpu, PatchesBackToTheBaseAfterARemovedShape) {
   }
 }
 
-TEST_F(SharedExecutablesOnGpu, FarTopologiesAndSharingOffGetExecutablesOfTheirOwn) {
+TEST_F(SharedExecutablesOnGpu, OtherTopologiesAndSharingOffGetExecutablesOfTheirOwn) {
   Buffers b(stream_, 2);
-  SharedExecutables ex(true, 0);
+  SharedExecutables ex(Sharing::kNearTopologies, 0);
   auto plain = ex.add(capture_shape(b, 0, 1000, stream_), stream_);
   // 20 nodes more than 3: beyond the 8 a near topology may differ by.
   auto far = ex.add(capture_shape(b, 1, 1000, stream_, /*extra_memsets=*/20), stream_);
@@ -278,7 +280,17 @@ TEST_F(SharedExecutablesOnGpu, FarTopologiesAndSharingOffGetExecutablesOfTheirOw
   EXPECT_EQ(ex.evict_to(0, far), 1);
   EXPECT_EQ(ex.stats().resident, 1);
 
-  SharedExecutables separate(false, SIZE_MAX);
+  // Sharing by topology alone: a near topology (a memset more) is a group of its own.
+  SharedExecutables exact(Sharing::kTopology, 0);
+  exact.add(capture_shape(b, 0, 1000, stream_), stream_);
+  auto near = exact.add(capture_shape(b, 1, 500, stream_, /*extra_memsets=*/1), stream_);
+  EXPECT_EQ(exact.stats().groups, 2);
+  EXPECT_EQ(exact.stats().joins, 0);
+  EXPECT_EQ(exact.stats().near_joins, 0);
+  ASSERT_NO_FATAL_FAILURE(replay(exact, near, b, stream_));
+  expect_shape(b, 1, 500, 1);
+
+  SharedExecutables separate(Sharing::kNone, SIZE_MAX);
   separate.add(capture_shape(b, 0, 1000, stream_), stream_);
   auto second = separate.add(capture_shape(b, 1, 500, stream_), stream_);
   EXPECT_EQ(separate.stats().groups, 2);
@@ -292,7 +304,7 @@ TEST_F(SharedExecutablesOnGpu, AUnionHoldsVariantsFartherApartThanOneGraphMayBri
   // own extra nodes are bounded only by its growth over its smallest member (16 here). A graph
   // with 12 memsets more, then the plain one, share one executable; each runs its own nodes.
   Buffers b(stream_, 2);
-  SharedExecutables ex(true, 0);
+  SharedExecutables ex(Sharing::kNearTopologies, 0);
   const std::vector<size_t> sizes = {1000, 2048};
   const std::vector<int> extras = {12, 0};
   const std::vector<SharedExecutables::Member> members = add_shapes(ex, b, sizes, extras);
@@ -314,7 +326,7 @@ TEST_F(SharedExecutablesOnGpu, NearTopologiesShareOneUnionAndRunOnlyTheirOwnNode
   // slots.
   for (size_t cache : {size_t{0}, SIZE_MAX}) {
     Buffers b(stream_, 5);
-    SharedExecutables ex(true, cache);
+    SharedExecutables ex(Sharing::kNearTopologies, cache);
     const std::vector<size_t> sizes = {1000, 2048, 77, 4096, 3000};
     const std::vector<int> extras = {0, 2, 1, 0, 1};
     const std::vector<SharedExecutables::Member> members = add_shapes(ex, b, sizes, extras);
@@ -353,7 +365,7 @@ TEST_F(SharedExecutablesOnGpu, AGraphOfTheGroupsOwnTopologyEnablesWhatASmallerSh
   // executable update would leave it disabled).
   for (size_t cache : {size_t{0}, SIZE_MAX}) {
     Buffers b(stream_, 3);
-    SharedExecutables ex(true, cache);
+    SharedExecutables ex(Sharing::kNearTopologies, cache);
     const std::vector<size_t> sizes = {1000, 300, 2048};
     const std::vector<int> extras = {1, 0, 1};
     const std::vector<SharedExecutables::Member> members = add_shapes(ex, b, sizes, extras);
@@ -372,7 +384,7 @@ TEST_F(SharedExecutablesOnGpu, AGraphOfTheGroupsOwnTopologyEnablesWhatASmallerSh
 TEST_F(SharedExecutablesOnGpu, ShapesWithSlotsOfTheirOwnReplayWithoutPatching) {
   {
     Buffers b(stream_, 4);
-    SharedExecutables ex(true, SIZE_MAX);
+    SharedExecutables ex(Sharing::kTopology, SIZE_MAX);
     const std::vector<SharedExecutables::Member> members = add_shapes(ex, b, kFourSizes);
     auto s = ex.stats();
     EXPECT_EQ(s.groups, 1);
@@ -402,7 +414,7 @@ TEST_F(SharedExecutablesOnGpu, ShapesWithSlotsOfTheirOwnReplayWithoutPatching) {
     // patched into the slot not launched last, and prepare() then has nothing to write.
     Buffers b(stream_, 3);
     const size_t sizes[] = {512, 2000, 3000};
-    SharedExecutables ex(true, 0);
+    SharedExecutables ex(Sharing::kTopology, 0);
     std::vector<SharedExecutables::Member> members;
     members.push_back(ex.add(capture_shape(b, 0, sizes[0], stream_), stream_));
     // A group's executables are all charged as its first: room for exactly one more.
@@ -441,7 +453,7 @@ TEST_F(SharedExecutablesOnGpu, GraphsOfOneTopologyRunningDifferentKernelsEachRep
   // with a slot each, the whole-graph update swapped it once.
   for (size_t cache : {size_t{0}, SIZE_MAX}) {
     Buffers b(stream_, 0);
-    SharedExecutables ex(true, cache);
+    SharedExecutables ex(Sharing::kNearTopologies, cache);
     const Kernel kernels[] = {Kernel::kAddOne, Kernel::kTimesTwo};
     std::vector<SharedExecutables::Member> members;
     for (Kernel k : kernels) members.push_back(ex.add(capture_kernel(b, k, stream_), stream_));
@@ -475,7 +487,7 @@ TEST_F(SharedExecutablesOnGpu, NearTopologiesNeverPairNodesThatRunDifferentKerne
   // graph disables the other's kernel.
   for (size_t cache : {size_t{0}, SIZE_MAX}) {
     Buffers b(stream_, 0);
-    SharedExecutables ex(true, cache);
+    SharedExecutables ex(Sharing::kNearTopologies, cache);
     const Kernel kernels[] = {Kernel::kAddOne, Kernel::kTimesTwo};
     const int extras[] = {1, 0};
     std::vector<SharedExecutables::Member> members;
@@ -499,17 +511,82 @@ TEST_F(SharedExecutablesOnGpu, NearTopologiesNeverPairNodesThatRunDifferentKerne
   }
 }
 
+// For tests of a union's launch order: a kernel still running (~100 us) when the host queues
+// the next work, and launches of two members, mostly the second.
+constexpr long long kSpinCycles = 200000;
+constexpr int kLaunches = 24;
+
+std::vector<int> mostly_second(int launches) {
+  std::vector<int> order;
+  for (int r = 0; r < launches; ++r) order.push_back(r % 3 == 0 ? 0 : 1);
+  return order;
+}
+
+// Launches members[order[r]] for each r, back to back: `before(r)` queued before launch r, and a
+// copy of `output` (kKernelBytes) after it, none waited for. Returns the copies, launch by launch.
+std::vector<uint8_t> launch_back_to_back(SharedExecutables& ex,
+                                         const std::vector<SharedExecutables::Member>& members,
+                                         const std::vector<int>& order, const uint8_t* output,
+                                         const std::function<void(int)>& before,
+                                         cudaStream_t stream) {
+  uint8_t* copies = device_alloc(order.size() * kKernelBytes);
+  for (size_t r = 0; r < order.size(); ++r) {
+    before(static_cast<int>(r));
+    EXPECT_EQ(cudaGraphLaunch(ex.prepare(members[static_cast<size_t>(order[r])], stream), stream),
+              cudaSuccess);
+    EXPECT_EQ(cudaMemcpyAsync(copies + r * kKernelBytes, output, kKernelBytes,
+                              cudaMemcpyDeviceToDevice, stream),
+              cudaSuccess);
+  }
+  std::vector<uint8_t> host(order.size() * kKernelBytes);
+  EXPECT_EQ(cudaMemcpyAsync(host.data(), copies, host.size(), cudaMemcpyDeviceToHost, stream),
+            cudaSuccess);
+  EXPECT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
+  EXPECT_EQ(cudaFree(copies), cudaSuccess);
+  return host;
+}
+
+TEST_F(SharedExecutablesOnGpu, AMembersLaunchStartsAfterWorkQueuedBeforeWhateverTheUnionDisables) {
+  // The start's counterpart of the test below: graph A is a memset, then a kernel that reads an
+  // input; graph B that kernel alone. In their union B disables the memset, A's first node. B's
+  // kernel must still wait for work queued before B's launch: a slow kernel writes the input,
+  // a new value each launch, right before it.
+  Buffers b(stream_, 0);
+  uint8_t* input = b.memcpy_dst;
+  SharedExecutables ex(Sharing::kNearTopologies, 0);
+  std::vector<SharedExecutables::Member> members;
+  for (int g = 0; g < 2; ++g) {
+    cudaGraph_t graph = nullptr;
+    CUDA_OK(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal));
+    if (g == 0) CUDA_OK(cudaMemsetAsync(b.extra_dst, 100, 1, stream_));
+    CUDA_OK(grape::test_kernels::launch_copy(b.copy_dst, input, kKernelBytes, stream_));
+    CUDA_OK(cudaStreamEndCapture(stream_, &graph));
+    members.push_back(ex.add(graph, stream_));
+  }
+  EXPECT_EQ(ex.stats().groups, 1);
+  EXPECT_EQ(ex.stats().near_joins, 1);
+  const std::vector<int> order = mostly_second(kLaunches);
+  const std::vector<uint8_t> host = launch_back_to_back(ex, members, order, b.copy_dst, [&](int r) {
+    CUDA_OK(grape::test_kernels::launch_fill_slowly(input, r + 1, kKernelBytes, kSpinCycles,
+                                                    stream_));
+  }, stream_);
+  for (int r = 0; r < kLaunches; ++r) {
+    for (size_t j = 0; j < kKernelBytes; ++j) {
+      ASSERT_EQ(host[static_cast<size_t>(r) * kKernelBytes + j], r + 1)
+          << "launch " << r << " of graph " << (order[r] == 0 ? "A" : "B") << ", byte " << j;
+    }
+  }
+}
+
 TEST_F(SharedExecutablesOnGpu, AMembersLaunchEndsAfterItsOwnNodesWhateverTheUnionDisables) {
   // Note [Near topologies]: graph A is a slow kernel, then a memset; graph B the slow kernel
   // alone. In their union B disables the memset, A's last node. Work queued after B's launch must
   // still wait for B's kernel: each launch is followed, without waiting, by a copy of the kernel's
   // output, and the output is cleared before the next launch. (With an empty node ending the
   // union, every copy after B's launches read the cleared output on an H100.)
-  constexpr long long kSpinCycles = 200000;  // ~100 us: still running when the copy is queued
-  constexpr int kLaunches = 24;
   const int values[] = {5, 9};
   Buffers b(stream_, 0);
-  SharedExecutables ex(true, 0);
+  SharedExecutables ex(Sharing::kNearTopologies, 0);
   std::vector<SharedExecutables::Member> members;
   for (int g = 0; g < 2; ++g) {
     cudaGraph_t graph = nullptr;
@@ -522,19 +599,10 @@ TEST_F(SharedExecutablesOnGpu, AMembersLaunchEndsAfterItsOwnNodesWhateverTheUnio
   }
   EXPECT_EQ(ex.stats().groups, 1);
   EXPECT_EQ(ex.stats().near_joins, 1);
-  uint8_t* copies = device_alloc(kLaunches * kKernelBytes);
-  std::vector<int> order;
-  for (int r = 0; r < kLaunches; ++r) order.push_back(r % 3 == 0 ? 0 : 1);  // mostly B
-  for (int r = 0; r < kLaunches; ++r) {
+  const std::vector<int> order = mostly_second(kLaunches);
+  const std::vector<uint8_t> host = launch_back_to_back(ex, members, order, b.copy_dst, [&](int) {
     CUDA_OK(cudaMemsetAsync(b.copy_dst, 0, kKernelBytes, stream_));
-    CUDA_OK(cudaGraphLaunch(ex.prepare(members[static_cast<size_t>(order[r])], stream_), stream_));
-    CUDA_OK(cudaMemcpyAsync(copies + static_cast<size_t>(r) * kKernelBytes, b.copy_dst,
-                            kKernelBytes, cudaMemcpyDeviceToDevice, stream_));
-  }
-  std::vector<uint8_t> host(kLaunches * kKernelBytes);
-  CUDA_OK(cudaMemcpyAsync(host.data(), copies, host.size(), cudaMemcpyDeviceToHost, stream_));
-  CUDA_OK(cudaStreamSynchronize(stream_));
-  CUDA_OK(cudaFree(copies));
+  }, stream_);
   for (int r = 0; r < kLaunches; ++r) {
     for (size_t j = 0; j < kKernelBytes; ++j) {
       ASSERT_EQ(host[static_cast<size_t>(r) * kKernelBytes + j], values[order[r]])

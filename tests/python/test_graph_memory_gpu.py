@@ -155,7 +155,7 @@ def test_near_topologies_share_one_executable_with_results_identical_to_eager(ex
     sizes = [64, 300, 96, 400, 32, 200]
     if first == "long":
         sizes = sizes[1:] + sizes[:1]
-    compiled = grape.compile(near_topologies, alias_prediction=False,
+    compiled = grape.compile(near_topologies, alias_prediction=False, share_executables="near",
                              executable_cache=executable_cache)
     rng = random.Random(1)
     # Warm-up, then captures in this order (a short shape's group first, then a long one joins it
@@ -176,6 +176,17 @@ def test_near_topologies_share_one_executable_with_results_identical_to_eager(ex
     assert s["graphs_joined"] == s["shapes"] - 1
     assert s["graphs_joined_near"] >= 1
     assert s["topology_unions"] == 1
+
+
+def test_near_topologies_keep_executables_of_their_own_unless_asked():
+    # Unions are opt-in (share_executables="near"): by default each topology has its own group.
+    compiled = grape.compile(near_topologies, alias_prediction=False)
+    for n in [64, 300, 96, 400] * 2:
+        x = torch.randn(n, 32, device=DEV)
+        assert torch.equal(compiled(x), near_topologies(x)), n
+    s = grape.stats(compiled)
+    assert s["topology_groups"] == 2 and s["graphs_joined"] == 2
+    assert s["graphs_joined_near"] == 0 and s["topology_unions"] == 0
 
 
 def two_topologies(x):
