@@ -162,7 +162,8 @@ _UNSET = object()
 def compile(fn: Optional[Callable] = None, *, warmup: int = 1, warmup_each_signature: bool = True,
             alias_prediction: bool = True,
             rewrite: bool = True, on_unsupported: str = "error",
-            share_executables: Union[bool, str] = True, executable_cache: Optional[int] = DEFAULT_EXECUTABLE_CACHE, memory_budget: Any = _UNSET):
+            share_executables: Union[bool, str] = True,
+            executable_cache: Optional[int] = DEFAULT_EXECUTABLE_CACHE, memory_budget: Any = _UNSET):
     """Compiles ``fn`` (a function or an ``nn.Module``) into CUDA graphs, one per call signature.
 
     * ``grape.compile(fn)`` and ``@grape.compile`` return a :class:`CompiledFunction`;
