@@ -10,7 +10,7 @@ namespace {
 // Fills in `plan`'s added_edges, sources and sinks from `graph`'s edges and plan.node_of.
 void link(const NodeGraph& group, const NodeGraph& graph, UnionPlan& plan) {
   // The graph's edges that the union lacks. A path through other nodes does not do: they may be
-  // disabled for this graph, and a disabled node is not relied on to order anything.
+  // absent for this graph, and an absent node is not relied on to order anything.
   for (const auto& [from, to] : graph.edges) {
     const Edge edge{plan.node_of[from], plan.node_of[to]};
     if (!std::binary_search(group.edges.begin(), group.edges.end(), edge)) {

@@ -6,38 +6,40 @@
 // more than another (cuDNN's convolutions over audio lengths: 220 to 223 nodes). Each such graph
 // would need a topology group and an executable of its own (Note [Shared executables]). Instead a
 // group may hold the union of its members' graphs: nodes aligned in order, edges of all, and each
-// member disables the union's nodes it lacks. CUDA lets an executable enable and disable kernel,
-// memcpy and memset nodes (cudaGraphNodeSetEnabled), so "absent" is one more node parameter,
-// patched like the others.
+// member runs the union's nodes it lacks as no-ops: a kernel that does nothing, a memset of a
+// byte nothing reads (cuda/noop_nodes.h). A node's no-op is one more value of its parameters,
+// patched like the others. A copy has no such no-op (its memory kinds are fixed), nor has a
+// two-dimensional memset: graphs whose union would need one absent do not join.
 //
 // Running a member's shape in the union is correct when the union orders every pair of nodes that
-// the member orders, through nodes that run for it, when the member's first nodes wait for work
-// queued before the launch, and when work queued after it waits for the member's last nodes. A
-// disabled node is documented to run as an empty one, its dependencies holding, but that is not
-// relied on. On an H100 (CUDA 13), work queued after a member's launch did not wait for its last
-// kernel when a node the member disables followed that kernel (16 of 16 launches), and a member's
-// kernel did not wait for work queued before its launch when a node the member disables preceded
-// it; an empty node after or before every member's nodes did not help, a no-op kernel did
-// (GoogleTests AMembersLaunchEnds... and AMembersLaunchStarts...). (HIP's driver is known to drop
-// dependencies through disabled nodes across streams.) So every member's edges are edges of the
-// union, and the union has two anchors that are never disabled, kernels that do nothing: a start
-// before every member's first nodes and an end after every member's last. Extra union edges only
-// serialize more. The union's node order stays topological: every edge of a captured graph goes
-// from an earlier-created node to a later one, and the aligned order keeps both orders.
+// the member orders, when the member's first nodes wait for work queued before the launch, and
+// when work queued after it waits for the member's last nodes. CUDA can also disable nodes
+// (cudaGraphNodeSetEnabled, documented to run them as empty nodes, their dependencies holding),
+// which unions did first; on an H100 (CUDA 13) that did not hold: work queued after a member's
+// launch did not wait for its last kernel when a disabled node followed that kernel (16 of 16
+// launches), and a member's kernel did not wait for work queued before its launch when a disabled
+// node preceded it, empty nodes before and after every member's nodes notwithstanding (GoogleTests
+// AMembersLaunchEnds... and AMembersLaunchStarts...; HIP's driver is known to drop dependencies
+// through disabled nodes across streams). So no node is disabled; and every member's edges are
+// edges of the union (a path through absent nodes is not relied on), and the union has two
+// anchors, no-op kernels: a start before every member's first nodes and an end after every
+// member's last. Extra union edges only serialize more. The union's node order stays
+// topological: every edge of a captured graph goes from an earlier-created node to a later one,
+// and the aligned order keeps both orders.
 //
 // Unions are opt-in (SharedExecutables::Sharing::kNearTopologies, grape.compile's
-// share_executables="near"): with both anchors, wav2vec2's feature encoder (benchmarks.alias_sites)
-// still faults on an H100 within its first 64 calls when calls are not waited for (4 of 4 runs:
-// executable cache 0 or not, alias prediction on or off, modules loaded eagerly), and is correct
-// when every call is waited for, under CUDA_LAUNCH_BLOCKING=1 and under compute-sanitizer. The
-// cause is not known yet.
+// share_executables="near"): with disabled nodes and both anchors, wav2vec2's feature encoder
+// (benchmarks.alias_sites) still faulted on an H100 within its first 64 calls when calls were not
+// waited for (4 of 4 runs), and was correct when every call was waited for, under
+// CUDA_LAUNCH_BLOCKING=1 and under compute-sanitizer. No-ops in place of disabled nodes have not
+// run on a GPU yet.
 //
 // Alignment is the cheapest edit script: nodes are matched only where their keys are equal, and
 // each node inserted or deleted costs 1. A key holds all that makes two nodes one: the node's type,
 // its launch attributes, and the kernel, or a copy's or memset's destination. (Pairing a kernel
 // node with another kernel, its function swapped by a parameter update, computed wrong results in
-// wav2vec2 on an H100, but that was measured while unions still relied on disabled nodes, which
-// may have been the cause; not measured since.)
+// wav2vec2 on an H100, but that was measured while unions relied on disabled nodes, which may
+// have been the cause; not measured since.)
 // It is searched within a band of `max_edits` (at most kMaxEdits): O(nodes * max_edits) time and
 // memory. Where alignments tie, a graph may pair with other nodes of its keys than an earlier
 // graph of its topology did, and then need edges that one did not; so a graph of a topology that

@@ -16,7 +16,7 @@
 #include "core/param_codec.h"
 #include "core/topology_union.h"
 #include "cuda/driver.h"
-#include "cuda/graph_anchor.h"
+#include "cuda/noop_nodes.h"
 
 namespace grape::cuda {
 
@@ -343,13 +343,56 @@ GraphContents read_graph(cudaGraph_t graph, bool with_params) {
   return g;
 }
 
+// Whether a shape may lack node `node` (of `kind`): a kernel or a one-dimensional memset, run as a
+// no-op in its place (Note [Near topologies]). A copy's no-op would need its memory kinds.
+bool may_be_absent(cudaGraphNode_t node, NodeKind kind) {
+  switch (kind) {
+    case NodeKind::kKernel:
+    case NodeKind::kEmpty:
+      return true;
+    case NodeKind::kMemset: {
+      cudaMemsetParams p{};
+      return cudaGraphMemsetNodeGetParams(node, &p) == cudaSuccess && p.height <= 1;
+    }
+    case NodeKind::kMemcpy:
+      return false;
+  }
+  return false;
+}
+
+// Makes node `node` of `exec`, which the shape lacks, do nothing: a kernel that does nothing (in
+// the node's clusters), a memset of a byte nothing reads. Not disabled: see cuda/noop_nodes.h.
+void write_absent(cudaGraphExec_t exec, cudaGraphNode_t node, NodeKind kind) {
+  switch (kind) {
+    case NodeKind::kKernel: {
+      cudaLaunchAttributeValue cluster{};
+      dim3 grid(1);
+      if (cudaGraphKernelNodeGetAttribute(node, cudaLaunchAttributeClusterDimension, &cluster) ==
+              cudaSuccess &&
+          cluster.clusterDim.x > 0) {
+        grid = dim3(cluster.clusterDim.x, std::max(1u, cluster.clusterDim.y),
+                    std::max(1u, cluster.clusterDim.z));
+      }
+      (void)cudaGetLastError();
+      check(set_noop_kernel(exec, node, grid), "cudaGraphExecKernelNodeSetParams (no-op)");
+      break;
+    }
+    case NodeKind::kMemset:
+      check(set_noop_memset(exec, node), "cudaGraphExecMemsetNodeSetParams (no-op)");
+      break;
+    case NodeKind::kMemcpy:
+      throw std::logic_error("grape: a union lacks a copy node for a shape (may_be_absent)");
+    case NodeKind::kEmpty:
+      break;
+  }
+}
+
 // Writes node `node`'s parameters `blob` into `exec`. An empty blob (other than an empty node's)
-// is a node the shape lacks: it is disabled. `optional`: some shape lacks the node, so that
-// writing parameters enables it (Note [Near topologies]).
-void write_node(cudaGraphExec_t exec, cudaGraphNode_t node, NodeKind kind, const core::Blob& blob,
-                bool optional) {
-  if (blob.empty() && kind != NodeKind::kEmpty) {
-    check(cudaGraphNodeSetEnabled(exec, node, 0), "cudaGraphNodeSetEnabled");
+// is a node the shape lacks (Note [Near topologies]).
+void write_node(cudaGraphExec_t exec, cudaGraphNode_t node, NodeKind kind,
+                const core::Blob& blob) {
+  if (blob.empty()) {
+    write_absent(exec, node, kind);
     return;
   }
   switch (kind) {
@@ -411,9 +454,6 @@ void write_node(cudaGraphExec_t exec, cudaGraphNode_t node, NodeKind kind, const
     case NodeKind::kEmpty:
       break;
   }
-  if (optional && kind != NodeKind::kEmpty) {
-    check(cudaGraphNodeSetEnabled(exec, node, 1), "cudaGraphNodeSetEnabled");
-  }
 }
 
 // A node in `graph` like `source` (a node of a captured graph, read as `kind`): same parameters
@@ -468,7 +508,7 @@ void add_edge(cudaGraph_t graph, cudaGraphNode_t from, cudaGraphNode_t to) {
 
 // How near a graph must be to join a union (Note [Near topologies]): it may bring
 // near_inserts(its nodes) nodes the union lacks, and the union may hold union_growth(smallest)
-// nodes more than its smallest member, which runs them all, disabled. Deleted nodes (the union's
+// nodes more than its smallest member, which runs them all, as no-ops. Deleted nodes (the union's
 // that the graph lacks) are bounded by the growth alone: a union is meant to hold many variants.
 size_t near_inserts(size_t nodes) { return std::max<size_t>(8, nodes / 8); }
 size_t union_growth(size_t smallest) { return std::max<size_t>(16, smallest / 4); }
@@ -535,12 +575,11 @@ struct SharedExecutables::Group {
   std::vector<cudaGraphNode_t> nodes;
   std::vector<NodeKind> kinds;
   std::unique_ptr<core::ParamTable> params;  // null: this group has one graph and never shares
-  // Note [Near topologies]: the graph as aligned, its nodes some member lacks (enabled or not per
-  // shape), and of those the ones the base lacks, disabled at instantiation.
+  // Note [Near topologies]: the graph as aligned, and the nodes the base lacks (a union's added
+  // nodes, empty ones aside), made no-ops at instantiation.
   core::NodeGraph shape;
-  std::vector<uint8_t> optional;
   std::vector<uint32_t> absent_in_base;
-  // The union's start and end anchors, no-op kernels (cuda/graph_anchor.h),
+  // The union's start and end anchors, no-op kernels (cuda/noop_nodes.h),
   // null until the group first becomes a union (from then on members join by alignment only,
   // add()); and per node whether an edge from the start (kFromStart) or to the end (kToEnd)
   // holds it.
@@ -602,16 +641,20 @@ size_t SharedExecutables::instantiate(Group& group, cudaStream_t stream) {
         "cudaGraphInstantiateWithFlags");
   // The base's parameters: the nodes a union added are absent from it (before the upload, which
   // a later change would make the first launch redo).
-  cudaError_t status = cudaSuccess;
-  for (size_t i = 0; i < group.absent_in_base.size() && status == cudaSuccess; ++i) {
-    status = cudaGraphNodeSetEnabled(made.exec, group.nodes[group.absent_in_base[i]], 0);
+  try {
+    for (uint32_t node : group.absent_in_base) {
+      write_absent(made.exec, group.nodes[node], group.kinds[node]);
+    }
+  } catch (...) {
+    (void)cudaGraphExecDestroy(made.exec);
+    throw;
   }
   // The upload allocates the executable's device memory now rather than at its first launch.
-  const cudaError_t uploaded = status == cudaSuccess ? cudaGraphUpload(made.exec, stream) : status;
+  const cudaError_t uploaded = cudaGraphUpload(made.exec, stream);
   (void)cudaMemGetInfo(&free_after, &total);
   if (uploaded != cudaSuccess) {
     (void)cudaGraphExecDestroy(made.exec);
-    check(uploaded, status != cudaSuccess ? "cudaGraphNodeSetEnabled" : "cudaGraphUpload");
+    check(uploaded, "cudaGraphUpload");
   }
   record_instantiation(free_before > free_after ? free_before - free_after : 0, group.nodes.size());
   // Executables of one graph are of one size, so a group's are charged alike, at the estimate
@@ -679,9 +722,9 @@ SharedExecutables::Member SharedExecutables::add(cudaGraph_t graph, cudaStream_t
     for (auto it = first; it != last; ++it) {
       Group& group = *groups_[it->second];
       tried.push_back(it->second);
-      // cudaGraphExecUpdate takes graphs of the group's base topology only, and leaves nodes'
-      // enabled state as it is: into a union (its anchors are no captured graph's nodes), or a
-      // group registered by a near join, a graph joins by alignment, which sets it.
+      // cudaGraphExecUpdate takes graphs of the group's base topology only, and would not make
+      // the nodes the graph lacks no-ops: into a union (its anchors are no captured graph's
+      // nodes), or a group registered by a near join, a graph joins by alignment.
       if (group.start != nullptr || contents.topology != group.topologies.front()) {
         Member joined;
         if (join_aligned(it->second, aligned, contents, stream, joined)) return joined;
@@ -736,7 +779,6 @@ SharedExecutables::Member SharedExecutables::add(cudaGraph_t graph, cudaStream_t
   group->shape = std::move(aligned);  // without an order, no graph joins it by alignment
   group->nodes = std::move(contents.nodes);
   group->kinds = std::move(contents.kinds);
-  group->optional.assign(count, 0);
   group->smallest_member = count;
   group->topologies = {contents.topology};
   if (!group->shape.order.empty()) {
@@ -773,8 +815,20 @@ bool SharedExecutables::join_aligned(uint32_t index, const core::NodeGraph& grap
     if (!near_enough(n, m, group.smallest_member, 0)) return false;
     // Inserted plus deleted nodes are (n - m) + 2 * inserted: this bounds the inserted ones.
     plan = core::plan_union(group.shape, graph, n + 2 * near_inserts(m) - m);
-    // Every member runs the whole union, its absent nodes disabled: keep that few.
+    // Every member runs the whole union, its absent nodes as no-ops: keep that few.
     if (!plan || !near_enough(n, m, group.smallest_member, plan->added.size())) return false;
+  }
+  // The union's nodes the graph lacks, and the graph's nodes the union's shapes lack, must be
+  // able to run as no-ops.
+  std::vector<uint8_t> present(n, 0);
+  for (uint32_t node : plan->node_of) {
+    if (node < n) present[node] = 1;
+  }
+  for (size_t node = 0; node < n; ++node) {
+    if (present[node] == 0 && !may_be_absent(group.nodes[node], group.kinds[node])) return false;
+  }
+  for (uint32_t h : plan->added) {
+    if (!may_be_absent(contents.nodes[h], contents.kinds[h])) return false;
   }
   const size_t smallest = std::min(group.smallest_member, m);
   std::vector<core::Blob> blobs(n + plan->added.size());  // empty: absent
@@ -804,15 +858,8 @@ bool SharedExecutables::join_aligned(uint32_t index, const core::NodeGraph& grap
   return true;
 }
 
-void SharedExecutables::mark_absent_nodes(Group& group, const std::vector<core::Blob>& blobs) {
-  for (size_t node = 0; node < blobs.size(); ++node) {
-    if (blobs[node].empty() && group.kinds[node] != NodeKind::kEmpty) group.optional[node] = 1;
-  }
-}
-
 uint32_t SharedExecutables::join_as_is(Group& group, const std::vector<core::Blob>& blobs,
                                        cudaStream_t stream) {
-  mark_absent_nodes(group, blobs);
   const uint32_t shape = group.params->add(blobs);
   try {
     // Patching the shape in now also asks the driver whether it takes these parameters.
@@ -841,14 +888,12 @@ uint32_t SharedExecutables::join_grown(uint32_t index, const GraphContents& cont
   }
   grown->kinds = group.kinds;
   grown->shape = group.shape;
-  grown->optional = group.optional;
   grown->absent_in_base = group.absent_in_base;
   for (uint32_t h : plan.added) {
     const NodeKind kind = contents.kinds[h];
     grown->nodes.push_back(add_node_like(grown->graph, contents.nodes[h], kind));
     grown->kinds.push_back(kind);
     grown->shape.keys.push_back(contents.keys[h]);
-    grown->optional.push_back(kind != NodeKind::kEmpty);
     if (kind != NodeKind::kEmpty) {
       grown->absent_in_base.push_back(static_cast<uint32_t>(grown->nodes.size() - 1));
     }
@@ -877,7 +922,6 @@ uint32_t SharedExecutables::join_grown(uint32_t index, const GraphContents& cont
   for (uint32_t node : plan.sinks) anchor(*grown, node, kToEnd);
   std::sort(grown->shape.edges.begin(), grown->shape.edges.end());
   grown->shape.order = plan.order;
-  mark_absent_nodes(*grown, blobs);
   grown->topologies = group.topologies;
   grown->node_of_topology = group.node_of_topology;
   grown->members = group.members;
@@ -887,8 +931,7 @@ uint32_t SharedExecutables::join_grown(uint32_t index, const GraphContents& cont
   try {
     const cudaGraphExec_t exec = grown->executables.front().exec;
     for (size_t node = 0; node < blobs.size(); ++node) {
-      write_node(exec, grown->nodes[node], grown->kinds[node], blobs[node],
-                 grown->optional[node] != 0);
+      write_node(exec, grown->nodes[node], grown->kinds[node], blobs[node]);
     }
   } catch (...) {
     destroy_slot(*grown, 0);
@@ -971,7 +1014,7 @@ void SharedExecutables::patch(Group& group, size_t slot, uint32_t shape) {
   cudaGraphExec_t exec = group.executables[slot].exec;
   for (uint32_t node : changed) {
     group.params->decode(shape, node, blob);
-    write_node(exec, group.nodes[node], group.kinds[node], blob, group.optional[node] != 0);
+    write_node(exec, group.nodes[node], group.kinds[node], blob);
   }
   group.slots[slot].shape = shape;
   ++counters_.switches;

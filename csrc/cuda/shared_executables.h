@@ -98,9 +98,6 @@ class SharedExecutables {
   // alignment (Note [Near topologies]); false where it is too far or the driver refuses.
   bool join_aligned(uint32_t index, const core::NodeGraph& graph, const GraphContents& contents,
                     cudaStream_t stream, Member& joined);
-  // Marks the nodes a joining shape lacks (its empty `blobs`, empty nodes aside) as optional: the
-  // shapes of `group` enable or disable them.
-  static void mark_absent_nodes(Group& group, const std::vector<core::Blob>& blobs);
   // The new shape of a union that already holds the joining graph's nodes, edges and anchors.
   uint32_t join_as_is(Group& group, const std::vector<core::Blob>& blobs, cudaStream_t stream);
   // The new shape of group `index`, whose graph becomes its union with the joining graph.

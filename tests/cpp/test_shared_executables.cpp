@@ -358,11 +358,11 @@ TEST_F(SharedExecutablesOnGpu, NearTopologiesShareOneUnionAndRunOnlyTheirOwnNode
   }
 }
 
-TEST_F(SharedExecutablesOnGpu, AGraphOfTheGroupsOwnTopologyEnablesWhatASmallerShapeDisabled) {
-  // The larger graph first: the smaller one joins it, disabling its extra memset in the slot it
-  // is patched into (the union only gains the smaller one's memset-to-kernel edge, and anchors);
-  // a later graph of the larger topology joins as is and must run that memset again (an
-  // executable update would leave it disabled).
+TEST_F(SharedExecutablesOnGpu, AGraphOfTheGroupsOwnTopologyRunsWhatASmallerShapeLacks) {
+  // The larger graph first: the smaller one joins it, its extra memset a no-op in the slot it is
+  // patched into (the union only gains the smaller one's memset-to-kernel edge, and anchors); a
+  // later graph of the larger topology joins as is and must run that memset again (an executable
+  // update would leave it a no-op).
   for (size_t cache : {size_t{0}, SIZE_MAX}) {
     Buffers b(stream_, 3);
     SharedExecutables ex(Sharing::kNearTopologies, cache);
@@ -511,6 +511,41 @@ TEST_F(SharedExecutablesOnGpu, NearTopologiesNeverPairNodesThatRunDifferentKerne
   }
 }
 
+TEST_F(SharedExecutablesOnGpu, AGraphThatLacksOrBringsACopyKeepsAGroupOfItsOwn) {
+  // A shape runs the nodes it lacks as no-ops; a copy has none (its memory kinds are the node's),
+  // so graphs a copy apart do not join, in either order. Each still replays its own nodes.
+  for (bool copy_first : {true, false}) {
+    Buffers b(stream_, 1);
+    SharedExecutables ex(Sharing::kNearTopologies, 0);
+    std::vector<SharedExecutables::Member> members;
+    for (bool with_copy : {copy_first, !copy_first}) {
+      cudaGraph_t graph = nullptr;
+      CUDA_OK(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal));
+      CUDA_OK(cudaMemsetAsync(b.memset_dst, 10, kKernelBytes, stream_));
+      if (with_copy) {
+        CUDA_OK(cudaMemcpyAsync(b.memcpy_dst, b.sources[0], kKernelBytes,
+                                cudaMemcpyDeviceToDevice, stream_));
+      }
+      CUDA_OK(cudaStreamEndCapture(stream_, &graph));
+      members.push_back(ex.add(graph, stream_));
+    }
+    const auto s = ex.stats();
+    EXPECT_EQ(s.groups, 2) << "copy first " << copy_first;
+    EXPECT_EQ(s.near_joins, 0);
+    const std::vector<uint8_t> src = b.read(b.sources[0]);
+    for (size_t m : {0, 1, 0}) {
+      ASSERT_NO_FATAL_FAILURE(replay(ex, members[m], b, stream_));
+      const bool with_copy = (m == 0) == copy_first;
+      const std::vector<uint8_t> memcpyd = b.read(b.memcpy_dst);
+      const std::vector<uint8_t> memset = b.read(b.memset_dst);
+      for (size_t j = 0; j < kKernelBytes; ++j) {
+        ASSERT_EQ(memset[j], 10) << "member " << m << ", byte " << j;
+        ASSERT_EQ(memcpyd[j], with_copy ? src[j] : 0) << "member " << m << ", byte " << j;
+      }
+    }
+  }
+}
+
 // For tests of a union's launch order: a kernel still running (~100 us) when the host queues
 // the next work, and launches of two members, mostly the second.
 constexpr long long kSpinCycles = 200000;
@@ -546,11 +581,12 @@ std::vector<uint8_t> launch_back_to_back(SharedExecutables& ex,
   return host;
 }
 
-TEST_F(SharedExecutablesOnGpu, AMembersLaunchStartsAfterWorkQueuedBeforeWhateverTheUnionDisables) {
+TEST_F(SharedExecutablesOnGpu, AMembersLaunchStartsAfterWorkQueuedBeforeWhateverItLacks) {
   // The start's counterpart of the test below: graph A is a memset, then a kernel that reads an
-  // input; graph B that kernel alone. In their union B disables the memset, A's first node. B's
+  // input; graph B that kernel alone. In their union B lacks the memset, A's first node. B's
   // kernel must still wait for work queued before B's launch: a slow kernel writes the input,
-  // a new value each launch, right before it.
+  // a new value each launch, right before it. (With the memset disabled for B and an empty start
+  // node, B's kernel read the input before the slow kernel wrote it on an H100.)
   Buffers b(stream_, 0);
   uint8_t* input = b.memcpy_dst;
   SharedExecutables ex(Sharing::kNearTopologies, 0);
@@ -578,12 +614,13 @@ TEST_F(SharedExecutablesOnGpu, AMembersLaunchStartsAfterWorkQueuedBeforeWhatever
   }
 }
 
-TEST_F(SharedExecutablesOnGpu, AMembersLaunchEndsAfterItsOwnNodesWhateverTheUnionDisables) {
+TEST_F(SharedExecutablesOnGpu, AMembersLaunchEndsAfterItsOwnNodesWhateverItLacks) {
   // Note [Near topologies]: graph A is a slow kernel, then a memset; graph B the slow kernel
-  // alone. In their union B disables the memset, A's last node. Work queued after B's launch must
+  // alone. In their union B lacks the memset, A's last node. Work queued after B's launch must
   // still wait for B's kernel: each launch is followed, without waiting, by a copy of the kernel's
-  // output, and the output is cleared before the next launch. (With an empty node ending the
-  // union, every copy after B's launches read the cleared output on an H100.)
+  // output, and the output is cleared before the next launch. (With the memset disabled for B and
+  // an empty node ending the union, every copy after B's launches read the cleared output on an
+  // H100.)
   const int values[] = {5, 9};
   Buffers b(stream_, 0);
   SharedExecutables ex(Sharing::kNearTopologies, 0);
