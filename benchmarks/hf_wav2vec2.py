@@ -5,6 +5,10 @@ fp16, GradScaler, fused AdamW), eager and grape.compile side by side on the same
     python -m benchmarks.hf_wav2vec2            # infer and train, 200 batches, 4 epochs a mode
     python -m benchmarks.hf_wav2vec2 --quick    # smoke run: 12 batches, 3 epochs
     python -m benchmarks.hf_wav2vec2 --tiny     # a 2-layer, 64-wide Wav2Vec2 (runs anywhere fast)
+    python -m benchmarks.hf_wav2vec2 --modes eager,grape,grape_near   # unions of near topologies
+
+`grape_near` (only when named: unions are experimental) is grape with share_executables="near":
+shapes whose graphs differ by a few nodes (cuDNN's per-length algorithms) share executables.
 
 Data: one dataset of --batches batches of 8 clips (seeded), built once and kept on the device.
 Clip lengths are drawn uniformly from 1 to 4 s at 16 kHz and quantized to --quantum samples
@@ -107,11 +111,13 @@ MODES = ["eager", "grape", "grape_warmup_once", "ptgraph"]
 # call and captures every later new shape at its first call (warmup_each_signature=False), so
 # epoch 1 holds the captures; with cudnn.benchmark on, a new shape's autotuning may make its
 # first capture fail, and that shape warms up then.
-GRAPE_MODES = {"grape": {}, "grape_warmup_once": {"warmup_each_signature": False}}
+GRAPE_MODES = {"grape": {}, "grape_warmup_once": {"warmup_each_signature": False},
+               "grape_near": {"share_executables": "near"}}
+AVAILABLE_MODES = MODES + ["grape_near"]  # grape_near runs only when named
 CASES = ["infer", "train"]
 # A plain CUDA graph of the whole training step would need the optimizer's and GradScaler's
 # capturable state handled by hand: ptgraph runs at inference only.
-CASE_MODES = {"infer": MODES, "train": [m for m in MODES if m != "ptgraph"]}
+CASE_MODES = {"infer": AVAILABLE_MODES, "train": [m for m in AVAILABLE_MODES if m != "ptgraph"]}
 DEVICE = "cuda"
 
 SAMPLE_RATE = 16000
@@ -544,7 +550,7 @@ def markdown(cases) -> str:
 
 
 def plot(cases, path, title) -> bool:
-    return harness.bar_plot(path, cases, MODES, [
+    return harness.bar_plot(path, cases, AVAILABLE_MODES, [
         ("ms_per_step", "ms per step (steady state)"),
         ("first_two_epochs_s", "epochs 1-2 (s): warm-ups, captures")], title, (10, 4))
 
@@ -564,7 +570,7 @@ def main(argv=None):
     parser.add_argument("--ctc", choices=["cudnn", "native"], default="cudnn",
                         help="CTC loss: cuDNN with device lengths (capturable), or F.ctc_loss "
                              "with int lengths (a host sync on CUDA)")
-    args, modes = harness.parse(parser, argv, MODES, "hf_wav2vec2 needs a CUDA device")
+    args, modes = harness.parse(parser, argv, AVAILABLE_MODES, "hf_wav2vec2 needs a CUDA device")
     if args.quick:
         args.batches, args.reps = 12, 1
     cases = args.cases.split(",")
