@@ -17,8 +17,8 @@ cudaError_t add_noop_kernel_node(cudaGraphNode_t* node, cudaGraph_t graph);
 // thread (a multiple of the node's cluster dimensions, where it has them).
 cudaError_t set_noop_kernel(cudaGraphExec_t exec, cudaGraphNode_t node, dim3 grid);
 
-// Makes memset node `node` of `exec` (one-dimensional) set one byte that nothing reads, on the
-// current device.
-cudaError_t set_noop_memset(cudaGraphExec_t exec, cudaGraphNode_t node);
+// Makes memset node `node` of `exec` (one-dimensional, of `element_size` bytes per element: 1, 2
+// or 4) set one element that nothing reads, on the current device.
+cudaError_t set_noop_memset(cudaGraphExec_t exec, cudaGraphNode_t node, unsigned element_size);
 
 }  // namespace grape::cuda

@@ -352,7 +352,11 @@ bool may_be_absent(cudaGraphNode_t node, NodeKind kind) {
       return true;
     case NodeKind::kMemset: {
       cudaMemsetParams p{};
-      return cudaGraphMemsetNodeGetParams(node, &p) == cudaSuccess && p.height <= 1;
+      if (cudaGraphMemsetNodeGetParams(node, &p) != cudaSuccess) {
+        (void)cudaGetLastError();
+        return false;
+      }
+      return p.height <= 1;
     }
     case NodeKind::kMemcpy:
       return false;
@@ -361,7 +365,7 @@ bool may_be_absent(cudaGraphNode_t node, NodeKind kind) {
 }
 
 // Makes node `node` of `exec`, which the shape lacks, do nothing: a kernel that does nothing (in
-// the node's clusters), a memset of a byte nothing reads. Not disabled: see cuda/noop_nodes.h.
+// the node's clusters), a memset of an element nothing reads. Not disabled: see cuda/noop_nodes.h.
 void write_absent(cudaGraphExec_t exec, cudaGraphNode_t node, NodeKind kind) {
   switch (kind) {
     case NodeKind::kKernel: {
@@ -377,9 +381,12 @@ void write_absent(cudaGraphExec_t exec, cudaGraphNode_t node, NodeKind kind) {
       check(set_noop_kernel(exec, node, grid), "cudaGraphExecKernelNodeSetParams (no-op)");
       break;
     }
-    case NodeKind::kMemset:
-      check(set_noop_memset(exec, node), "cudaGraphExecMemsetNodeSetParams (no-op)");
+    case NodeKind::kMemset: {
+      cudaMemsetParams p{};  // the node's element size: an update may not change it
+      check(cudaGraphMemsetNodeGetParams(node, &p), "cudaGraphMemsetNodeGetParams");
+      check(set_noop_memset(exec, node, p.elementSize), "cudaGraphExecMemsetNodeSetParams (no-op)");
       break;
+    }
     case NodeKind::kMemcpy:
       throw std::logic_error("grape: a union lacks a copy node for a shape (may_be_absent)");
     case NodeKind::kEmpty:

@@ -312,7 +312,7 @@ TEST_F(SharedExecutablesOnGpu, AUnionHoldsVariantsFartherApartThanOneGraphMayBri
   EXPECT_EQ(s.groups, 1);
   EXPECT_EQ(s.near_joins, 1);
   // The plain graph's nodes are all in the wider one; the union gains its anchors and the plain
-  // graph's memset-to-kernel edge, which must not go through the memsets it disables.
+  // graph's memset-to-kernel edge, which must not go through the memsets it lacks.
   EXPECT_EQ(s.unions, 1);
   for (int i : {1, 0, 1, 1, 0}) {
     ASSERT_NO_FATAL_FAILURE(replay(ex, members[static_cast<size_t>(i)], b, stream_));
@@ -322,7 +322,7 @@ TEST_F(SharedExecutablesOnGpu, AUnionHoldsVariantsFartherApartThanOneGraphMayBri
 
 TEST_F(SharedExecutablesOnGpu, NearTopologiesShareOneUnionAndRunOnlyTheirOwnNodes) {
   // Note [Near topologies]: shapes with 0, 2, 1, 0 and 1 extra memsets share one group; each
-  // runs its own nodes only (a disabled memset leaves its byte zero), in any order, patched or in
+  // runs its own nodes only (an absent memset leaves its byte zero), in any order, patched or in
   // slots.
   for (size_t cache : {size_t{0}, SIZE_MAX}) {
     Buffers b(stream_, 5);
@@ -349,7 +349,7 @@ TEST_F(SharedExecutablesOnGpu, NearTopologiesShareOneUnionAndRunOnlyTheirOwnNode
     } else {
       EXPECT_EQ(ex.stats().resident, 5);
     }
-    // Evicted, the union is instantiated again with the base's absent nodes disabled.
+    // Evicted, the union is instantiated again with the base's absent nodes as no-ops.
     ex.evict_to(0, {});
     ASSERT_NO_FATAL_FAILURE(replay(ex, members[0], b, stream_));
     expect_shape(b, 0, sizes[0], 0);
@@ -484,7 +484,7 @@ TEST_F(SharedExecutablesOnGpu, NearTopologiesNeverPairNodesThatRunDifferentKerne
   // Note [Near topologies]: alignment pairs identical nodes only. Graph A is memset, extra
   // memset, add_one, memcpy; graph B is memset, times_two, memcpy. Their node counts differ, so B
   // joins A's group by alignment: times_two is a node of its own, added to a union in which each
-  // graph disables the other's kernel.
+  // graph runs the other's kernel as a no-op.
   for (size_t cache : {size_t{0}, SIZE_MAX}) {
     Buffers b(stream_, 0);
     SharedExecutables ex(Sharing::kNearTopologies, cache);
@@ -511,36 +511,44 @@ TEST_F(SharedExecutablesOnGpu, NearTopologiesNeverPairNodesThatRunDifferentKerne
   }
 }
 
-TEST_F(SharedExecutablesOnGpu, AGraphThatLacksOrBringsACopyKeepsAGroupOfItsOwn) {
+TEST_F(SharedExecutablesOnGpu, GraphsACopyApartKeepGroupsOfTheirOwnAndAMemsetApartShareOne) {
   // A shape runs the nodes it lacks as no-ops; a copy has none (its memory kinds are the node's),
-  // so graphs a copy apart do not join, in either order. Each still replays its own nodes.
-  for (bool copy_first : {true, false}) {
-    Buffers b(stream_, 1);
-    SharedExecutables ex(Sharing::kNearTopologies, 0);
-    std::vector<SharedExecutables::Member> members;
-    for (bool with_copy : {copy_first, !copy_first}) {
-      cudaGraph_t graph = nullptr;
-      CUDA_OK(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal));
-      CUDA_OK(cudaMemsetAsync(b.memset_dst, 10, kKernelBytes, stream_));
-      if (with_copy) {
-        CUDA_OK(cudaMemcpyAsync(b.memcpy_dst, b.sources[0], kKernelBytes,
-                                cudaMemcpyDeviceToDevice, stream_));
+  // so graphs a copy apart do not join, in either order, while graphs a memset apart do. Each
+  // replays its own nodes.
+  for (bool copy : {true, false}) {
+    for (bool extra_first : {true, false}) {
+      Buffers b(stream_, 1);
+      SharedExecutables ex(Sharing::kNearTopologies, 0);
+      std::vector<SharedExecutables::Member> members;
+      for (bool with_extra : {extra_first, !extra_first}) {
+        cudaGraph_t graph = nullptr;
+        CUDA_OK(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal));
+        CUDA_OK(cudaMemsetAsync(b.memset_dst, 10, kKernelBytes, stream_));
+        if (with_extra && copy) {
+          CUDA_OK(cudaMemcpyAsync(b.memcpy_dst, b.sources[0], kKernelBytes,
+                                  cudaMemcpyDeviceToDevice, stream_));
+        } else if (with_extra) {
+          CUDA_OK(cudaMemsetAsync(b.memcpy_dst, 20, kKernelBytes, stream_));
+        }
+        CUDA_OK(cudaStreamEndCapture(stream_, &graph));
+        members.push_back(ex.add(graph, stream_));
       }
-      CUDA_OK(cudaStreamEndCapture(stream_, &graph));
-      members.push_back(ex.add(graph, stream_));
-    }
-    const auto s = ex.stats();
-    EXPECT_EQ(s.groups, 2) << "copy first " << copy_first;
-    EXPECT_EQ(s.near_joins, 0);
-    const std::vector<uint8_t> src = b.read(b.sources[0]);
-    for (size_t m : {0, 1, 0}) {
-      ASSERT_NO_FATAL_FAILURE(replay(ex, members[m], b, stream_));
-      const bool with_copy = (m == 0) == copy_first;
-      const std::vector<uint8_t> memcpyd = b.read(b.memcpy_dst);
-      const std::vector<uint8_t> memset = b.read(b.memset_dst);
-      for (size_t j = 0; j < kKernelBytes; ++j) {
-        ASSERT_EQ(memset[j], 10) << "member " << m << ", byte " << j;
-        ASSERT_EQ(memcpyd[j], with_copy ? src[j] : 0) << "member " << m << ", byte " << j;
+      const auto s = ex.stats();
+      const std::string what = std::string(copy ? "copy" : "memset") +
+                               (extra_first ? " first" : " second");
+      EXPECT_EQ(s.groups, copy ? 2 : 1) << what;
+      EXPECT_EQ(s.near_joins, copy ? 0 : 1) << what;
+      const std::vector<uint8_t> src = b.read(b.sources[0]);
+      for (size_t m : {0, 1, 0}) {
+        ASSERT_NO_FATAL_FAILURE(replay(ex, members[m], b, stream_));
+        const bool with_extra = (m == 0) == extra_first;
+        const std::vector<uint8_t> extra = b.read(b.memcpy_dst);
+        const std::vector<uint8_t> memset = b.read(b.memset_dst);
+        for (size_t j = 0; j < kKernelBytes; ++j) {
+          ASSERT_EQ(memset[j], 10) << what << ", member " << m << ", byte " << j;
+          const int expected = !with_extra ? 0 : (copy ? src[j] : 20);
+          ASSERT_EQ(extra[j], expected) << what << ", member " << m << ", byte " << j;
+        }
       }
     }
   }
