@@ -762,19 +762,22 @@ SharedExecutables::Member SharedExecutables::add(cudaGraph_t graph, cudaStream_t
     }
     // A graph of no group's topology (or one whose update the driver refused, which alignment
     // would not check better) may join the most recent groups of a near topology.
-    int near_tried = 0;
-    for (size_t index = groups_.size();
-         sharing_ == Sharing::kNearTopologies && index-- > 0 && near_tried < kNearGroupsTried;) {
-      if (!groups_[index] || std::find(tried.begin(), tried.end(), index) != tried.end()) continue;
-      const Group& group = *groups_[index];
-      if (!group.params ||
-          !near_enough(group.nodes.size(), contents.nodes.size(), group.smallest_member, 0)) {
-        continue;
-      }
-      ++near_tried;
-      Member joined;
-      if (join_aligned(static_cast<uint32_t>(index), aligned, contents, stream, joined)) {
-        return joined;
+    if (sharing_ == Sharing::kNearTopologies) {
+      int near_tried = 0;
+      for (size_t index = groups_.size(); index-- > 0 && near_tried < kNearGroupsTried;) {
+        if (!groups_[index] || std::find(tried.begin(), tried.end(), index) != tried.end()) {
+          continue;
+        }
+        const Group& group = *groups_[index];
+        if (!group.params ||
+            !near_enough(group.nodes.size(), contents.nodes.size(), group.smallest_member, 0)) {
+          continue;
+        }
+        ++near_tried;
+        Member joined;
+        if (join_aligned(static_cast<uint32_t>(index), aligned, contents, stream, joined)) {
+          return joined;
+        }
       }
     }
   }
