@@ -371,13 +371,13 @@ void write_absent(cudaGraphExec_t exec, cudaGraphNode_t node, NodeKind kind) {
     case NodeKind::kKernel: {
       cudaLaunchAttributeValue cluster{};
       dim3 grid(1);
-      if (cudaGraphKernelNodeGetAttribute(node, cudaLaunchAttributeClusterDimension, &cluster) ==
-              cudaSuccess &&
-          cluster.clusterDim.x > 0) {
+      if (cudaGraphKernelNodeGetAttribute(node, cudaLaunchAttributeClusterDimension, &cluster) !=
+          cudaSuccess) {
+        (void)cudaGetLastError();  // no cluster attribute: one block
+      } else if (cluster.clusterDim.x > 0) {
         grid = dim3(cluster.clusterDim.x, std::max(1u, cluster.clusterDim.y),
                     std::max(1u, cluster.clusterDim.z));
       }
-      (void)cudaGetLastError();
       check(set_noop_kernel(exec, node, grid), "cudaGraphExecKernelNodeSetParams (no-op)");
       break;
     }
