@@ -5,10 +5,12 @@ fp16, GradScaler, fused AdamW), eager and grape.compile side by side on the same
     python -m benchmarks.hf_wav2vec2            # infer and train, 200 batches, 4 epochs a mode
     python -m benchmarks.hf_wav2vec2 --quick    # smoke run: 12 batches, 3 epochs
     python -m benchmarks.hf_wav2vec2 --tiny     # a 2-layer, 64-wide Wav2Vec2 (runs anywhere fast)
-    python -m benchmarks.hf_wav2vec2 --modes eager,grape,grape_near   # unions of near topologies
+    python -m benchmarks.hf_wav2vec2 --modes eager,grape,grape_topology,grape_min_memory
 
-`grape_near` (only when named: unions are experimental) is grape with share_executables="near":
-shapes whose graphs differ by a few nodes (cuDNN's per-length algorithms) share executables.
+Two grape modes run only when named. `grape_topology` is grape with share_executables="topology":
+only shapes of one graph topology share executables, while grape's default also joins shapes whose
+graphs differ by a few nodes (cuDNN's per-length algorithms) into unions. `grape_min_memory` is
+grape with executable_cache=0: one executable per group, patched to a shape before its replay.
 
 Data: one dataset of --batches batches of 8 clips (seeded), built once and kept on the device.
 Clip lengths are drawn uniformly from 1 to 4 s at 16 kHz and quantized to --quantum samples
@@ -112,8 +114,11 @@ MODES = ["eager", "grape", "grape_warmup_once", "ptgraph"]
 # epoch 1 holds the captures; with cudnn.benchmark on, a new shape's autotuning may make its
 # first capture fail, and that shape warms up then.
 GRAPE_MODES = {"grape": {}, "grape_warmup_once": {"warmup_each_signature": False},
-               "grape_near": {"share_executables": "near"}}
-AVAILABLE_MODES = MODES + ["grape_near"]  # grape_near runs only when named
+               "grape_topology": {"share_executables": "topology"},
+               "grape_min_memory": {"executable_cache": 0}}
+# Run only when named: grape_topology (no unions) and grape_min_memory (one executable per group,
+# patched to each shape before its replay).
+AVAILABLE_MODES = MODES + ["grape_topology", "grape_min_memory"]
 CASES = ["infer", "train"]
 # A plain CUDA graph of the whole training step would need the optimizer's and GradScaler's
 # capturable state handled by hand: ptgraph runs at inference only.

@@ -84,7 +84,7 @@ class CompiledFunction(_C.Runtime):
                  executable_cache: Optional[int] = DEFAULT_EXECUTABLE_CACHE,
                  memory_budget: Optional[int] = None):
         run, why = _rewrite.rewrite(fn, on_unsupported) if rewrite else (fn, "rewrite=False")
-        sharing = {False: "none", True: "topology"}.get(share_executables, share_executables)
+        sharing = {False: "none", True: "near"}.get(share_executables, share_executables)
         super().__init__(run, warmup, warmup_each_signature, module, alias_prediction, sharing,
                          -1 if executable_cache is None else executable_cache,
                          -1 if memory_budget is None else memory_budget)
@@ -196,13 +196,13 @@ def compile(fn: Optional[Callable] = None, *, warmup: int = 1, warmup_each_signa
     ``grape.RewriteError`` naming the file and line; ``"sync"`` warns and reads the condition on
     the host, so that signature runs eagerly. See docs/semantics.md, "The predication rewriter".
 
-    ``share_executables``: graphs of one topology (typically every shape of the function) share
-    instantiated executables, patched to a shape's kernel parameters when it is replayed; the
-    parameters are kept compressed on the host. Off: one executable per graph (more device memory,
-    no patching). ``"near"`` (experimental): graphs of near topologies (a kernel or memset more or
-    less, as cuDNN picks algorithms per shape) also share one, a union of their graphs in which
-    each shape disables the nodes it lacks; on an H100 this still faults on wav2vec2's feature
-    encoder when calls are not waited for (docs/design.md, "Near topologies").
+    ``share_executables``: graphs share instantiated executables, patched to a shape's kernel
+    parameters when it is replayed; the parameters are kept compressed on the host. By default
+    (True) graphs of one topology (typically every shape of the function) share one, and so do
+    graphs of near topologies (a kernel or memset more or less, as cuDNN picks algorithms per
+    shape): a union of their graphs, in which each shape runs the nodes it lacks as no-ops
+    (docs/design.md, "Near topologies"). ``"topology"``: only graphs of one topology share.
+    False: one executable per graph (more device memory, no patching).
     ``executable_cache``: bytes of device memory for executables beyond one per
     topology, so that the shapes holding one replay without patching (about 4 KB per kernel of a
     graph; default 256 MiB); 0: one executable per topology, the least memory; None: no limit.
@@ -225,8 +225,8 @@ def compile(fn: Optional[Callable] = None, *, warmup: int = 1, warmup_each_signa
         raise TypeError(f"grape.compile: rewrite must be a bool, got {type(rewrite).__name__}")
     if on_unsupported not in ("error", "sync"):
         raise ValueError(f"grape.compile: on_unsupported must be 'error' or 'sync', got {on_unsupported!r}")
-    if not isinstance(share_executables, bool) and share_executables != "near":
-        raise TypeError("grape.compile: share_executables must be a bool or 'near', got "
+    if not isinstance(share_executables, bool) and share_executables not in ("topology", "near"):
+        raise TypeError("grape.compile: share_executables must be a bool, 'topology' or 'near', got "
                         f"{share_executables!r}")
     if memory_budget is _UNSET:
         memory_budget = _default_memory_budget

@@ -27,12 +27,11 @@
 // topological: every edge of a captured graph goes from an earlier-created node to a later one,
 // and the aligned order keeps both orders.
 //
-// Unions are opt-in (SharedExecutables::Sharing::kNearTopologies, grape.compile's
-// share_executables="near"): with disabled nodes and both anchors, wav2vec2's feature encoder
-// (benchmarks.alias_sites) still faulted on an H100 within its first 64 calls when calls were not
-// waited for (4 of 4 runs), and was correct when every call was waited for, under
-// CUDA_LAUNCH_BLOCKING=1 and under compute-sanitizer. No-ops in place of disabled nodes have not
-// run on a GPU yet.
+// With disabled nodes and both anchors, wav2vec2's feature encoder (benchmarks.alias_sites)
+// still faulted on an H100 within its first 64 calls when calls were not waited for (4 of 4
+// runs), and was correct when every call was waited for. With no-ops in place of disabled nodes
+// it ran correct (4 passes of 64 calls, twice), as did hf_wav2vec2's inference on all its shapes,
+// so unions are grape.compile's default (SharedExecutables::Sharing::kNearTopologies).
 //
 // Alignment is the cheapest edit script: nodes are matched only where their keys are equal, and
 // each node inserted or deleted costs 1. A key holds all that makes two nodes one: the node's type,

@@ -130,8 +130,10 @@ def test_warmup_each_signature_is_a_checked_bool_reported_in_stats():
 
 
 def test_graph_memory_options_are_checked():
-    with pytest.raises(TypeError, match="share_executables must be a bool or .near."):
+    with pytest.raises(TypeError, match="share_executables must be a bool, .topology. or .near."):
         grape.compile(lambda x: x, share_executables=1)
+    with pytest.raises(TypeError, match="share_executables must be"):
+        grape.compile(lambda x: x, share_executables="none")
     with pytest.raises(TypeError, match="memory_budget must be an int"):
         grape.compile(lambda x: x, memory_budget=1.5)
     with pytest.raises(TypeError, match="memory_budget must be an int"):

@@ -155,7 +155,7 @@ def test_near_topologies_share_one_executable_with_results_identical_to_eager(ex
     sizes = [64, 300, 96, 400, 32, 200]
     if first == "long":
         sizes = sizes[1:] + sizes[:1]
-    compiled = grape.compile(near_topologies, alias_prediction=False, share_executables="near",
+    compiled = grape.compile(near_topologies, alias_prediction=False,
                              executable_cache=executable_cache)
     rng = random.Random(1)
     # Warm-up, then captures in this order (a short shape's group first, then a long one joins it
@@ -178,9 +178,9 @@ def test_near_topologies_share_one_executable_with_results_identical_to_eager(ex
     assert s["topology_unions"] == 1
 
 
-def test_near_topologies_keep_executables_of_their_own_unless_asked():
-    # Unions are opt-in (share_executables="near"): by default each topology has its own group.
-    compiled = grape.compile(near_topologies, alias_prediction=False)
+def test_near_topologies_keep_executables_of_their_own_when_only_topologies_share():
+    # share_executables="topology": each topology has its own group, no unions.
+    compiled = grape.compile(near_topologies, alias_prediction=False, share_executables="topology")
     for n in [64, 300, 96, 400] * 2:
         x = torch.randn(n, 32, device=DEV)
         assert torch.equal(compiled(x), near_topologies(x)), n
