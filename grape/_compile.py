@@ -205,7 +205,9 @@ def compile(fn: Optional[Callable] = None, *, warmup: int = 1, warmup_each_signa
     False: one executable per graph (more device memory, no patching).
     ``executable_cache``: bytes of device memory for executables beyond one per
     topology, so that the shapes holding one replay without patching (about 4 KB per kernel of a
-    graph; default 256 MiB); 0: one executable per topology, the least memory; None: no limit.
+    graph; default 256 MiB); a shape gets one only where it replays while the GPU waits for the
+    host (elsewhere patching overlaps queued work); 0: one executable per topology, the least
+    memory; None: no limit.
     ``memory_budget``: bytes of device memory for the function's graph memory (its
     arena and resident executables); over it, least recently used executables are freed (and
     rebuilt when needed), and a capture that does not fit runs eagerly, with the reason. None (the

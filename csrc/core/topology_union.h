@@ -35,7 +35,9 @@
 //
 // Alignment is the cheapest edit script: nodes are matched only where their keys are equal, and
 // each node inserted or deleted costs 1. A key holds all that makes two nodes one: the node's type,
-// its launch attributes, and the kernel, or a copy's or memset's destination. (Pairing a kernel
+// its launch attributes, and the kernel, or what a copy's or memset's update may not change (its
+// memory types and dimensions; not its addresses, which differ between shapes wherever the
+// arena's layout does, as kernels' arguments do). (Pairing a kernel
 // node with another kernel, its function swapped by a parameter update, computed wrong results in
 // wav2vec2 on an H100, but that was measured while unions relied on disabled nodes, which may
 // have been the cause; not measured since.)

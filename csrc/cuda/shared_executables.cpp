@@ -40,6 +40,18 @@ uint64_t mix(uint64_t h, uint64_t v) {
   return h;
 }
 
+// The memory type and device of `ptr`: what a copy's or memset's parameter update may not
+// change (the memory type, for copies; the context, for both), unlike the address itself.
+uint64_t memory_kind(const void* ptr) {
+  cudaPointerAttributes attributes{};
+  if (cudaPointerGetAttributes(&attributes, ptr) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return UINT64_MAX;
+  }
+  return (static_cast<uint64_t>(attributes.type) << 32) |
+         static_cast<uint32_t>(attributes.device);
+}
+
 // How a kernel's arguments lie in its parameter buffer, from the driver (CUDA 12.4).
 struct ParamLayout {
   std::vector<std::pair<size_t, size_t>> params;  // (offset, size)
@@ -130,7 +142,7 @@ struct GraphContents {
   std::vector<cudaGraphNode_t> nodes;
   std::vector<NodeKind> kinds;
   // Per node, for alignment (Note [Near topologies]): its type and launch attributes, and the
-  // kernel or a copy's or memset's destination.
+  // kernel, or a copy's or memset's memory kinds and dimensions.
   std::vector<uint64_t> keys;
   std::vector<core::Edge> edges;  // sorted, by node index
   bool plain_edges = true;        // every edge a full dependency (no programmatic or port edges)
@@ -284,8 +296,10 @@ GraphContents read_graph(cudaGraph_t graph, bool with_params) {
         if (!with_params) break;
         cudaMemcpy3DParms p{};
         check(cudaGraphMemcpyNodeGetParams(node, &p), "cudaGraphMemcpyNodeGetParams");
-        detail = mix(mix(static_cast<uint64_t>(p.kind), reinterpret_cast<uint64_t>(p.dstPtr.ptr)),
-                     reinterpret_cast<uint64_t>(p.dstArray));
+        const bool arrays = p.srcArray != nullptr || p.dstArray != nullptr;
+        const bool one_dimensional = p.extent.height <= 1 && p.extent.depth <= 1;
+        detail = mix(mix(static_cast<uint64_t>(p.kind), arrays ? 1 : one_dimensional ? 2 : 3),
+                     arrays ? 0 : mix(memory_kind(p.srcPtr.ptr), memory_kind(p.dstPtr.ptr)));
         g.blobs.push_back(struct_blob(p));
         break;
       }
@@ -294,7 +308,7 @@ GraphContents read_graph(cudaGraph_t graph, bool with_params) {
         if (!with_params) break;
         cudaMemsetParams p{};
         check(cudaGraphMemsetNodeGetParams(node, &p), "cudaGraphMemsetNodeGetParams");
-        detail = mix(reinterpret_cast<uint64_t>(p.dst), p.elementSize);
+        detail = mix(mix(memory_kind(p.dst), p.elementSize), p.height > 1 ? 1 : 0);
         g.blobs.push_back(struct_blob(p));
         break;
       }
@@ -307,8 +321,9 @@ GraphContents read_graph(cudaGraph_t graph, bool with_params) {
         g.why_not = "it holds a " + node_type_name(type) + " node";
         break;
     }
-    // A topology leaves kernels and destinations to executable updates; alignment pairs only
-    // identical nodes (Note [Near topologies]).
+    // A topology leaves kernels and addresses to executable updates; alignment pairs a kernel
+    // node only with one of the same kernel, and copies and memsets by what an update may not
+    // change (Note [Near topologies]).
     h = mix(h, key);
     g.keys.push_back(mix(key, detail));
   }
@@ -626,8 +641,8 @@ bool SharedExecutables::anchors_hold(const Group& group, const core::UnionPlan& 
   return holds(plan.sources, kFromStart) && holds(plan.sinks, kToEnd);
 }
 
-SharedExecutables::SharedExecutables(Sharing sharing, size_t cache_bytes)
-    : sharing_(sharing), cache_bytes_(cache_bytes) {}
+SharedExecutables::SharedExecutables(Sharing sharing, size_t cache_bytes, SlotGrowth growth)
+    : sharing_(sharing), cache_bytes_(cache_bytes), growth_(growth) {}
 
 SharedExecutables::~SharedExecutables() {
   for (auto& group : groups_) {
@@ -692,8 +707,10 @@ void SharedExecutables::destroy_slot(Group& group, size_t slot) {
   group.slots.erase(group.slots.begin() + static_cast<std::ptrdiff_t>(slot));
 }
 
-size_t SharedExecutables::slot_for(Group& group, uint32_t shape, cudaStream_t stream) {
-  const core::SlotChoice choice = core::choose_slot(group.slots, shape, room_for_slot(group));
+size_t SharedExecutables::slot_for(Group& group, uint32_t shape, cudaStream_t stream,
+                                   bool launching) {
+  const core::SlotChoice choice =
+      core::choose_slot(group.slots, shape, grows(group, stream, launching));
   if (choice.kind != core::SlotChoice::Kind::kNewSlot) return choice.slot;
   try {
     return instantiate(group, stream);
@@ -712,6 +729,21 @@ bool SharedExecutables::room_for_slot(const Group& group) const {
   const size_t bytes = executable_charge(group.nodes.size());
   if (device_limit_ != SIZE_MAX && device_bytes_ + bytes > device_limit_) return false;
   return cache_bytes_ == SIZE_MAX || cached_bytes_ + bytes <= cache_bytes_;
+}
+
+bool SharedExecutables::grows(const Group& group, cudaStream_t stream, bool launching) const {
+  if (!room_for_slot(group)) return false;
+  if (growth_ == SlotGrowth::kWhileRoom) return true;
+  if (!launching) return false;  // a capture's join: its launch will decide
+  // Where work is still queued, patching overlaps it and delays nothing; a slot would only take
+  // memory. Where the stream is idle, the GPU waits for this launch and patching delays it.
+  const cudaError_t queried = cudaStreamQuery(stream);
+  if (queried == cudaErrorNotReady) {
+    (void)cudaGetLastError();  // not an error; cleared as c10's CUDAStream::query does
+    return false;
+  }
+  check(queried, "cudaStreamQuery");
+  return true;
 }
 
 SharedExecutables::Member SharedExecutables::add(cudaGraph_t graph, cudaStream_t stream) {
@@ -742,7 +774,7 @@ SharedExecutables::Member SharedExecutables::add(cudaGraph_t graph, cudaStream_t
       // writes its parameters into the slot it will replay in: one holding no live shape, a new
       // one where the cache has room, else the one a shape without a slot is patched into.
       const size_t slots_before = group.slots.size();
-      const size_t slot = slot_for(group, core::ExecutableSlot::kNoShape, stream);
+      const size_t slot = slot_for(group, core::ExecutableSlot::kNoShape, stream, false);
       const bool fresh = group.slots.size() > slots_before;
       cudaGraphExecUpdateResultInfo info{};
       if (cudaGraphExecUpdate(group.executables[slot].exec, graph, &info) != cudaSuccess) {
@@ -873,7 +905,7 @@ uint32_t SharedExecutables::join_as_is(Group& group, const std::vector<core::Blo
   const uint32_t shape = group.params->add(blobs);
   try {
     // Patching the shape in now also asks the driver whether it takes these parameters.
-    const size_t slot = slot_for(group, shape, stream);
+    const size_t slot = slot_for(group, shape, stream, false);
     patch(group, slot, shape);
     group.slots[slot].last_used = ++clock_;
   } catch (...) {
@@ -992,7 +1024,7 @@ void SharedExecutables::remove(Member member) {
 
 cudaGraphExec_t SharedExecutables::prepare(Member member, cudaStream_t stream) {
   Group& group = *groups_.at(member.group);
-  const size_t slot = slot_for(group, member.shape, stream);
+  const size_t slot = slot_for(group, member.shape, stream, true);
   if (group.slots[slot].shape != member.shape) patch(group, slot, member.shape);
   group.slots[slot].last_used = ++clock_;
   return group.executables[slot].exec;

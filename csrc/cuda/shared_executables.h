@@ -55,9 +55,17 @@ class SharedExecutables {
     kNearTopologies,  // and graphs of near topologies, in unions (Note [Near topologies])
   };
 
+  // When a shape without a slot of its own gets a new one (Note [Executable slots]).
+  enum class SlotGrowth {
+    kWhileRoom,     // whenever the executable cache has room
+    kWhenGpuWaits,  // and only for a launch on a stream with no work queued: the GPU waits for
+                    // the host, so patching would delay the launch
+  };
+
   // `cache_bytes`: device memory that the executables beyond one per group may take
   // (Note [Executable slots]); SIZE_MAX: no limit.
-  SharedExecutables(Sharing sharing, size_t cache_bytes);
+  SharedExecutables(Sharing sharing, size_t cache_bytes,
+                    SlotGrowth growth = SlotGrowth::kWhileRoom);
   ~SharedExecutables();
   SharedExecutables(const SharedExecutables&) = delete;
   SharedExecutables& operator=(const SharedExecutables&) = delete;
@@ -115,13 +123,18 @@ class SharedExecutables {
   void patch(Group& group, size_t slot, uint32_t shape);  // requires a shareable group
   void destroy_slot(Group& group, size_t slot);
   // The slot `shape` runs in (Note [Executable slots]), instantiated if new; where instantiation
-  // fails (out of memory) and the group has slots, one of them.
-  size_t slot_for(Group& group, uint32_t shape, cudaStream_t stream);
+  // fails (out of memory) and the group has slots, one of them. `launching`: chosen for a launch
+  // (prepare), not for a capture's join.
+  size_t slot_for(Group& group, uint32_t shape, cudaStream_t stream, bool launching);
   // Whether the executable cache can take another slot of `group`.
   bool room_for_slot(const Group& group) const;
+  // Whether a shape of `group` gets a new slot: room, and the growth policy's condition (for
+  // kWhenGpuWaits: chosen for a launch on `stream`, which has no work queued).
+  bool grows(const Group& group, cudaStream_t stream, bool launching) const;
 
   Sharing sharing_;
   size_t cache_bytes_;
+  SlotGrowth growth_;
   size_t cached_bytes_ = 0;  // the executables beyond the first of each group
   size_t device_limit_ = SIZE_MAX;
   bool slots_refused_ = false;  // an instantiation failed: no new slots until memory is freed

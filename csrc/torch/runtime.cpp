@@ -155,7 +155,8 @@ Runtime::Runtime(py::object fn, int warmup, bool warmup_each_signature, py::obje
   executables_ = std::make_shared<cuda::SharedExecutables>(
       sharing == "none" ? Sharing::kNone
                         : (sharing == "near" ? Sharing::kNearTopologies : Sharing::kTopology),
-      executable_cache < 0 ? SIZE_MAX : static_cast<size_t>(executable_cache));
+      executable_cache < 0 ? SIZE_MAX : static_cast<size_t>(executable_cache),
+      cuda::SharedExecutables::SlotGrowth::kWhenGpuWaits);
 #endif
 }
 

@@ -381,6 +381,51 @@ TEST_F(SharedExecutablesOnGpu, AGraphOfTheGroupsOwnTopologyRunsWhatASmallerShape
   }
 }
 
+TEST_F(SharedExecutablesOnGpu, ShapesGetSlotsOfTheirOwnOnlyWhereTheGpuWaitsForTheHost) {
+  // Note [Executable slots], SlotGrowth::kWhenGpuWaits: with no limit on the cache, captures
+  // join the one executable, shapes prepared while work is queued (a slow kernel, ~10 ms) are
+  // patched into it, and shapes prepared on an idle stream get executables of their own.
+  constexpr long long kBusyCycles = 20000000;
+  Buffers b(stream_, 4);
+  uint8_t* busy = device_alloc(1);  // what the slow kernel writes: no buffer a shape writes
+  SharedExecutables ex(Sharing::kTopology, SIZE_MAX,
+                       SharedExecutables::SlotGrowth::kWhenGpuWaits);
+  auto keep_busy = [&] {
+    CUDA_OK(grape::test_kernels::launch_fill_slowly(busy, 1, 1, kBusyCycles, stream_));
+  };
+  std::vector<SharedExecutables::Member> members;
+  for (int i = 0; i < 4; ++i) {
+    members.push_back(
+        ex.add(capture_shape(b, i, kFourSizes[static_cast<size_t>(i)], stream_), stream_));
+  }
+  EXPECT_EQ(ex.stats().groups, 1);
+  EXPECT_EQ(ex.stats().resident, 1);
+  for (int i : {2, 0, 3, 1}) {
+    b.clear();  // waits for the stream
+    keep_busy();
+    CUDA_OK(cudaGraphLaunch(ex.prepare(members[static_cast<size_t>(i)], stream_), stream_));
+    CUDA_OK(cudaStreamSynchronize(stream_));
+    expect_shape(b, i, kFourSizes[static_cast<size_t>(i)]);
+  }
+  EXPECT_EQ(ex.stats().resident, 1) << "a slot made while work was queued";
+  // Idle before each prepare (replay() waits for each launch): every shape gets a slot once.
+  for (int round = 0; round < 2; ++round) {
+    for (int i : {2, 0, 3, 1}) {
+      ASSERT_NO_FATAL_FAILURE(replay(ex, members[static_cast<size_t>(i)], b, stream_));
+      expect_shape(b, i, kFourSizes[static_cast<size_t>(i)]);
+    }
+    if (round == 0) {
+      EXPECT_EQ(ex.stats().resident, 4);
+    }
+  }
+  const auto switches = ex.stats().switches;
+  for (int i : {3, 2, 1, 0}) {
+    ASSERT_NO_FATAL_FAILURE(replay(ex, members[static_cast<size_t>(i)], b, stream_));
+  }
+  EXPECT_EQ(ex.stats().switches, switches) << "a shape with a slot of its own was patched";
+  CUDA_OK(cudaFree(busy));
+}
+
 TEST_F(SharedExecutablesOnGpu, ShapesWithSlotsOfTheirOwnReplayWithoutPatching) {
   {
     Buffers b(stream_, 4);

@@ -42,13 +42,22 @@ def inputs(length, batch=2, dim=64, heads=4, seed=None):
     return x, kv
 
 
-def run_shapes(fn, lengths):
-    return [tuple(t.clone() for t in fn(*inputs(n))) for n in lengths]
+def run_shapes(fn, lengths, host_bound=False):
+    """fn's outputs at each length in turn. host_bound: the GPU finishes each call's work before
+    the next call, as in a loop that reads every result on the host; there replayed shapes get
+    executables of their own (Note [Executable slots])."""
+    outputs = []
+    for n in lengths:
+        args = inputs(n)
+        if host_bound:
+            torch.cuda.synchronize()
+        outputs.append(tuple(t.clone() for t in fn(*args)))
+    return outputs
 
 
-def expect_shapes(fn, lengths, expected):
+def expect_shapes(fn, lengths, expected, host_bound=False):
     """Runs fn at each length in turn: every output equals the expected one, bit for bit."""
-    for n, out, want in zip(lengths, run_shapes(fn, lengths), expected):
+    for n, out, want in zip(lengths, run_shapes(fn, lengths, host_bound), expected):
         assert all(torch.equal(a, b) for a, b in zip(out, want)), f"length {n}"
 
 
@@ -63,7 +72,7 @@ def test_random_shape_orders_replay_results_identical_to_eager(executable_cache)
         order = lengths[:]
         rng.shuffle(order)
         before = grape.stats(compiled)
-        for n, out in zip(order, run_shapes(compiled, order)):
+        for n, out in zip(order, run_shapes(compiled, order, host_bound=True)):
             for got, want in zip(out, expected[n]):
                 assert torch.equal(got, want), f"length {n}"
     s = grape.stats(compiled)
@@ -98,13 +107,37 @@ def test_the_executable_cache_keeps_shapes_resident_within_its_bytes():
     cache = 8 * one_executable
     compiled = grape.compile(step, alias_prediction=False, executable_cache=cache)
     for _ in range(4):
-        expect_shapes(compiled, lengths, expected)
+        expect_shapes(compiled, lengths, expected, host_bound=True)
     s = grape.stats(compiled)
     assert s["executable_cache"] == cache and not s["fallbacks"]
     assert 0 < s["cached_executable_bytes"] <= cache
     assert c["topology_groups"] < s["resident_executables"] < s["shapes"]
     # The shapes holding an executable of their own are not patched at each pass.
     assert s["executable_switches"] < c["executable_switches"]
+
+
+def test_shapes_replayed_while_the_gpu_is_busy_share_one_executable():
+    # Note [Executable slots]: where work is still queued when a shape replays, patching overlaps
+    # it, so even an unlimited executable cache makes no executable beyond one per topology.
+    step = make_step()
+    lengths = list(range(1, 17))
+    expected = run_shapes(step, lengths)
+    compiled = grape.compile(step, alias_prediction=False, executable_cache=None)
+    for _ in range(4):
+        outputs = []
+        for n in lengths:
+            args = inputs(n)
+            torch.cuda._sleep(20_000_000)  # ~10 ms of GPU work queued before the call
+            outputs.append(tuple(t.clone() for t in compiled(*args)))
+        for n, out, want in zip(lengths, outputs, expected):
+            assert all(torch.equal(a, b) for a, b in zip(out, want)), f"length {n}"
+    s = grape.stats(compiled)
+    assert s["replays"] >= 2 * len(lengths) and not s["fallbacks"]
+    assert s["resident_executables"] == s["topology_groups"] < s["shapes"]
+    assert s["executable_switches"] > 0
+    # The same shapes in a host-bound loop: each gets an executable of its own.
+    expect_shapes(compiled, lengths, expected, host_bound=True)
+    assert grape.stats(compiled)["resident_executables"] == s["shapes"]
 
 
 def test_a_repeated_order_is_patched_ahead_with_results_identical_to_eager():
