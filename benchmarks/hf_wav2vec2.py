@@ -142,7 +142,8 @@ TARGET_MEM_RATIO = 1.3
 # grape.stats keys recorded for the grape mode (those the running build has).
 GRAPE_STATS = ("graphs", "shapes", "signatures", "captures", "capture_seconds", "fallbacks",
                "replays", "calls", "warmup_calls", "eager_calls", "topology_groups",
-               "graphs_joined", "graphs_joined_near", "topology_unions", "instantiations",
+               "graphs_joined", "graphs_joined_near", "topology_unions", "near_join_refusals",
+               "instantiations",
                "pool_bytes", "arena_bytes", "executable_bytes", "bytes_copied_in", "evacuations",
                "bytes_evacuated", "nodes_patched", "patch_seconds")
 

@@ -17,6 +17,15 @@ struct ExecutableStats {
   int64_t joins = 0;            // graphs that joined a group instead of being instantiated
   int64_t near_joins = 0;       // ... of them, joined by alignment (Note [Near topologies])
   int64_t unions = 0;           // ... of those, joins that grew the group's graph
+  // Why graphs of a new topology did not join a near group (Note [Near topologies]): per graph,
+  // no group's node count near its own; per group tried, the graph or group has no alignment
+  // order, the alignment differs in too many nodes, a node that would be absent has no no-op
+  // (a copy, a 2-D memset), or the driver refused the joined parameters.
+  int64_t near_refused_far = 0;
+  int64_t near_refused_unaligned = 0;
+  int64_t near_refused_edits = 0;
+  int64_t near_refused_no_noop = 0;
+  int64_t near_refused_driver = 0;
   int64_t switches = 0;         // patches of the executable to another shape
   int64_t patches_ahead = 0;    // ... of them made right after a launch, for the predicted next
   int64_t nodes_patched = 0;

@@ -811,6 +811,7 @@ SharedExecutables::Member SharedExecutables::add(cudaGraph_t graph, cudaStream_t
           return joined;
         }
       }
+      if (near_tried == 0) ++counters_.near_refused_far;
     }
   }
 
@@ -847,18 +848,25 @@ bool SharedExecutables::join_aligned(uint32_t index, const core::NodeGraph& grap
   Group& group = *groups_[index];
   const size_t n = group.nodes.size();
   const size_t m = contents.nodes.size();
-  if (!group.params || group.shape.order.size() != n || graph.order.size() != m) return false;
+  if (!group.params || group.shape.order.size() != n || graph.order.size() != m) {
+    ++counters_.near_refused_unaligned;
+    return false;
+  }
   std::optional<core::UnionPlan> plan;
   const auto known = group.node_of_topology.find(contents.topology);
   if (known != group.node_of_topology.end()) {
     plan = core::plan_as_mapped(group.shape, graph, known->second);
   }
   if (!plan) {
-    if (!near_enough(n, m, group.smallest_member, 0)) return false;
     // Inserted plus deleted nodes are (n - m) + 2 * inserted: this bounds the inserted ones.
-    plan = core::plan_union(group.shape, graph, n + 2 * near_inserts(m) - m);
+    if (near_enough(n, m, group.smallest_member, 0)) {
+      plan = core::plan_union(group.shape, graph, n + 2 * near_inserts(m) - m);
+    }
     // Every member runs the whole union, its absent nodes as no-ops: keep that few.
-    if (!plan || !near_enough(n, m, group.smallest_member, plan->added.size())) return false;
+    if (!plan || !near_enough(n, m, group.smallest_member, plan->added.size())) {
+      ++counters_.near_refused_edits;
+      return false;
+    }
   }
   // The union's nodes the graph lacks, and the graph's nodes the union's shapes lack, must be
   // able to run as no-ops.
@@ -866,11 +874,17 @@ bool SharedExecutables::join_aligned(uint32_t index, const core::NodeGraph& grap
   for (uint32_t node : plan->node_of) {
     if (node < n) present[node] = 1;
   }
-  for (size_t node = 0; node < n; ++node) {
-    if (present[node] == 0 && !may_be_absent(group.nodes[node], group.kinds[node])) return false;
+  bool all_have_noops = true;
+  for (size_t node = 0; node < n && all_have_noops; ++node) {
+    all_have_noops = present[node] != 0 || may_be_absent(group.nodes[node], group.kinds[node]);
   }
-  for (uint32_t h : plan->added) {
-    if (!may_be_absent(contents.nodes[h], contents.kinds[h])) return false;
+  for (size_t k = 0; k < plan->added.size() && all_have_noops; ++k) {
+    const uint32_t h = plan->added[k];
+    all_have_noops = may_be_absent(contents.nodes[h], contents.kinds[h]);
+  }
+  if (!all_have_noops) {
+    ++counters_.near_refused_no_noop;
+    return false;
   }
   const size_t smallest = std::min(group.smallest_member, m);
   std::vector<core::Blob> blobs(n + plan->added.size());  // empty: absent
@@ -883,6 +897,7 @@ bool SharedExecutables::join_aligned(uint32_t index, const core::NodeGraph& grap
       shape = join_grown(index, contents, *plan, blobs, stream);
     }
   } catch (const std::runtime_error&) {
+    ++counters_.near_refused_driver;
     return false;  // the driver refused a node's parameters
   }
   Group& joined_group = *groups_[index];  // join_grown replaced it

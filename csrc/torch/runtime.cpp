@@ -1068,6 +1068,13 @@ py::dict Runtime::stats() {
   d["graphs_joined"] = ex.joins;
   d["graphs_joined_near"] = ex.near_joins;
   d["topology_unions"] = ex.unions;
+  py::dict refusals;
+  refusals["far"] = ex.near_refused_far;
+  refusals["unaligned"] = ex.near_refused_unaligned;
+  refusals["edits"] = ex.near_refused_edits;
+  refusals["no_noop"] = ex.near_refused_no_noop;
+  refusals["driver"] = ex.near_refused_driver;
+  d["near_join_refusals"] = refusals;
   d["executable_switches"] = ex.switches;
   d["patches_ahead"] = ex.patches_ahead;
   d["nodes_patched"] = ex.nodes_patched;

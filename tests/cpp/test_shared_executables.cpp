@@ -583,6 +583,7 @@ TEST_F(SharedExecutablesOnGpu, GraphsACopyApartKeepGroupsOfTheirOwnAndAMemsetApa
                                (extra_first ? " first" : " second");
       EXPECT_EQ(s.groups, copy ? 2 : 1) << what;
       EXPECT_EQ(s.near_joins, copy ? 0 : 1) << what;
+      EXPECT_EQ(s.near_refused_no_noop, copy ? 1 : 0) << what;
       const std::vector<uint8_t> src = b.read(b.sources[0]);
       for (size_t m : {0, 1, 0}) {
         ASSERT_NO_FATAL_FAILURE(replay(ex, members[m], b, stream_));

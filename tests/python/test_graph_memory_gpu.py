@@ -243,6 +243,8 @@ def test_a_tight_budget_evicts_executables_and_rebuilds_them_on_demand():
             reference(torch.randn(n, 32, device=DEV))
     r = grape.stats(reference)
     assert r["topology_groups"] == 2
+    # The long inputs' graph, twelve ops more, is too far from the short ones' to join them.
+    assert r["near_join_refusals"]["far"] >= 1 and r["graphs_joined_near"] == 0
     assert r["executable_bytes"] > 0
     # Room for the arena only: each replay keeps its own executable and frees the other.
     budget = r["arena_bytes"]
@@ -307,7 +309,8 @@ def test_stats_report_graph_memory_keys():
                 "instantiations", "evictions", "graphs_joined", "executable_switches",
                 "nodes_patched", "patch_seconds", "params_bytes", "params_raw_bytes",
                 "capture_oom_retries", "memory_budget", "cached_executable_bytes",
-                "executable_cache", "graphs_joined_near", "topology_unions"):
+                "executable_cache", "graphs_joined_near", "topology_unions",
+                "near_join_refusals"):
         assert key in s, key
     assert s["shapes"] == 1 and s["memory_budget"] is None
 
