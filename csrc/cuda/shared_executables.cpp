@@ -709,8 +709,12 @@ void SharedExecutables::destroy_slot(Group& group, size_t slot) {
 
 size_t SharedExecutables::slot_for(Group& group, uint32_t shape, cudaStream_t stream,
                                    bool launching) {
-  const core::SlotChoice choice =
-      core::choose_slot(group.slots, shape, grows(group, stream, launching));
+  // Whether the group grows is asked only where the shape would be patched: a hit, the most
+  // common choice on the replay path, makes no stream query.
+  core::SlotChoice choice = core::choose_slot(group.slots, shape, false);
+  if (choice.kind == core::SlotChoice::Kind::kPatch && grows(group, stream, launching)) {
+    choice = core::choose_slot(group.slots, shape, true);
+  }
   if (choice.kind != core::SlotChoice::Kind::kNewSlot) return choice.slot;
   try {
     return instantiate(group, stream);
