@@ -2,7 +2,8 @@
 
 namespace grape::core {
 
-SlotChoice choose_slot(const std::vector<ExecutableSlot>& slots, uint32_t shape, bool room) {
+SlotChoice choose_slot(const std::vector<ExecutableSlot>& slots, uint32_t shape, bool room,
+                       const std::vector<size_t>* swaps) {
   for (size_t i = 0; i < slots.size(); ++i) {
     if (slots[i].shape == shape) return {SlotChoice::Kind::kHit, i};
   }
@@ -15,7 +16,13 @@ SlotChoice choose_slot(const std::vector<ExecutableSlot>& slots, uint32_t shape,
   for (size_t i = 0; i < slots.size(); ++i) {
     if (i == last && slots.size() > 1) continue;
     if (slots[i].shape == ExecutableSlot::kNoShape) return {SlotChoice::Kind::kPatch, i};
-    if (chosen == slots.size() || slots[i].last_used > slots[chosen].last_used) chosen = i;
+    if (chosen == slots.size()) {
+      chosen = i;
+    } else if (swaps != nullptr && (*swaps)[i] != (*swaps)[chosen]) {
+      if ((*swaps)[i] < (*swaps)[chosen]) chosen = i;
+    } else if (slots[i].last_used > slots[chosen].last_used) {
+      chosen = i;
+    }
   }
   if (room) return {SlotChoice::Kind::kNewSlot, 0};
   return {SlotChoice::Kind::kPatch, chosen};

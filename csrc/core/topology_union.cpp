@@ -23,6 +23,14 @@ void link(const NodeGraph& group, const NodeGraph& graph, UnionPlan& plan) {
   for (uint32_t& node : plan.sinks) node = plan.node_of[node];
 }
 
+// 1 where union node `node` and the graph's node `h` pair as a swap (their variants differ).
+size_t swap_cost_of(const NodeGraph& group, const NodeGraph& graph, uint32_t node, uint32_t h) {
+  return !group.variants.empty() && !graph.variants.empty() &&
+                 group.variants[node] != graph.variants[h]
+             ? 1
+             : 0;
+}
+
 }  // namespace
 
 void first_and_last_nodes(const NodeGraph& graph, std::vector<uint32_t>& first,
@@ -55,26 +63,33 @@ std::optional<UnionPlan> plan_union(const NodeGraph& group, const NodeGraph& gra
   }
 
   // cost(i, j): the fewest nodes inserted plus deleted that align the group's first i nodes (in
-  // order) with the graph's first j. Kept for |i - j| <= band (a path with at most `band` edits
-  // stays there), at column j - i + band.
+  // order) with the graph's first j, then the fewest swaps (pairs of differing variants), as
+  // edits * kEdit + swaps. Kept for |i - j| <= band (a path with at most `band` edits stays
+  // there), at column j - i + band.
   const size_t width = 2 * band + 1;
-  constexpr uint32_t kFar = std::numeric_limits<uint32_t>::max() / 2;
-  std::vector<uint32_t> cost((n + 1) * width, kFar);
-  auto get = [&](size_t i, size_t j) -> uint32_t {
+  constexpr uint64_t kEdit = uint64_t{1} << 32;  // more than any number of swaps
+  constexpr uint64_t kFar = std::numeric_limits<uint64_t>::max() / 2;
+  std::vector<uint64_t> cost((n + 1) * width, kFar);
+  auto get = [&](size_t i, size_t j) -> uint64_t {
     if (j + band < i || j > i + band) return kFar;
     return cost[i * width + (j + band - i)];
   };
   auto same = [&](size_t i, size_t j) {  // the group's i-th node (in order) and the graph's j-th
     return group.keys[group.order[i]] == graph.keys[j];
   };
+  auto swap_cost = [&](size_t i, size_t j) -> uint64_t {
+    return swap_cost_of(group, graph, group.order[i], static_cast<uint32_t>(j));
+  };
   for (size_t i = 0; i <= n; ++i) {
     const size_t lo = i > band ? i - band : 0;
     const size_t hi = std::min(m, i + band);
     for (size_t j = lo; j <= hi; ++j) {
-      uint32_t best = (i == 0 && j == 0) ? 0 : kFar;
-      if (i > 0) best = std::min(best, get(i - 1, j) + 1);
-      if (j > 0) best = std::min(best, get(i, j - 1) + 1);
-      if (i > 0 && j > 0 && same(i - 1, j - 1)) best = std::min(best, get(i - 1, j - 1));
+      uint64_t best = (i == 0 && j == 0) ? 0 : kFar;
+      if (i > 0) best = std::min(best, get(i - 1, j) + kEdit);
+      if (j > 0) best = std::min(best, get(i, j - 1) + kEdit);
+      if (i > 0 && j > 0 && same(i - 1, j - 1)) {
+        best = std::min(best, get(i - 1, j - 1) + swap_cost(i - 1, j - 1));
+      }
       cost[i * width + (j + band - i)] = std::min(best, kFar);
     }
   }
@@ -86,12 +101,13 @@ std::optional<UnionPlan> plan_union(const NodeGraph& group, const NodeGraph& gra
   size_t edits = 0;
   size_t i = n, j = m;
   while (i > 0 || j > 0) {
-    const uint32_t here = get(i, j);
-    if (i > 0 && j > 0 && same(i - 1, j - 1) && get(i - 1, j - 1) == here) {
+    const uint64_t here = get(i, j);
+    if (i > 0 && j > 0 && same(i - 1, j - 1) &&
+        get(i - 1, j - 1) + swap_cost(i - 1, j - 1) == here) {
       steps.emplace_back(group.order[i - 1], static_cast<uint32_t>(j - 1));
       --i;
       --j;
-    } else if (i > 0 && get(i - 1, j) + 1 == here) {
+    } else if (i > 0 && get(i - 1, j) + kEdit == here) {
       steps.emplace_back(group.order[i - 1], kNone);
       --i;
       ++edits;
@@ -118,6 +134,7 @@ std::optional<UnionPlan> plan_union(const NodeGraph& group, const NodeGraph& gra
       plan.added.push_back(h);
     } else {
       plan.node_of[h] = g;
+      plan.swaps += swap_cost_of(group, graph, g, h);
     }
     plan.order.push_back(plan.node_of[h]);
   }
@@ -137,6 +154,8 @@ std::optional<UnionPlan> plan_as_mapped(const NodeGraph& group, const NodeGraph&
     if (node >= n || used[node] || group.keys[node] != graph.keys[h]) return std::nullopt;
     used[node] = 1;
   }
+  size_t swaps = 0;
+  for (uint32_t h = 0; h < m; ++h) swaps += swap_cost_of(group, graph, node_of[h], h);
   std::vector<uint32_t> position(n);
   for (uint32_t p = 0; p < n; ++p) position[group.order[p]] = p;
   for (const auto& [from, to] : graph.edges) {
@@ -148,6 +167,7 @@ std::optional<UnionPlan> plan_as_mapped(const NodeGraph& group, const NodeGraph&
   plan.node_of = node_of;
   plan.order = group.order;
   plan.absent = n - m;
+  plan.swaps = swaps;
   link(group, graph, plan);
   return plan;
 }

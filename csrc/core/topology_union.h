@@ -62,6 +62,10 @@ inline constexpr size_t kMaxEdits = 256;
 
 struct NodeGraph {
   std::vector<uint64_t> keys;   // per node (by index): what two aligned nodes must share
+  // Per node, or empty: what two aligned nodes had better share (a kernel node's function).
+  // Nodes that differ in it still pair, as a swap; alignment takes the fewest swaps among the
+  // alignments with the fewest edits.
+  std::vector<uint64_t> variants;
   std::vector<uint32_t> order;  // every node, in a topological order
   std::vector<Edge> edges;      // sorted; each goes forward in `order`
 };
@@ -76,6 +80,7 @@ struct UnionPlan {
   std::vector<uint32_t> sources;    // the joining graph's first nodes (without predecessors)
   std::vector<uint32_t> sinks;      // and its last (without successors), both union indices
   size_t absent = 0;                // union nodes the joining graph lacks
+  size_t swaps = 0;                 // the graph's nodes paired with a node of another variant
 };
 
 // `graph`'s nodes without predecessors (first) and without successors (last), by index.

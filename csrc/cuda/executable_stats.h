@@ -17,6 +17,8 @@ struct ExecutableStats {
   int64_t joins = 0;            // graphs that joined a group instead of being instantiated
   int64_t near_joins = 0;       // ... of them, joined by alignment (Note [Near topologies])
   int64_t unions = 0;           // ... of those, joins that grew the group's graph
+  int64_t near_swaps = 0;       // kernel nodes near joins paired with a node of another kernel
+  int64_t union_extra_nodes = 0;  // unions' nodes beyond their smallest member's (its no-ops)
   // Why graphs of a new topology did not join a near group (Note [Near topologies]): per graph,
   // no group's node count near its own; per group tried, the graph or group has no alignment
   // order, the alignment differs in too many nodes, a node that would be absent has no no-op
@@ -29,6 +31,7 @@ struct ExecutableStats {
   int64_t switches = 0;         // patches of the executable to another shape
   int64_t patches_ahead = 0;    // ... of them made right after a launch, for the predicted next
   int64_t nodes_patched = 0;
+  int64_t kernels_swapped = 0;  // ... of them, kernel nodes patched to run another kernel
   int64_t patch_ns = 0;
   size_t device_bytes = 0;      // resident executables: their nodes' share of the driver memory
                                 // that instantiations were measured to take

@@ -142,8 +142,9 @@ struct GraphContents {
   std::vector<cudaGraphNode_t> nodes;
   std::vector<NodeKind> kinds;
   // Per node, for alignment (Note [Near topologies]): its type and launch attributes, and the
-  // kernel, or a copy's or memset's memory kinds and dimensions.
+  // a copy's or memset's memory kinds and dimensions.
   std::vector<uint64_t> keys;
+  std::vector<uint64_t> variants;  // per node: a kernel's function, else 0
   std::vector<core::Edge> edges;  // sorted, by node index
   bool plain_edges = true;        // every edge a full dependency (no programmatic or port edges)
   std::vector<core::Blob> blobs;
@@ -238,7 +239,7 @@ GraphContents read_graph(cudaGraph_t graph, bool with_params) {
     cudaGraphNodeType type;
     check(cudaGraphNodeGetType(node, &type), "cudaGraphNodeGetType");
     uint64_t key = mix(0, static_cast<uint64_t>(type));
-    uint64_t detail = 0;
+    uint64_t detail = 0, variant = 0;
     switch (type) {
       case cudaGraphNodeTypeKernel: {
         g.kinds.push_back(NodeKind::kKernel);
@@ -281,8 +282,8 @@ GraphContents read_graph(cudaGraph_t graph, bool with_params) {
         CUDA_KERNEL_NODE_PARAMS p{};
         check(d.cuGraphKernelNodeGetParams(reinterpret_cast<CUgraphNode>(node), &p),
               "cuGraphKernelNodeGetParams");
-        detail = reinterpret_cast<uint64_t>(p.func != nullptr ? static_cast<const void*>(p.func)
-                                                              : static_cast<const void*>(p.kern));
+        variant = reinterpret_cast<uint64_t>(p.func != nullptr ? static_cast<const void*>(p.func)
+                                                               : static_cast<const void*>(p.kern));
         core::Blob blob = read_kernel(p, g.why_not);
         if (!g.why_not.empty()) {
           g.readable = false;
@@ -321,11 +322,12 @@ GraphContents read_graph(cudaGraph_t graph, bool with_params) {
         g.why_not = "it holds a " + node_type_name(type) + " node";
         break;
     }
-    // A topology leaves kernels and addresses to executable updates; alignment pairs a kernel
-    // node only with one of the same kernel, and copies and memsets by what an update may not
-    // change (Note [Near topologies]).
+    // A topology leaves kernels and addresses to executable updates; alignment pairs copies and
+    // memsets by what an update may not change, and kernel nodes with kernel nodes, preferably
+    // of the same kernel (Note [Near topologies]).
     h = mix(h, key);
     g.keys.push_back(mix(key, detail));
+    if (with_params) g.variants.push_back(variant);
   }
   if (!g.readable) return g;
   size_t edge_count = 0;
@@ -532,8 +534,11 @@ void add_edge(cudaGraph_t graph, cudaGraphNode_t from, cudaGraphNode_t to) {
 // near_inserts(its nodes) nodes the union lacks, and the union may hold union_growth(smallest)
 // nodes more than its smallest member, which runs them all, as no-ops. Deleted nodes (the union's
 // that the graph lacks) are bounded by the growth alone: a union is meant to hold many variants.
+// Each no-op costs GPU time (a launch, ~2 us): with kernels paired as swaps, most shapes of
+// wav2vec2 joined unions, and a growth of a quarter of the smallest member made inference ~10%
+// slower on the GPU than per-shape graphs.
 size_t near_inserts(size_t nodes) { return std::max<size_t>(8, nodes / 8); }
-size_t union_growth(size_t smallest) { return std::max<size_t>(16, smallest / 4); }
+size_t union_growth(size_t smallest) { return std::max<size_t>(16, smallest / 16); }
 
 // Whether a graph of m nodes that brings `added` new ones is near enough to join a union of n
 // nodes whose smallest member has `smallest_member`.
@@ -551,6 +556,7 @@ constexpr uint8_t kFromStart = 1, kToEnd = 2;
 core::NodeGraph alignment_view(const GraphContents& contents) {
   core::NodeGraph graph;
   graph.keys = contents.keys;
+  graph.variants = contents.variants;
   graph.edges = contents.edges;
   if (contents.plain_edges &&
       std::all_of(graph.edges.begin(), graph.edges.end(),
@@ -619,7 +625,61 @@ struct SharedExecutables::Group {
   std::vector<core::ExecutableSlot> slots;
   std::vector<Executable> executables;
   size_t executable_bytes = 0;  // each executable's charge (instantiate())
+  std::unordered_map<uint32_t, std::vector<uint64_t>> kernels;  // kernels_of, by shape
 };
+
+namespace {
+constexpr uint64_t kAbsentKernel = 1;  // kernels_of: the node runs as a no-op
+}  // namespace
+
+const std::vector<uint64_t>& SharedExecutables::kernels_of(Group& group, uint32_t shape) {
+  auto found = group.kernels.find(shape);
+  if (found != group.kernels.end()) return found->second;
+  std::vector<uint64_t> kernels(group.nodes.size(), 0);
+  core::Blob blob;
+  for (uint32_t node = 0; node < kernels.size(); ++node) {
+    if (group.kinds[node] != NodeKind::kKernel) continue;
+    group.params->decode(shape, node, blob);
+    if (blob.size() < sizeof(KernelHeader)) {
+      kernels[node] = kAbsentKernel;
+      continue;
+    }
+    KernelHeader h;
+    std::memcpy(&h, blob.data(), sizeof(h));
+    kernels[node] = h.func != 0 ? h.func : h.kern;
+  }
+  return group.kernels.emplace(shape, std::move(kernels)).first->second;
+}
+
+size_t SharedExecutables::kernel_swaps(Group& group, uint32_t from, uint32_t to) {
+  const std::vector<uint64_t>& a = kernels_of(group, from);
+  const std::vector<uint64_t>& b = kernels_of(group, to);
+  // A shape cached before its union grew lacks the added nodes: they are no-ops for it.
+  size_t swaps = 0;
+  for (size_t node = 0; node < group.nodes.size(); ++node) {
+    if (group.kinds[node] != NodeKind::kKernel) continue;
+    const uint64_t x = node < a.size() ? a[node] : kAbsentKernel;
+    const uint64_t y = node < b.size() ? b[node] : kAbsentKernel;
+    swaps += x != y ? 1 : 0;
+  }
+  return swaps;
+}
+
+core::SlotChoice SharedExecutables::choose(Group& group, uint32_t shape, bool room) {
+  core::SlotChoice choice = core::choose_slot(group.slots, shape, room);
+  // With two slots or fewer, the one launched last is kept: there is nothing to choose from.
+  if (choice.kind != core::SlotChoice::Kind::kPatch || group.slots.size() <= 2 || !group.params ||
+      shape == core::ExecutableSlot::kNoShape) {
+    return choice;
+  }
+  std::vector<size_t> swaps(group.slots.size(), 0);
+  for (size_t i = 0; i < group.slots.size(); ++i) {
+    if (group.slots[i].shape != core::ExecutableSlot::kNoShape) {
+      swaps[i] = kernel_swaps(group, group.slots[i].shape, shape);
+    }
+  }
+  return core::choose_slot(group.slots, shape, room, &swaps);
+}
 
 void SharedExecutables::anchor(Group& group, uint32_t node, uint8_t flag) {
   if ((group.anchored[node] & flag) != 0) return;
@@ -712,8 +772,8 @@ size_t SharedExecutables::slot_for(Group& group, uint32_t shape, cudaStream_t st
   // Whether the group grows is asked only where the shape would be patched: a hit, the most
   // common choice on the replay path, makes no stream query.
   core::SlotChoice choice = core::choose_slot(group.slots, shape, false);
-  if (choice.kind == core::SlotChoice::Kind::kPatch && grows(group, stream, launching)) {
-    choice = core::choose_slot(group.slots, shape, true);
+  if (choice.kind == core::SlotChoice::Kind::kPatch) {
+    choice = choose(group, shape, grows(group, stream, launching));
   }
   if (choice.kind != core::SlotChoice::Kind::kNewSlot) return choice.slot;
   try {
@@ -722,7 +782,7 @@ size_t SharedExecutables::slot_for(Group& group, uint32_t shape, cudaStream_t st
     if (group.slots.empty()) throw;
     // No memory for another: patch one, and make no more slots until executables are freed.
     slots_refused_ = true;
-    return core::choose_slot(group.slots, shape, false).slot;
+    return choose(group, shape, false).slot;
   }
 }
 
@@ -915,6 +975,7 @@ bool SharedExecutables::join_aligned(uint32_t index, const core::NodeGraph& grap
   }
   ++counters_.joins;
   ++counters_.near_joins;
+  counters_.near_swaps += static_cast<int64_t>(plan->swaps);
   joined = {index, shape};
   return true;
 }
@@ -955,6 +1016,7 @@ uint32_t SharedExecutables::join_grown(uint32_t index, const GraphContents& cont
     grown->nodes.push_back(add_node_like(grown->graph, contents.nodes[h], kind));
     grown->kinds.push_back(kind);
     grown->shape.keys.push_back(contents.keys[h]);
+    grown->shape.variants.push_back(contents.variants[h]);
     if (kind != NodeKind::kEmpty) {
       grown->absent_in_base.push_back(static_cast<uint32_t>(grown->nodes.size() - 1));
     }
@@ -1003,6 +1065,7 @@ uint32_t SharedExecutables::join_grown(uint32_t index, const GraphContents& cont
   while (!group.slots.empty()) destroy_slot(group, group.slots.size() - 1);
   slots_refused_ = false;
   grown->params = std::move(group.params);
+  grown->kernels = std::move(group.kernels);
   grown->params->add_nodes(plan.added.size());
   const uint32_t shape = grown->params->add(blobs);
   grown->slots.front() = {shape, ++clock_};
@@ -1019,6 +1082,7 @@ void SharedExecutables::remove(Member member) {
   Group& group = *groups_[member.group];
   if (group.params) {
     group.params->remove(member.shape);
+    group.kernels.erase(member.shape);
     if (member.shape != core::ParamTable::kBase) {  // the base's parameters stay readable
       for (auto& slot : group.slots) {
         if (slot.shape == member.shape) slot.shape = core::ExecutableSlot::kNoShape;
@@ -1053,8 +1117,7 @@ void SharedExecutables::prepare_ahead(Member member) {
   if (!member.valid() || member.group >= groups_.size() || !groups_[member.group]) return;
   Group& group = *groups_[member.group];
   if (group.slots.empty() || !group.params || !group.params->contains(member.shape)) return;
-  const core::SlotChoice choice =
-      core::choose_slot(group.slots, member.shape, room_for_slot(group));
+  const core::SlotChoice choice = choose(group, member.shape, room_for_slot(group));
   if (choice.kind != core::SlotChoice::Kind::kPatch) return;
   patch(group, choice.slot, member.shape);
   ++counters_.patches_ahead;
@@ -1069,6 +1132,7 @@ void SharedExecutables::patch(Group& group, size_t slot, uint32_t shape) {
     for (uint32_t i = 0; i < changed.size(); ++i) changed[i] = i;
   } else {
     group.params->changed_nodes(from, shape, changed);
+    counters_.kernels_swapped += static_cast<int64_t>(kernel_swaps(group, from, shape));
   }
   group.slots[slot].shape = core::ExecutableSlot::kNoShape;  // until every node is written
   core::Blob blob;
@@ -1134,6 +1198,9 @@ ExecutableStats SharedExecutables::stats() const {
     ++s.groups;
     s.members += g->members;
     s.resident += static_cast<int64_t>(g->slots.size());
+    if (g->start != nullptr) {
+      s.union_extra_nodes += static_cast<int64_t>(g->nodes.size() - g->smallest_member);
+    }
     if (g->params) {
       s.params_bytes += g->params->compressed_bytes();
       s.params_raw_bytes += g->params->raw_bytes();

@@ -32,6 +32,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "core/executable_slots.h"
 #include "core/param_codec.h"
 #include "core/topology_union.h"
 #include "cuda/executable_stats.h"
@@ -126,6 +127,13 @@ class SharedExecutables {
   // fails (out of memory) and the group has slots, one of them. `launching`: chosen for a launch
   // (prepare), not for a capture's join.
   size_t slot_for(Group& group, uint32_t shape, cudaStream_t stream, bool launching);
+  // choose_slot for `shape`, told which slots would change the fewest kernels.
+  core::SlotChoice choose(Group& group, uint32_t shape, bool room);
+  // Per node of `shape`, the kernel it runs (its function or kernel handle; kAbsentKernel where
+  // the shape lacks the node; 0 for other nodes). Cached per shape.
+  const std::vector<uint64_t>& kernels_of(Group& group, uint32_t shape);
+  // How many kernel nodes run another kernel in `to` than in `from`.
+  size_t kernel_swaps(Group& group, uint32_t from, uint32_t to);
   // Whether the executable cache can take another slot of `group`.
   bool room_for_slot(const Group& group) const;
   // Whether a shape of `group` gets a new slot: room, and the growth policy's condition (for

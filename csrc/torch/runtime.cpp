@@ -37,6 +37,12 @@ namespace grape {
 
 namespace {
 
+int64_t elapsed_ns(std::chrono::steady_clock::time_point since) {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() -
+                                                              since)
+      .count();
+}
+
 // Bytes from a tensor's first element to one past its last (its placeholder's storage size).
 size_t span_bytes(const at::Tensor& t) {
   if (t.numel() == 0) return 0;
@@ -779,9 +785,7 @@ bool Runtime::capture(FlatCall& flat, std::unique_ptr<CapturedGraph>& into, std:
   captured->host_constants = host_constants.attr("kept");
   into = std::move(captured);
   ++stats_.captures;
-  stats_.capture_ns +=
-      std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - start)
-          .count();
+  stats_.capture_ns += elapsed_ns(start);
   // Dropping `placeholders`, `out` and `result` frees their blocks back to the pool: later
   // captures reuse them, and the registry protects what callers still hold.
   return true;
@@ -827,20 +831,32 @@ CapturedGraph& Runtime::select_graph(Entry& entry, FlatCall& flat, const py::arg
 
 void Runtime::patch_ahead(const cuda::SharedExecutables::Member& launched) {
   // Graphs tend to follow one another in the same order (a generation's growing shapes): the
-  // graph that followed this one last time is patched in now, while this one runs.
+  // graph that followed this one the last two times is patched in now, while this one runs. A
+  // successor seen once predicts nothing in a shuffled order (an epoch's batches), where a
+  // patch ahead would only be undone by the next launch.
   auto key = [](const cuda::SharedExecutables::Member& m) {
     return (static_cast<uint64_t>(m.group) << 32) | m.shape;
   };
-  if (last_launched_.valid()) successor_[key(last_launched_)] = launched;
+  auto same = [](const cuda::SharedExecutables::Member& a,
+                 const cuda::SharedExecutables::Member& b) {
+    return a.group == b.group && a.shape == b.shape;
+  };
+  if (last_launched_.valid()) {
+    Successor& s = successor_[key(last_launched_)];
+    s.confirmed = same(s.next, launched);
+    s.next = launched;
+  }
   last_launched_ = launched;
   auto next = successor_.find(key(launched));
-  if (next != successor_.end() && next->second.group == launched.group) {
-    executables_->prepare_ahead(next->second);
+  if (next != successor_.end() && next->second.confirmed &&
+      next->second.next.group == launched.group) {
+    executables_->prepare_ahead(next->second.next);
   }
 }
 
 bool Runtime::replay(Entry& entry, CapturedGraph& g, FlatCall& flat, py::object& result,
                      std::string& refusal) {
+  const auto replay_start = std::chrono::steady_clock::now();
   GraphPool& pool = *pool_;
   const size_t n = flat.tensors.size();
   // A gradient the step replaces and nothing else holds is dropped now, as eager drops it, so
@@ -952,7 +968,9 @@ bool Runtime::replay(Entry& entry, CapturedGraph& g, FlatCall& flat, py::object&
   }
 
   // 3. Replay, then write in-place updates back to inputs that do not live in their placeholder.
+  const auto launch_start = std::chrono::steady_clock::now();
   g.graph->launch(exec);
+  stats_.launch_ns += elapsed_ns(launch_start);
   for (size_t i = 0; i < n; ++i) {
     if (!plan.copy_back[i] || g.placeholders[i].bytes == 0) continue;
     segments.push_back({g.placeholders[i].ptr, flat.tensors[i].data_ptr(), g.placeholders[i].bytes});
@@ -1000,6 +1018,7 @@ bool Runtime::replay(Entry& entry, CapturedGraph& g, FlatCall& flat, py::object&
   }
   ++stats_.replays;
   ++entry.replays;
+  stats_.replay_ns += elapsed_ns(replay_start);
   return true;
 }
 
@@ -1028,6 +1047,8 @@ py::dict Runtime::stats() {
   d["recaptures"] = stats_.recaptures;
   d["capture_failures"] = stats_.capture_failures;
   d["capture_seconds"] = static_cast<double>(stats_.capture_ns) * 1e-9;
+  d["replay_seconds"] = static_cast<double>(stats_.replay_ns) * 1e-9;
+  d["launch_seconds"] = static_cast<double>(stats_.launch_ns) * 1e-9;
   d["bytes_copied_in"] = stats_.bytes_copied_in;
   d["bytes_copied_back"] = stats_.bytes_copied_back;
   d["bytes_evacuated"] = stats_.bytes_evacuated;
@@ -1068,6 +1089,8 @@ py::dict Runtime::stats() {
   d["graphs_joined"] = ex.joins;
   d["graphs_joined_near"] = ex.near_joins;
   d["topology_unions"] = ex.unions;
+  d["kernels_swapped_near"] = ex.near_swaps;
+  d["union_extra_nodes"] = ex.union_extra_nodes;
   py::dict refusals;
   refusals["far"] = ex.near_refused_far;
   refusals["unaligned"] = ex.near_refused_unaligned;
@@ -1078,6 +1101,7 @@ py::dict Runtime::stats() {
   d["executable_switches"] = ex.switches;
   d["patches_ahead"] = ex.patches_ahead;
   d["nodes_patched"] = ex.nodes_patched;
+  d["kernels_swapped"] = ex.kernels_swapped;
   d["patch_seconds"] = static_cast<double>(ex.patch_ns) * 1e-9;
   d["params_bytes"] = static_cast<int64_t>(ex.params_bytes);
   d["params_raw_bytes"] = static_cast<int64_t>(ex.params_raw_bytes);

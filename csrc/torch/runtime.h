@@ -49,6 +49,8 @@ struct RuntimeStats {
   int64_t bytes_avoided = 0;      // input bytes the hits did not copy
   int64_t chain_variants = 0;     // extra graphs captured to chain a signature's inputs
   int64_t capture_oom_retries = 0;  // captures retried after an out-of-memory freed executables
+  int64_t replay_ns = 0;  // host time of replays: preparing the executable, copies, launch
+  int64_t launch_ns = 0;  // ... of it, in graph launches (the driver's share)
 };
 
 struct Entry {
@@ -164,9 +166,14 @@ class Runtime {
   std::shared_ptr<cuda::SharedExecutables> executables_;  // outlives the graphs it serves
   std::unique_ptr<InputSites> sites_;  // null when alias prediction is off
 #ifdef GRAPE_WITH_CUDA
-  // The graph launched last, and for each launched graph the one launched after it last time.
+  // The graph launched last, and for each launched graph the one launched after it last time,
+  // confirmed where the same one followed it the time before too.
+  struct Successor {
+    cuda::SharedExecutables::Member next;
+    bool confirmed = false;
+  };
   cuda::SharedExecutables::Member last_launched_;
-  std::unordered_map<uint64_t, cuda::SharedExecutables::Member> successor_;
+  std::unordered_map<uint64_t, Successor> successor_;
 #endif
   RuntimeStats stats_;
   std::string global_fallback_;  // set when graphs are impossible for every call (no CUDA)

@@ -97,3 +97,20 @@ TEST(ExecutableSlots, ASlotWithoutALiveShapeIsUsedFirst) {
   EXPECT_EQ(hit.kind, SlotChoice::Kind::kHit);
   EXPECT_EQ(hit.slot, 2u);
 }
+
+TEST(ExecutableSlots, APatchTakesTheSlotWhoseShapeRunsTheMostOfTheSameKernels) {
+  // Slot 3 was launched last and is never patched; of the others, slot 1 changes the fewest
+  // kernels, though slot 2 was used more recently.
+  const std::vector<ExecutableSlot> slots = {{0, 1}, {1, 2}, {2, 3}, {3, 4}};
+  const std::vector<size_t> swaps = {7, 2, 5, 0};
+  SlotChoice c = choose_slot(slots, 9, /*room=*/false, &swaps);
+  EXPECT_EQ(c.kind, SlotChoice::Kind::kPatch);
+  EXPECT_EQ(c.slot, 1u);
+  // Ties go to the most recently used, as without swaps.
+  const std::vector<size_t> even = {2, 2, 2, 0};
+  EXPECT_EQ(choose_slot(slots, 9, false, &even).slot, 2u);
+  EXPECT_EQ(choose_slot(slots, 9, false).slot, 2u);
+  // A hit and room come first.
+  EXPECT_EQ(choose_slot(slots, 0, false, &swaps).kind, SlotChoice::Kind::kHit);
+  EXPECT_EQ(choose_slot(slots, 9, true, &swaps).kind, SlotChoice::Kind::kNewSlot);
+}

@@ -525,11 +525,12 @@ TEST_F(SharedExecutablesOnGpu, GraphsOfOneTopologyRunningDifferentKernelsEachRep
   }
 }
 
-TEST_F(SharedExecutablesOnGpu, NearTopologiesNeverPairNodesThatRunDifferentKernels) {
-  // Note [Near topologies]: alignment pairs identical nodes only. Graph A is memset, extra
-  // memset, add_one, memcpy; graph B is memset, times_two, memcpy. Their node counts differ, so B
-  // joins A's group by alignment: times_two is a node of its own, added to a union in which each
-  // graph runs the other's kernel as a no-op.
+TEST_F(SharedExecutablesOnGpu, NearTopologiesPairKernelNodesOfOtherKernelsEachRunningItsOwn) {
+  // Note [Near topologies]: alignment pairs a kernel node with one of another kernel (a swap:
+  // the function changes by a parameter update). Graph A is memset, extra memset, add_one,
+  // memcpy; graph B is memset, times_two, memcpy. Their node counts differ, so B joins A's group
+  // by alignment: times_two pairs with add_one, and B runs A's extra memset as a no-op. The
+  // union gains B's memset-to-kernel edge and anchors, no node.
   for (size_t cache : {size_t{0}, SIZE_MAX}) {
     Buffers b(stream_, 0);
     SharedExecutables ex(Sharing::kNearTopologies, cache);
@@ -545,6 +546,7 @@ TEST_F(SharedExecutablesOnGpu, NearTopologiesNeverPairNodesThatRunDifferentKerne
     EXPECT_EQ(s.members, 2);
     EXPECT_EQ(s.joins, 1);
     EXPECT_EQ(s.near_joins, 1);
+    EXPECT_EQ(s.near_swaps, 1);
     EXPECT_EQ(s.unions, 1);
     // Each runs its own kernel (the memcpy after it copies that kernel's result) and its own
     // memsets, in alternating order.

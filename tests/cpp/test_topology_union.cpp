@@ -27,7 +27,10 @@ NodeGraph chain(const std::vector<uint64_t>& keys) {
 // The union `plan` makes of `group` and the graph it planned: what a group keeps afterwards.
 NodeGraph apply(const NodeGraph& group, const NodeGraph& graph, const UnionPlan& plan) {
   NodeGraph u = group;
-  for (uint32_t h : plan.added) u.keys.push_back(graph.keys[h]);
+  for (uint32_t h : plan.added) {
+    u.keys.push_back(graph.keys[h]);
+    if (!u.variants.empty()) u.variants.push_back(graph.variants[h]);
+  }
   u.order = plan.order;
   u.edges.insert(u.edges.end(), plan.added_edges.begin(), plan.added_edges.end());
   std::sort(u.edges.begin(), u.edges.end());
@@ -108,6 +111,40 @@ TEST(TopologyUnion, OnlyEqualKeysPair) {
   EXPECT_EQ(plan->added, (std::vector<uint32_t>{1}));
   EXPECT_EQ(plan->absent, 1u);
   expect_sound(apply(group, graph, *plan), graph, *plan);
+}
+
+TEST(TopologyUnion, KernelsOfOtherFunctionsPairAsSwapsAndTheSameFunctionIsPreferred) {
+  // Kernel nodes share a key and differ in their function (the variant), as a library's
+  // per-shape algorithms do: another kernel in the same place pairs, no node added.
+  NodeGraph group = chain({K, K, M, K});
+  group.variants = {70, 71, 0, 72};
+  NodeGraph graph = chain({K, K, M, K});
+  graph.variants = {70, 81, 0, 72};
+  auto plan = plan_union(group, graph, 4);
+  ASSERT_TRUE(plan);
+  EXPECT_TRUE(plan->added.empty());
+  EXPECT_EQ(plan->absent, 0u);
+  EXPECT_EQ(plan->node_of, (std::vector<uint32_t>{0, 1, 2, 3}));
+  EXPECT_EQ(plan->swaps, 1u);
+  EXPECT_EQ(plan_as_mapped(group, graph, plan->node_of)->swaps, 1u);
+  // One kernel fewer: of the alignments deleting one group kernel, the one pairing kernels of the
+  // same functions wins (deleting the second, not the first, kernel).
+  group = chain({K, K, K, M, K});
+  group.variants = {70, 71, 73, 0, 72};
+  graph = chain({K, K, M, K});
+  graph.variants = {70, 73, 0, 99};
+  plan = plan_union(group, graph, 4);
+  ASSERT_TRUE(plan);
+  EXPECT_TRUE(plan->added.empty());
+  EXPECT_EQ(plan->absent, 1u);
+  EXPECT_EQ(plan->node_of, (std::vector<uint32_t>{0, 2, 3, 4}));
+  EXPECT_EQ(plan->swaps, 1u);  // the last kernel's
+  expect_sound(apply(group, graph, *plan), graph, *plan);
+  // Without variants the first kernel is as good a pairing: the edits alone decide.
+  group.variants.clear();
+  plan = plan_union(group, graph, 4);
+  ASSERT_TRUE(plan);
+  EXPECT_EQ(plan->absent, 1u);
 }
 
 TEST(TopologyUnion, AMembersOrderDoesNotGoThroughANodeItLacks) {

@@ -158,6 +158,22 @@ def test_a_repeated_order_is_patched_ahead_with_results_identical_to_eager():
     expect_shapes(compiled, lengths[::-1], expected[::-1])
 
 
+def test_a_shuffled_order_is_not_patched_ahead():
+    # Each pass in another order (an epoch's shuffled batches): a graph's successor seldom
+    # repeats, and a patch ahead for an unconfirmed one would be undone by the next launch.
+    step = make_step()
+    lengths = list(range(1, 25))
+    expected = dict(zip(lengths, run_shapes(step, lengths)))
+    compiled = grape.compile(step, alias_prediction=False, executable_cache=0)
+    rng = random.Random(3)
+    for _ in range(4):
+        order = rng.sample(lengths, len(lengths))
+        expect_shapes(compiled, order, [expected[n] for n in order])
+    s = grape.stats(compiled)
+    assert s["replays"] >= 2 * len(lengths) and not s["fallbacks"]
+    assert s["patches_ahead"] <= 3
+
+
 def test_sharing_off_gives_every_shape_its_own_executable():
     step = make_step()
     lengths = [3, 9, 5]
@@ -170,6 +186,16 @@ def test_sharing_off_gives_every_shape_its_own_executable():
     assert s["shapes"] == len(lengths) + s["chain_variants"]
     assert s["topology_groups"] == s["resident_executables"] == s["shapes"]
     assert s["graphs_joined"] == 0 and s["params_bytes"] == 0
+
+
+def expect_shuffled_replays(compiled, fn, sizes, rng, passes=3):
+    """Replays of (n, 32) inputs of every size, in `passes` random orders, queued back to back
+    (none waited for before the next) and checked once all are queued."""
+    order = [n for _ in range(passes) for n in rng.sample(sizes, len(sizes))]
+    inputs = [torch.randn(n, 32, device=DEV) for n in order]
+    outputs = [compiled(x) for x in inputs]
+    for x, out in zip(inputs, outputs):
+        assert torch.equal(out, fn(x)), x.shape[0]
 
 
 def near_topologies(x):
@@ -200,18 +226,35 @@ def test_near_topologies_share_one_executable_with_results_identical_to_eager(ex
         for n in order:
             x = torch.randn(n, 32, device=DEV)
             assert torch.equal(compiled(x), near_topologies(x)), n
-    # Replays in random orders, checked once all are queued.
-    order = [n for _ in range(3) for n in rng.sample(sizes, len(sizes))]
-    inputs = [torch.randn(n, 32, device=DEV) for n in order]
-    outputs = [compiled(x) for x in inputs]
-    for x, out in zip(inputs, outputs):
-        assert torch.equal(out, near_topologies(x)), x.shape[0]
+    expect_shuffled_replays(compiled, near_topologies, sizes, rng)
     s = grape.stats(compiled)
     assert not s["fallbacks"] and s["replays"] >= 3 * len(sizes)
     assert s["topology_groups"] == 1
     assert s["graphs_joined"] == s["shapes"] - 1
     assert s["graphs_joined_near"] >= 1
     assert s["topology_unions"] == 1
+
+
+def other_kernels(x):
+    """Long inputs run another elementwise kernel and an extra op: near, with a kernel swapped."""
+    y = x * 2
+    y = y.cos().cumsum(0) if x.shape[0] > 100 else y.sin()
+    return y + 1
+
+
+def test_near_topologies_pair_kernels_of_other_functions_and_each_runs_its_own():
+    # Note [Near topologies]: the long inputs' cos pairs with the short ones' sin (a swap), and
+    # each shape runs its own kernel, whichever shape the executable last ran.
+    sizes = [64, 300, 96, 400]
+    compiled = grape.compile(other_kernels, alias_prediction=False, executable_cache=0)
+    for n in sizes * 2:
+        x = torch.randn(n, 32, device=DEV)
+        assert torch.equal(compiled(x), other_kernels(x)), n
+    expect_shuffled_replays(compiled, other_kernels, sizes, random.Random(2))
+    s = grape.stats(compiled)
+    assert not s["fallbacks"]
+    assert s["topology_groups"] == 1 and s["graphs_joined_near"] >= 1
+    assert s["kernels_swapped_near"] >= 1
 
 
 def test_near_topologies_keep_executables_of_their_own_when_only_topologies_share():
