@@ -34,13 +34,16 @@
 // so unions are grape.compile's default (SharedExecutables::Sharing::kNearTopologies).
 //
 // Alignment is the cheapest edit script: nodes are matched only where their keys are equal, and
-// each node inserted or deleted costs 1. A key holds all that makes two nodes one: the node's type,
-// its launch attributes, and the kernel, or what a copy's or memset's update may not change (its
-// memory types and dimensions; not its addresses, which differ between shapes wherever the
-// arena's layout does, as kernels' arguments do). (Pairing a kernel
-// node with another kernel, its function swapped by a parameter update, computed wrong results in
-// wav2vec2 on an H100, but that was measured while unions relied on disabled nodes, which may
-// have been the cause; not measured since.)
+// each node inserted or deleted costs 1. A key holds what an update may not change: the node's
+// type, its launch attributes, and a copy's or memset's memory types and dimensions (not its
+// addresses, which differ between shapes wherever the arena's layout does, as kernels'
+// arguments do). A kernel node's function is its variant: nodes of other kernels pair as a swap
+// (a member's parameters change the node's function, as executable updates within one topology
+// do), and of the alignments with the fewest edits, the one with the fewest swaps wins. Swaps were
+// refused at first, because joins that made them gave wrong wav2vec2 logits on an H100; that was
+// while unions relied on disabled nodes, whose dependencies did not hold. With no-ops, swaps give
+// results equal to eager's (hf_wav2vec2, every inference batch and 50 training losses, H100 and
+// H200).
 // It is searched within a band of `max_edits` (at most kMaxEdits): O(nodes * max_edits) time and
 // memory. Where alignments tie, a graph may pair with other nodes of its keys than an earlier
 // graph of its topology did, and then need edges that one did not; so a graph of a topology that
