@@ -141,8 +141,8 @@ enum class NodeKind : uint8_t { kKernel, kMemcpy, kMemset, kEmpty };
 struct GraphContents {
   std::vector<cudaGraphNode_t> nodes;
   std::vector<NodeKind> kinds;
-  // Per node, for alignment (Note [Near topologies]): its type and launch attributes, and the
-  // a copy's or memset's memory kinds and dimensions.
+  // Per node, for alignment (Note [Near topologies]): its type and launch attributes, and a
+  // copy's or memset's memory kinds and dimensions.
   std::vector<uint64_t> keys;
   std::vector<uint64_t> variants;  // per node: a kernel's function, else 0
   std::vector<core::Edge> edges;  // sorted, by node index

@@ -837,13 +837,9 @@ void Runtime::patch_ahead(const cuda::SharedExecutables::Member& launched) {
   auto key = [](const cuda::SharedExecutables::Member& m) {
     return (static_cast<uint64_t>(m.group) << 32) | m.shape;
   };
-  auto same = [](const cuda::SharedExecutables::Member& a,
-                 const cuda::SharedExecutables::Member& b) {
-    return a.group == b.group && a.shape == b.shape;
-  };
   if (last_launched_.valid()) {
     Successor& s = successor_[key(last_launched_)];
-    s.confirmed = same(s.next, launched);
+    s.confirmed = key(s.next) == key(launched);
     s.next = launched;
   }
   last_launched_ = launched;
