@@ -3,11 +3,18 @@ default dynamic cache: batch 1, a 32-token prompt, greedy. Modes: eager; grape.c
 grape.compile(model, executable_cache=0) (`grape_compact`: one executable per topology);
 grape.compile(model, share_executables=False) (`grape_all_resident`); and `grape_step`, a whole
 decode step (forward and greedy selection) compiled as one grape function in a plain Python loop.
+Run only when named: `grape_inductor`, grape.compile(model) over torch.compile(model.forward,
+dynamic=True): Inductor's fused kernels replayed from grape's graphs (compiling takes minutes).
 Against the physical limit: the HBM-bandwidth floor, the time to read the weights once per token.
+And against what graphs can reach: `step_kernel_ms`, the GPU time of the kernels one decode step
+launches (eager and grape_inductor, measured with torch.profiler outside graphs, at a KV cache of
+the prompt plus half the new tokens), of which `step_matmul_kernel_ms` in matrix products: a replay
+launches the same kernels, so no graph of that step runs faster.
 
     python -m benchmarks.hf_gptj                  # b1-greedy, 128 new tokens, 5 reps
     python -m benchmarks.hf_gptj --quick          # 16 new tokens, 2 reps
     python -m benchmarks.hf_gptj --tiny --quick   # smoke run: a 2-layer GPT-J, fits anywhere
+    python -m benchmarks.hf_gptj --modes eager,grape_step,grape_inductor
 
 All modes run in one process on the same weights and prompt; tokens are compared with eager's.
 The model (12 GB) is never copied: each grape mode compiles its forward in place and gives the
@@ -41,6 +48,9 @@ from benchmarks import generation, harness
 from benchmarks.generation import measure, measure_generate
 
 MODES = ["eager", "grape", "grape_compact", "grape_all_resident", "grape_step"]
+AVAILABLE_MODES = MODES + ["grape_inductor"]
+# Kernels of matrix products (cuBLAS's and CUTLASS's names), for step_matmul_kernel_ms.
+MATMUL_KERNELS = ("gemm", "gemv", "nvjet", "cutlass", "splitk", "xmma")
 PROMPT = 32
 EOS = 50256
 # HF's default init (normal, std 0.02) keeps GPT-J 6B's activations far from fp16's limit: a
@@ -131,8 +141,37 @@ def compiled_in_place(model, **options) -> Iterator:
         del model.forward  # the instance attribute grape.compile set: the class's forward again
 
 
+def step_kernels(model, case) -> dict:
+    """GPU time of the kernels one decode step of `model` launches, run outside graphs, at a KV
+    cache of the prompt plus half the new tokens (torch.profiler): step_kernel_ms, of which
+    step_matmul_kernel_ms in matrix products, and step_kernels (how many)."""
+    import transformers
+    from torch.profiler import ProfilerActivity, profile
+
+    cache = transformers.DynamicCache(config=model.config)
+
+    def step(tok):
+        logits = model(input_ids=tok, past_key_values=cache, use_cache=True, logits_to_keep=1).logits
+        return logits[:, -1:].argmax(-1)
+
+    tok = step(case["inputs"][0])
+    for _ in range(case["kwargs"]["max_new_tokens"] // 2):
+        tok = step(tok)
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        step(tok)
+        torch.cuda.synchronize()
+    kernels = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+    us = [e.time_range.elapsed_us() for e in kernels]
+    matmul = [u for e, u in zip(kernels, us) if any(k in e.name.lower() for k in MATMUL_KERNELS)]
+    return {"step_kernel_ms": sum(us) / 1e3, "step_matmul_kernel_ms": sum(matmul) / 1e3,
+            "step_kernels": len(kernels)}
+
+
 def setup_eager(model, case):
-    return measure_generate(model, *case["inputs"], case["kwargs"], case["reps"], 0, "eager")
+    r = measure_generate(model, *case["inputs"], case["kwargs"], case["reps"], 0, "eager")
+    r.update(step_kernels(model, case))
+    return r
 
 
 def setup_grape(model, case, **options):
@@ -165,12 +204,30 @@ def setup_grape_step(model, case):
     return r
 
 
+def setup_grape_inductor(model, case):
+    """grape.compile(model) over torch.compile(model.forward, dynamic=True): the warm-up calls
+    compile (one compilation for the prompt, one for decode steps), captures run the compiled
+    code, replays launch Inductor's kernels. torch.compile's own CUDA graphs stay off."""
+    import torch._dynamo
+
+    compiled = torch.compile(model.forward, dynamic=True)
+    model.forward = compiled
+    try:
+        r = setup_grape(model, case)  # grape compiles model.forward, `compiled`, and removes it
+        model.forward = compiled
+        r.update(step_kernels(model, case))
+        return r
+    finally:
+        model.__dict__.pop("forward", None)
+        torch._dynamo.reset()
+
+
 SETUPS = {"eager": setup_eager, "grape": setup_grape,
           # one executable per topology, patched for every other shape: the least device memory
           "grape_compact": lambda model, case: setup_grape(model, case, executable_cache=0),
           # one executable per graph: no patching between shapes (more device memory)
           "grape_all_resident": lambda model, case: setup_grape(model, case, share_executables=False),
-          "grape_step": setup_grape_step}
+          "grape_step": setup_grape_step, "grape_inductor": setup_grape_inductor}
 
 
 def run_case(model, name, ids, new_tokens, reps, modes, config) -> dict:
@@ -199,7 +256,7 @@ def main(argv=None):
         __doc__, MODES, "16 new tokens, 2 reps",
         tiny_help="a 2-layer GPT-J (n_embd 256) instead of GPT-J 6B: a smoke run that fits anywhere")
     parser.add_argument("--new-tokens", type=int, default=128)
-    args, modes = harness.parse(parser, argv, MODES,
+    args, modes = harness.parse(parser, argv, AVAILABLE_MODES,
                                 "hf_gptj needs a CUDA device (GPT-J 6B in fp16 takes 12 GB of it)")
     if args.quick:
         args.new_tokens, args.reps = 16, 2
@@ -227,9 +284,11 @@ def main(argv=None):
                f"HBM-bandwidth floor {c['floor_ms_per_token']:.3f} ms/token: "
                f"{c['weight_bytes_per_token'] / 1e9:.2f} GB of weights read per token at "
                f"{c['hbm_bandwidth_gbps']:.0f} GB/s (a device-to-device copy).\n\n")
-    table = generation.markdown(cases, extra=[("vs floor", "ratio_to_floor", "{:.2f}x")])
+    table = generation.markdown(cases, extra=[("vs floor", "ratio_to_floor", "{:.2f}x"),
+                                              ("step kernels ms", "step_kernel_ms", "{:.3f}"),
+                                              ("of which matmul", "step_matmul_kernel_ms", "{:.3f}")])
     harness.write_table_and_plot(path, preface + table,
-                                 lambda png: generation.plot(cases, png, MODES, title))
+                                 lambda png: generation.plot(cases, png, AVAILABLE_MODES, title))
     return cases
 
 

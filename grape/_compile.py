@@ -64,6 +64,18 @@ def _explain(reason: str) -> str:
     return reason
 
 
+# Characters of a call signature that a fallback warning shows: a model's KV cache makes
+# signatures of thousands; grape.stats() keeps them whole.
+_WARNED_SIGNATURE_CHARS = 240
+
+
+def _abbreviated(signature: str) -> str:
+    if len(signature) <= _WARNED_SIGNATURE_CHARS:
+        return signature
+    rest = len(signature) - _WARNED_SIGNATURE_CHARS
+    return f"{signature[:_WARNED_SIGNATURE_CHARS]}... ({rest} more characters in grape.stats())"
+
+
 # Device memory a function's executables beyond one per topology may take (Note [Executable
 # slots]): GPT-2's 128 decode lengths (~0.6 MB each), or about 50 of GPT-J's (~5 MB each).
 DEFAULT_EXECUTABLE_CACHE = 256 << 20
@@ -117,7 +129,7 @@ class CompiledFunction(_C.Runtime):
                 reason = f"{reason} at {site}"
         self._fallbacks.append({"signature": signature, "reason": reason, "call_site": call_site})
         message = (
-            f"grape: {self.__qualname__}{signature} runs eagerly: {reason} "
+            f"grape: {self.__qualname__}{_abbreviated(signature)} runs eagerly: {reason} "
             f"(called from {call_site})"
         )
         log.debug(message)
@@ -274,7 +286,7 @@ def stats(fn: Any) -> dict:
     ``executable_bytes`` (``cached_executable_bytes`` of them beyond one per topology, within
     ``executable_cache``), ``instantiations``, ``evictions``, ``executable_switches``,
     ``nodes_patched``, ``patch_seconds``, ``params_bytes`` / ``params_raw_bytes`` (parameters kept,
-    compressed and raw), ``capture_oom_retries`` and ``memory_budget``;
+    compressed and raw), ``capture_oom_retries``, ``pinned_host_constants`` and ``memory_budget``;
     ``live_outputs``, ``fallbacks`` (signature, reason, call site) and ``entries`` (per signature).
     See docs/semantics.md, "grape.stats".
     """

@@ -5,6 +5,7 @@
 #include <torch/csrc/autograd/python_variable.h>
 
 #include <chrono>
+#include <optional>
 #include <unordered_map>
 #include <unordered_set>
 
@@ -475,6 +476,19 @@ bool is_chainable(const GraphPool& pool, const FlatCall& flat, size_t i) {
   return is_sole_whole_input(flat, i);
 }
 
+// Note [Host constants]
+// `torch.tensor(0.0, device="cuda")` builds the value on the host and copies it from pageable
+// memory, which a capture refuses (Hugging Face builds attention-mask fill values so).
+// grape._host_constants.PinnedHostConstants, a TorchFunctionMode, builds such tensors in pinned
+// memory the graph keeps. It is entered only for functions that need it: the first capture runs
+// without it, and a capture refused for a pageable copy is tried again with it, as are the
+// function's later captures. Entering it by default would change what torch.compile'd code sees:
+// Dynamo guards on the torch function mode stack, so a capture under the mode would compile the
+// function again, inside the capture, where compiling fails.
+bool copied_from_pageable_memory(const std::string& reason) {
+  return reason.find("unless the CPU tensor is pinned") != std::string::npos;
+}
+
 std::string python_error_text(const py::error_already_set& e) {
   std::string type = py::str(e.type().attr("__name__"));
   std::string text = py::str(e.value());
@@ -522,6 +536,12 @@ bool Runtime::capture_with_retry(FlatCall& flat, std::unique_ptr<CapturedGraph>&
                                  std::string& reason, py::object& error, bool& out_of_memory) {
   out_of_memory = false;
   if (capture(flat, into, reason, error, out_of_memory)) return true;
+  if (!pin_host_constants_ && copied_from_pageable_memory(reason)) {
+    pin_host_constants_ = true;
+    reason.clear();
+    error = py::none();
+    if (capture(flat, into, reason, error, out_of_memory)) return true;
+  }
   if (!out_of_memory) return false;
   // Free what other shapes hold but can rebuild (executables, from their base graphs) and the
   // allocator's cached blocks, then try once more.
@@ -571,9 +591,12 @@ bool Runtime::capture(FlatCall& flat, std::unique_ptr<CapturedGraph>& into, std:
   const CaptureGradients gradients(std::move(grad_leaves), pool,
                                    at::cuda::getCurrentCUDAStream(pool.device()).stream());
   EnteredContext stepped_optimizers(training_.step_watch());
-  // Tensors f makes from Python values on the device come from pinned memory the graph keeps.
+  // Tensors f makes from Python values on the device come from pinned memory the graph keeps,
+  // once this function needs it (Note [Host constants]).
   const py::object host_constants =
-      py::module_::import("grape._host_constants").attr("PinnedHostConstants")();
+      pin_host_constants_
+          ? py::module_::import("grape._host_constants").attr("PinnedHostConstants")()
+          : py::object(py::none());
 
   std::vector<at::Tensor> placeholders;
   std::vector<int64_t> versions;
@@ -642,7 +665,8 @@ bool Runtime::capture(FlatCall& flat, std::unique_ptr<CapturedGraph>& into, std:
       graph->capture_begin(pool.id(), cudaStreamCaptureModeGlobal);
       py::tuple call = rebuild_arguments(flat, leaves, record_state, log);
       {
-        EnteredContext pinned(host_constants);
+        std::optional<EnteredContext> pinned;
+        if (!host_constants.is_none()) pinned.emplace(host_constants);
         result = call_python(fn_, py::reinterpret_borrow<py::args>(call[0]),
                              py::reinterpret_borrow<py::kwargs>(call[1]));
       }
@@ -782,7 +806,7 @@ bool Runtime::capture(FlatCall& flat, std::unique_ptr<CapturedGraph>& into, std:
   captured->grad_guards = std::move(grad_guards);
   captured->hyperparameters =
       TrainingState::bake_optimizers(stepped_optimizers.get(), captured->static_tensors);
-  captured->host_constants = host_constants.attr("kept");
+  if (!host_constants.is_none()) captured->host_constants = host_constants.attr("kept");
   into = std::move(captured);
   ++stats_.captures;
   stats_.capture_ns += elapsed_ns(start);
@@ -1058,6 +1082,7 @@ py::dict Runtime::stats() {
   d["bytes_avoided"] = stats_.bytes_avoided;
   d["chain_variants"] = stats_.chain_variants;
   d["capture_oom_retries"] = stats_.capture_oom_retries;
+  d["pinned_host_constants"] = pin_host_constants_;
   d["last_recapture_reason"] =
       last_recapture_reason_.empty() ? py::object(py::none()) : py::str(last_recapture_reason_);
   d["warmup_each_signature"] = warmup_each_signature_;

@@ -107,8 +107,9 @@ class Runtime {
   // `out_of_memory` tells whether the capture failed for want of memory.
   bool capture(FlatCall& flat, std::unique_ptr<CapturedGraph>& into, std::string& reason,
                py::object& error, bool& out_of_memory);
-  // capture(), once more after freeing every executable and cached block if memory ran out;
-  // `out_of_memory` tells whether the last try failed for want of memory.
+  // capture(), once more with host constants pinned if it copied from pageable memory (Note
+  // [Host constants]), and once more after freeing every executable and cached block if memory
+  // ran out; `out_of_memory` tells whether the last try failed for want of memory.
   bool capture_with_retry(FlatCall& flat, std::unique_ptr<CapturedGraph>& into,
                           std::string& reason, py::object& error, bool& out_of_memory);
   // Evicts least recently used executables until the budget holds, sparing `keep`'s.
@@ -150,6 +151,9 @@ class Runtime {
   TrainingState training_;  // Note [Gradients of a captured step]
   std::string last_recapture_reason_;
   bool warned_settings_ = false;  // recaptures for changed optimizer settings: warned once
+  // Whether captures build device tensors of Python values in pinned memory (Note [Host
+  // constants]): set once a capture of this function failed for want of it.
+  bool pin_host_constants_ = false;
   int warmup_;
   bool warmup_each_signature_;
   int function_warmup_runs_ = 0;

@@ -77,6 +77,26 @@ def test_without_cuda_every_call_runs_eagerly_with_one_warning():
     assert s["fallbacks"][0]["reason"] == reason
 
 
+def test_a_fallback_warning_cuts_a_long_signature_that_stats_keep_whole():
+    # The runtime reports a signature's fallback through _report_fallback; a KV cache of 28
+    # layers makes a signature of thousands of characters.
+    f = grape.compile(lambda *xs: xs[0])
+    signature = "(" + ", ".join(["Half[1, 16, 33, 256] cuda:0"] * 56) + ")"
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        f._report_fallback(signature, "capture failed: why", None)
+    (message,) = [str(w.message) for w in caught if issubclass(w.category, grape.FallbackWarning)]
+    assert signature[:240] in message and signature not in message
+    assert f"{len(signature) - 240} more characters in grape.stats()" in message
+    assert "runs eagerly: capture failed: why" in message and len(message) < 500
+    assert grape.stats(f)["fallbacks"][-1]["signature"] == signature
+    short = "(Float[8, 64] cuda:0)"
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        f._report_fallback(short, "why", None)
+    assert f"{short} runs eagerly: why" in str(caught[-1].message)
+
+
 def test_function_errors_propagate_and_the_function_keeps_working():
     @grape.compile
     def f(x):

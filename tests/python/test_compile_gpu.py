@@ -502,3 +502,32 @@ def test_device_tensors_made_from_python_values_are_captured():
     for compiled in (halve, triple):
         s = grape.stats(compiled)
         assert s["fallbacks"] == [] and s["replays"] == 3
+        # The first capture is refused for the pageable copy and tried again with pinned memory.
+        assert s["pinned_host_constants"] and s["capture_failures"] == 0
+    plain = grape.compile(make_mlp(mlp_weights()))
+    for _ in range(3):
+        plain(x.new_ones(4, 64))
+    assert not grape.stats(plain)["pinned_host_constants"]
+
+
+def test_a_torch_compiled_function_replays_inductors_kernels_without_compiling_again():
+    # grape over torch.compile: the warm-up compiles, the capture runs that compiled code (no
+    # compilation inside the capture, where it would fail), and replays launch its kernels.
+    torch._dynamo.reset()
+    weights = mlp_weights()
+
+    def mlp_with_constant(x):
+        # A Python value made a device tensor: Dynamo bakes it into the compiled graph.
+        return make_mlp(weights)(x) * torch.tensor(0.5, device=x.device) + x.sin()
+
+    compiled = torch.compile(mlp_with_constant, dynamic=True)
+    step = grape.compile(compiled)
+    frames = torch._dynamo.utils.counters["stats"]["unique_graphs"]
+    for rows in (8, 16, 24) * 3:  # warm-up, capture, replay of each shape
+        x = torch.randn(rows, 64, device=DEV)
+        torch.testing.assert_close(step(x), mlp_with_constant(x), rtol=1e-5, atol=1e-5)
+    s = grape.stats(step)
+    assert s["fallbacks"] == [] and s["captures"] == 3 and s["replays"] == 6
+    assert not s["pinned_host_constants"]
+    # One compilation for every shape (dynamic=True), made during the first warm-up.
+    assert torch._dynamo.utils.counters["stats"]["unique_graphs"] - frames == 1
