@@ -3,8 +3,9 @@ default dynamic cache: batch 1, a 32-token prompt, greedy. Modes: eager; grape.c
 grape.compile(model, executable_cache=0) (`grape_compact`: one executable per topology);
 grape.compile(model, share_executables=False) (`grape_all_resident`); and `grape_step`, a whole
 decode step (forward and greedy selection) compiled as one grape function in a plain Python loop.
-Run only when named: `grape_inductor`, grape.compile(model) over torch.compile(model.forward,
-dynamic=True): Inductor's fused kernels replayed from grape's graphs (compiling takes minutes).
+Run only when named: `grape_inductor`, grape.compile(model) over a forward whose decode steps
+run torch.compile(model.forward, dynamic=True): Inductor's fused kernels replayed from grape's
+graphs (compiling takes minutes).
 Against the physical limit: the HBM-bandwidth floor, the time to read the weights once per token.
 And against what graphs can reach: `step_kernel_ms`, the GPU time of the kernels one decode step
 launches (eager and grape_inductor, measured with torch.profiler outside graphs, at a KV cache of
@@ -37,6 +38,7 @@ Writes JSON and a markdown table to benchmarks/results/ (a PNG plot too where ma
 from __future__ import annotations
 
 import contextlib
+import functools
 import sys
 import warnings
 from typing import Iterator
@@ -205,16 +207,25 @@ def setup_grape_step(model, case):
 
 
 def setup_grape_inductor(model, case):
-    """grape.compile(model) over torch.compile(model.forward, dynamic=True): the warm-up calls
-    compile (one compilation for the prompt, one for decode steps), captures run the compiled
-    code, replays launch Inductor's kernels. torch.compile's own CUDA graphs stay off."""
+    """grape.compile(model) over a forward whose decode steps (one new token) run
+    torch.compile(model.forward, dynamic=True): the warm-up calls compile (the first two decode
+    steps each once: the prompt's KV cache is laid out unlike later ones), captures run the
+    compiled code, replays launch Inductor's kernels. The prompt's one call runs eagerly rather
+    than compile for minutes. torch.compile's own CUDA graphs stay off."""
     import torch._dynamo
 
-    compiled = torch.compile(model.forward, dynamic=True)
-    model.forward = compiled
+    eager_forward = model.forward
+    decode = torch.compile(eager_forward, dynamic=True)
+
+    @functools.wraps(eager_forward)  # generate reads forward's signature to choose its arguments
+    def forward(*args, **kwargs):
+        ids = kwargs.get("input_ids", args[0] if args else None)
+        return (decode if ids is not None and ids.shape[1] == 1 else eager_forward)(*args, **kwargs)
+
+    model.forward = forward
     try:
-        r = setup_grape(model, case)  # grape compiles model.forward, `compiled`, and removes it
-        model.forward = compiled
+        r = setup_grape(model, case)  # grape compiles model.forward, `forward`, and removes it
+        model.forward = forward
         r.update(step_kernels(model, case))
         return r
     finally:
