@@ -315,7 +315,8 @@ py::object Runtime::call(py::args args, py::kwargs kwargs) {
   std::string reason;
   py::object error = py::none();
   bool out_of_memory = false;
-  if (!capture_with_retry(flat, entry.graph, reason, error, out_of_memory)) {
+  if (!capture_with_retry(flat, entry.graph, reason, error, out_of_memory,
+                          entry.pin_host_constants)) {
     ++stats_.capture_failures;
     if (!warmup_each_signature_ && entry.warmup_runs == 0 && warmup_ > 0 && !out_of_memory) {
       // Captured without a warm-up of its own (at first sight, or again after its static state
@@ -480,11 +481,13 @@ bool is_chainable(const GraphPool& pool, const FlatCall& flat, size_t i) {
 // `torch.tensor(0.0, device="cuda")` builds the value on the host and copies it from pageable
 // memory, which a capture refuses (Hugging Face builds attention-mask fill values so).
 // grape._host_constants.PinnedHostConstants, a TorchFunctionMode, builds such tensors in pinned
-// memory the graph keeps. It is entered only for functions that need it: the first capture runs
-// without it, and a capture refused for a pageable copy is tried again with it, as are the
-// function's later captures. Entering it by default would change what torch.compile'd code sees:
-// Dynamo guards on the torch function mode stack, so a capture under the mode would compile the
-// function again, inside the capture, where compiling fails.
+// memory the graph keeps. It is entered only for signatures that need it: a signature's first
+// capture runs without it, and a capture refused for a pageable copy is tried again with it, as
+// are the signature's later captures. Entering it for every capture, or for every signature of a
+// function once one needed it, would change what torch.compile'd code sees: Dynamo guards on the
+// torch function mode stack, so a capture under the mode compiles the function again, inside
+// the capture, where compiling fails (a Hugging Face generate whose prompt runs eagerly and whose
+// decode steps run compiled code is such a function).
 bool copied_from_pageable_memory(const std::string& reason) {
   return reason.find("unless the CPU tensor is pinned") != std::string::npos;
 }
@@ -533,14 +536,15 @@ void Runtime::learn_sites(const FlatCall& flat, bool warm_up) {
 }
 
 bool Runtime::capture_with_retry(FlatCall& flat, std::unique_ptr<CapturedGraph>& into,
-                                 std::string& reason, py::object& error, bool& out_of_memory) {
+                                 std::string& reason, py::object& error, bool& out_of_memory,
+                                 bool& pin_host_constants) {
   out_of_memory = false;
-  if (capture(flat, into, reason, error, out_of_memory)) return true;
-  if (!pin_host_constants_ && copied_from_pageable_memory(reason)) {
-    pin_host_constants_ = true;
+  if (capture(flat, into, reason, error, out_of_memory, pin_host_constants)) return true;
+  if (!pin_host_constants && copied_from_pageable_memory(reason)) {
+    pin_host_constants = true;
     reason.clear();
     error = py::none();
-    if (capture(flat, into, reason, error, out_of_memory)) return true;
+    if (capture(flat, into, reason, error, out_of_memory, pin_host_constants)) return true;
   }
   if (!out_of_memory) return false;
   // Free what other shapes hold but can rebuild (executables, from their base graphs) and the
@@ -550,7 +554,7 @@ bool Runtime::capture_with_retry(FlatCall& flat, std::unique_ptr<CapturedGraph>&
   allocator::emptyCache();
   reason.clear();
   error = py::none();
-  if (capture(flat, into, reason, error, out_of_memory)) return true;
+  if (capture(flat, into, reason, error, out_of_memory, pin_host_constants)) return true;
   if (out_of_memory) reason = "out of memory while capturing, after freeing executables: " + reason;
   return false;
 }
@@ -566,7 +570,7 @@ void Runtime::enforce_budget(const CapturedGraph* keep) {
 }
 
 bool Runtime::capture(FlatCall& flat, std::unique_ptr<CapturedGraph>& into, std::string& reason,
-                      py::object& error, bool& out_of_memory) {
+                      py::object& error, bool& out_of_memory, bool pin_host_constants) {
   out_of_memory = false;
   const auto start = std::chrono::steady_clock::now();
   const c10::DeviceIndex device = flat.tensors.empty() ? c10::cuda::current_device()
@@ -592,9 +596,9 @@ bool Runtime::capture(FlatCall& flat, std::unique_ptr<CapturedGraph>& into, std:
                                    at::cuda::getCurrentCUDAStream(pool.device()).stream());
   EnteredContext stepped_optimizers(training_.step_watch());
   // Tensors f makes from Python values on the device come from pinned memory the graph keeps,
-  // once this function needs it (Note [Host constants]).
+  // where the signature needs it (Note [Host constants]).
   const py::object host_constants =
-      pin_host_constants_
+      pin_host_constants
           ? py::module_::import("grape._host_constants").attr("PinnedHostConstants")()
           : py::object(py::none());
 
@@ -844,7 +848,8 @@ CapturedGraph& Runtime::select_graph(Entry& entry, FlatCall& flat, const py::arg
   std::string reason;
   py::object error = py::none();
   bool out_of_memory = false;
-  if (!capture_with_retry(flat, variant, reason, error, out_of_memory)) {
+  if (!capture_with_retry(flat, variant, reason, error, out_of_memory,
+                          entry.pin_host_constants)) {
     ++stats_.capture_failures;
     return base;
   }
@@ -1045,7 +1050,7 @@ bool Runtime::replay(Entry& entry, CapturedGraph& g, FlatCall& flat, py::object&
 #else  // GRAPE_WITH_CUDA
 
 bool Runtime::capture(FlatCall&, std::unique_ptr<CapturedGraph>&, std::string& reason,
-                      py::object&, bool& out_of_memory) {
+                      py::object&, bool& out_of_memory, bool) {
   out_of_memory = false;
   reason = "grape was built without CUDA";
   return false;
@@ -1082,7 +1087,9 @@ py::dict Runtime::stats() {
   d["bytes_avoided"] = stats_.bytes_avoided;
   d["chain_variants"] = stats_.chain_variants;
   d["capture_oom_retries"] = stats_.capture_oom_retries;
-  d["pinned_host_constants"] = pin_host_constants_;
+  int64_t pinning = 0;
+  for (const auto& [signature, entry] : cache_) pinning += entry->pin_host_constants ? 1 : 0;
+  d["pinned_host_constants"] = pinning;
   d["last_recapture_reason"] =
       last_recapture_reason_.empty() ? py::object(py::none()) : py::str(last_recapture_reason_);
   d["warmup_each_signature"] = warmup_each_signature_;

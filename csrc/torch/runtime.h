@@ -61,6 +61,9 @@ struct Entry {
   // for a signature first captured with a caller's tensors).
   std::vector<std::unique_ptr<CapturedGraph>> chain_variants;
   std::string fallback_reason;  // non-empty: this signature always runs eagerly
+  // Whether its captures build device tensors of Python values in pinned memory (Note [Host
+  // constants]): set once one of its captures failed for want of it.
+  bool pin_host_constants = false;
   int64_t replays = 0;
   bool reported_refusal = false;
   Entry();
@@ -105,13 +108,16 @@ class Runtime {
   bool replay(Entry& entry, CapturedGraph& graph, FlatCall& flat, py::object& result,
               std::string& refusal);
   // `out_of_memory` tells whether the capture failed for want of memory.
+  // `pin_host_constants`: run f under grape._host_constants.PinnedHostConstants.
   bool capture(FlatCall& flat, std::unique_ptr<CapturedGraph>& into, std::string& reason,
-               py::object& error, bool& out_of_memory);
+               py::object& error, bool& out_of_memory, bool pin_host_constants);
   // capture(), once more with host constants pinned if it copied from pageable memory (Note
   // [Host constants]), and once more after freeing every executable and cached block if memory
   // ran out; `out_of_memory` tells whether the last try failed for want of memory.
+  // `pin_host_constants`: the signature's flag, which a refused pageable copy sets.
   bool capture_with_retry(FlatCall& flat, std::unique_ptr<CapturedGraph>& into,
-                          std::string& reason, py::object& error, bool& out_of_memory);
+                          std::string& reason, py::object& error, bool& out_of_memory,
+                          bool& pin_host_constants);
   // Evicts least recently used executables until the budget holds, sparing `keep`'s.
   void enforce_budget(const CapturedGraph* keep);
   // The graph of `entry` that serves this call: the one whose chained inputs are in place,
@@ -151,9 +157,6 @@ class Runtime {
   TrainingState training_;  // Note [Gradients of a captured step]
   std::string last_recapture_reason_;
   bool warned_settings_ = false;  // recaptures for changed optimizer settings: warned once
-  // Whether captures build device tensors of Python values in pinned memory (Note [Host
-  // constants]): set once a capture of this function failed for want of it.
-  bool pin_host_constants_ = false;
   int warmup_;
   bool warmup_each_signature_;
   int function_warmup_runs_ = 0;

@@ -503,11 +503,35 @@ def test_device_tensors_made_from_python_values_are_captured():
         s = grape.stats(compiled)
         assert s["fallbacks"] == [] and s["replays"] == 3
         # The first capture is refused for the pageable copy and tried again with pinned memory.
-        assert s["pinned_host_constants"] and s["capture_failures"] == 0
+        assert s["pinned_host_constants"] == 1 and s["capture_failures"] == 0
     plain = grape.compile(make_mlp(mlp_weights()))
     for _ in range(3):
         plain(x.new_ones(4, 64))
-    assert not grape.stats(plain)["pinned_host_constants"]
+    assert grape.stats(plain)["pinned_host_constants"] == 0
+
+
+def test_host_constants_are_pinned_for_the_signatures_that_make_them():
+    # A prompt that runs eager code making a host constant and decode steps that run compiled
+    # code: only the prompt's signature captures under the pinning mode, so Dynamo's guards on
+    # the mode stack hold for the compiled steps.
+    torch._dynamo.reset()
+    weights = mlp_weights()
+    compiled = torch.compile(make_mlp(weights), dynamic=True)
+
+    def step(x):
+        if x.shape[0] == 1:
+            return make_mlp(weights)(x) * torch.tensor(2.0, device=x.device)
+        return compiled(x)
+
+    compiled_step = grape.compile(step, rewrite=False)
+    frames = torch._dynamo.utils.counters["stats"]["unique_graphs"]
+    for rows in (1, 8, 16) * 3:
+        x = torch.randn(rows, 64, device=DEV)
+        torch.testing.assert_close(compiled_step(x), step(x), rtol=1e-5, atol=1e-5)
+    s = grape.stats(compiled_step)
+    assert s["fallbacks"] == [] and s["captures"] == 3 and s["capture_failures"] == 0
+    assert s["pinned_host_constants"] == 1
+    assert torch._dynamo.utils.counters["stats"]["unique_graphs"] - frames == 1
 
 
 def test_a_torch_compiled_function_replays_inductors_kernels_without_compiling_again():
@@ -528,6 +552,6 @@ def test_a_torch_compiled_function_replays_inductors_kernels_without_compiling_a
         torch.testing.assert_close(step(x), mlp_with_constant(x), rtol=1e-5, atol=1e-5)
     s = grape.stats(step)
     assert s["fallbacks"] == [] and s["captures"] == 3 and s["replays"] == 6
-    assert not s["pinned_host_constants"]
+    assert s["pinned_host_constants"] == 0
     # One compilation for every shape (dynamic=True), made during the first warm-up.
     assert torch._dynamo.utils.counters["stats"]["unique_graphs"] - frames == 1
