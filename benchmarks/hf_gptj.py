@@ -211,7 +211,7 @@ def setup_grape_inductor(model, case):
     torch.compile(model.forward, dynamic=True): the warm-up calls compile (the first two decode
     steps each once: the prompt's KV cache is laid out unlike later ones), captures run the
     compiled code, replays launch Inductor's kernels. The prompt's one call runs eagerly rather
-    than compile for minutes. torch.compile's own CUDA graphs stay off. Alias prediction is off."""
+    than compile for minutes. torch.compile's own CUDA graphs stay off."""
     import torch._dynamo
 
     eager_forward = model.forward
@@ -224,10 +224,7 @@ def setup_grape_inductor(model, case):
 
     model.forward = forward
     try:
-        # Alias prediction off: with it on, most replays were refused, an input buffer found held
-        # by another tensor (commit 0b6aa9e, H100), which is not understood yet. Every input is
-        # copied instead (the KV cache too: up to 73 MB a step).
-        r = setup_grape(model, case, alias_prediction=False)  # grape compiles and removes `forward`
+        r = setup_grape(model, case)  # grape compiles model.forward, `forward`, and removes it
         model.forward = forward
         r.update(step_kernels(model, case))
         return r
