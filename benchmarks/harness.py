@@ -103,6 +103,27 @@ def time_ms(fn: Callable[[], object], reps: int) -> list[float]:
     return times
 
 
+# Kernels of matrix products (cuBLAS's and CUTLASS's names), for kernel_ms's matmul_kernel_ms.
+MATMUL_KERNELS = ("gemm", "gemv", "nvjet", "cutlass", "splitk", "xmma")
+
+
+def kernel_ms(run: Callable[[], object]) -> dict:
+    """GPU time of the kernels and memory operations `run()` launches, measured with
+    torch.profiler: {"kernel_ms", "matmul_kernel_ms" (of it, matrix products), "kernels" (how
+    many)}. A graph of that work launches the same kernels, so it runs no faster than kernel_ms."""
+    from torch.profiler import ProfilerActivity, profile
+
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        run()
+        torch.cuda.synchronize()
+    kernels = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+    us = [e.time_range.elapsed_us() for e in kernels]
+    matmul = [u for e, u in zip(kernels, us) if any(k in e.name.lower() for k in MATMUL_KERNELS)]
+    return {"kernel_ms": sum(us) / 1e3, "matmul_kernel_ms": sum(matmul) / 1e3,
+            "kernels": len(kernels)}
+
+
 def timed(fn: Callable[[], object]) -> tuple[object, float]:
     """fn's result and its wall time in seconds, the device synchronized before and after."""
     torch.cuda.synchronize()

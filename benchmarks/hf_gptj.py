@@ -51,8 +51,6 @@ from benchmarks.generation import measure, measure_generate
 
 MODES = ["eager", "grape", "grape_compact", "grape_all_resident", "grape_step"]
 AVAILABLE_MODES = MODES + ["grape_inductor"]
-# Kernels of matrix products (cuBLAS's and CUTLASS's names), for step_matmul_kernel_ms.
-MATMUL_KERNELS = ("gemm", "gemv", "nvjet", "cutlass", "splitk", "xmma")
 PROMPT = 32
 EOS = 50256
 # HF's default init (normal, std 0.02) keeps GPT-J 6B's activations far from fp16's limit: a
@@ -148,7 +146,6 @@ def step_kernels(model, case) -> dict:
     cache of the prompt plus half the new tokens (torch.profiler): step_kernel_ms, of which
     step_matmul_kernel_ms in matrix products, and step_kernels (how many)."""
     import transformers
-    from torch.profiler import ProfilerActivity, profile
 
     cache = transformers.DynamicCache(config=model.config)
 
@@ -159,15 +156,7 @@ def step_kernels(model, case) -> dict:
     tok = step(case["inputs"][0])
     for _ in range(case["kwargs"]["max_new_tokens"] // 2):
         tok = step(tok)
-    torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
-        step(tok)
-        torch.cuda.synchronize()
-    kernels = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
-    us = [e.time_range.elapsed_us() for e in kernels]
-    matmul = [u for e, u in zip(kernels, us) if any(k in e.name.lower() for k in MATMUL_KERNELS)]
-    return {"step_kernel_ms": sum(us) / 1e3, "step_matmul_kernel_ms": sum(matmul) / 1e3,
-            "step_kernels": len(kernels)}
+    return {"step_" + key: value for key, value in harness.kernel_ms(lambda: step(tok)).items()}
 
 
 def setup_eager(model, case):
