@@ -110,7 +110,9 @@ MATMUL_KERNELS = ("gemm", "gemv", "nvjet", "cutlass", "splitk", "xmma")
 def kernel_ms(run: Callable[[], object]) -> dict:
     """GPU time of the kernels and memory operations `run()` launches, measured with
     torch.profiler: {"kernel_ms", "matmul_kernel_ms" (of it, matrix products), "kernels" (how
-    many)}. A graph of that work launches the same kernels, so it runs no faster than kernel_ms."""
+    many)}. A graph of that work launches the same kernels, so it runs no faster than kernel_ms.
+    It is a sum of durations: check it against a graph's replay time before relying on it (over
+    wav2vec2's eager steps it came out above their wall time, so hf_wav2vec2 does not use it)."""
     from torch.profiler import ProfilerActivity, profile
 
     torch.cuda.synchronize()

@@ -89,11 +89,6 @@ after PyTorch's cache is released. Acceptance
 targets, printed next to the results: grape >= 3x eager (steady) for training and inference;
 grape's memory within 1.3x of eager's.
 
-What graphs can give: eager's `kernel_ms_per_step`, the GPU time of the kernels of eager steps
-(torch.profiler over the first 40 batches after the timed epochs); a graph launches the same
-kernels, so eager's ms_per_step over it bounds any graph runtime's speedup, and each grape mode's
-`ratio_to_kernel_time` is its ms_per_step over it.
-
 Writes JSON, a markdown table and (where matplotlib exists) a PNG plot to benchmarks/results/.
 """
 
@@ -139,7 +134,6 @@ LABELS_PER_FRAME = 4           # T // 4 labels per sample
 WARMUP = 1                     # grape.compile's warmup: eager calls of a signature before its capture
 SETTLE_EPOCHS = WARMUP + 1     # epochs before grape's steady state where shapes come once an epoch
 LOSS_STEPS_COMPARED = 50       # epoch 1's first steps whose losses are compared
-KERNEL_STEPS = 40              # eager steps whose kernels are timed (kernel_ms_per_step)
 LOSS_RTOL = 2e-2
 INFER_ATOL = 1e-2              # fp16 logits
 INFER_IDS_EQUAL = 0.99
@@ -395,8 +389,6 @@ def run_train(mode: str, base, data: dict, reps: int, ctc: str) -> tuple[dict, t
 
     run = compiled if compiled is not None else step
     r = measure(mode, run, compiled, epoch, n, reps, f"train {mode}", allocated0)
-    if mode == "eager":
-        r.update(kernel_time(lambda i: step(data["inputs"][i], data["labels"][i]), n))
     if compiled is not None:
         r.update(harness.grape_stats(compiled, GRAPE_STATS))
     finish_memory(r, free0)
@@ -404,20 +396,6 @@ def run_train(mode: str, base, data: dict, reps: int, ctc: str) -> tuple[dict, t
     r["loss_first_steps"] = losses[0, :5].tolist()
     r["epoch_mean_losses"] = losses.mean(1).tolist()
     return r, losses
-
-
-def kernel_time(step_of_batch, n_batches: int) -> dict:
-    """GPU time of the kernels of eager steps, per step: `kernel_ms_per_step` over the first
-    KERNEL_STEPS batches of the epoch (torch.profiler). Graphs launch the same kernels, so
-    eager ms_per_step / kernel_ms_per_step is the most any graph runtime can give here."""
-    steps = min(n_batches, KERNEL_STEPS)
-
-    def run():
-        for i in range(steps):
-            step_of_batch(i)
-
-    measured = harness.kernel_ms(run)
-    return {"kernel_ms_per_step": measured["kernel_ms"] / steps, "kernel_steps": steps}
 
 
 def compile_step(step, mode: str):
@@ -448,8 +426,6 @@ def run_infer(mode: str, base, data: dict, reps: int, ctc: str) -> tuple[dict, t
     with torch.no_grad():
         run = compiled if compiled is not None else plain if plain is not None else step
         r = measure(mode, run, compiled, epoch, n, reps, f"infer {mode}", allocated0)
-        if mode == "eager":
-            r.update(kernel_time(lambda i: step(inputs[i]), n))
         logits, ids = [], []
         for x in inputs:  # replays for grape: every shape is captured
             out_logits, out_ids = run(x)
@@ -534,9 +510,6 @@ def run_case(name: str, base, data: dict, modes: list[str], reps: int, ctc: str,
         r["held_ratio_to_eager"] = r["held_bytes"] / eager["held_bytes"]
         r["meets_targets"] = bool(r["speedup_vs_eager"] >= TARGET_SPEEDUP
                                   and r["mem_ratio_to_eager"] <= TARGET_MEM_RATIO)
-        if eager.get("kernel_ms_per_step"):
-            # 1.0: the GPU's own time for eager's kernels, which no graph runtime goes below.
-            r["ratio_to_kernel_time"] = r["ms_per_step"] / eager["kernel_ms_per_step"]
         plain = results.get("ptgraph", {}).get("ms_per_step")
         if plain and mode != "ptgraph":
             r["ratio_to_ptgraph"] = r["ms_per_step"] / plain  # 1.0: all that graphs can give
@@ -563,8 +536,6 @@ def print_mode_targets(mode: str, g: dict) -> None:
           f"{len(g.get('fallbacks') or [])} fallbacks, steady state {g.get('steady_state')}"
           + (f"; {g['ratio_to_ptgraph']:.2f}x plain graphs' time" if g.get("ratio_to_ptgraph")
              else "")
-          + (f"; {g['ratio_to_kernel_time']:.2f}x the GPU time of eager's kernels"
-             if g.get("ratio_to_kernel_time") else "")
           + ("" if g.get("meets_targets") else "  << below target"))
 
 
@@ -582,7 +553,6 @@ def markdown(cases) -> str:
     return harness.markdown_table(cases, [
         harness.value_column("ms/step", "ms_per_step", "{:.2f}"),
         harness.value_column("vs eager", "speedup_vs_eager", "{:.2f}x"),
-        harness.value_column("eager's kernels ms/step", "kernel_ms_per_step", "{:.2f}"),
         harness.value_column("epoch 1 (s)", "first_epoch_s", "{:.1f}"),
         harness.value_column("epoch 2 (s)", "second_epoch_s", "{:.1f}"),
         harness.value_column("epochs 1-2 vs eager", "first_two_epochs_ratio_to_eager", "{:.2f}x"),
