@@ -3,6 +3,7 @@ unchanged: tokens equal to eager, the DynamicCache's layers rebound on every rep
 [Argument objects]), and steady generations served by graphs."""
 
 import copy
+import functools
 
 import pytest
 import torch
@@ -73,3 +74,37 @@ def test_the_cache_holds_what_eager_leaves_in_it():
             torch.testing.assert_close(got.keys, ref.keys)
             torch.testing.assert_close(got.values, ref.values)
     assert grape.stats(model)["replays"] > 0 and not grape.stats(model)["fallbacks"]
+
+
+def test_generate_over_torch_compiled_decode_steps_replays_the_compiled_kernels():
+    # A forward whose decode steps (one new token) run torch.compile'd code and whose prompt runs
+    # eagerly (hf_gptj's grape_inductor): only signatures that make host constants capture under
+    # the pinning mode, so the compiled steps capture without compiling again (Note [Host
+    # constants]), and every forward of a steady generation is a replay.
+    torch._dynamo.reset()
+    model = tiny_gpt2()
+    eager_forward = model.forward
+    decode = torch.compile(eager_forward, dynamic=True)
+
+    @functools.wraps(eager_forward)  # generate reads forward's signature
+    def forward(*args, **kwargs):
+        ids = kwargs.get("input_ids", args[0] if args else None)
+        return (decode if ids.shape[1] == 1 else eager_forward)(*args, **kwargs)
+
+    model.forward = forward
+    ids = prompt(1, 5)
+    kwargs = dict(max_new_tokens=16, min_new_tokens=16, do_sample=False,
+                  attention_mask=torch.ones_like(ids))
+    want = model.generate(ids, **kwargs)  # the same compiled code, without graphs
+    compiled_graphs = torch._dynamo.utils.counters["stats"]["unique_graphs"]
+    grape.compile(model)
+    for _ in range(3):  # warm-up, capture, replays
+        assert torch.equal(model.generate(ids, **kwargs), want)
+    s = grape.stats(model)
+    assert not s["fallbacks"], s["fallbacks"]
+    assert s["capture_failures"] == 0 and s["eager_calls"] == 0
+    calls, replays = s["calls"], s["replays"]
+    assert torch.equal(model.generate(ids, **kwargs), want)
+    s = grape.stats(model)
+    assert s["calls"] - calls == 16 and s["replays"] - replays == 16
+    assert torch._dynamo.utils.counters["stats"]["unique_graphs"] == compiled_graphs
