@@ -5,8 +5,8 @@ memory, which a capture refuses (Hugging Face builds attention-mask fill values 
 capturing, :class:`PinnedHostConstants` builds such tensors in pinned memory and lets the graph copy
 them: each replay copies the same value again, which is what the Python code would have made (it
 does not run on a replay). The pinned tensors are kept with the graph, so no later capture reuses
-their memory. The runtime enters it only for functions whose capture was refused for such a copy
-(Note [Host constants] in csrc/torch/runtime.cpp).
+their memory. The runtime enters it only for call signatures whose capture was refused for such a
+copy (Note [Host constants] in csrc/torch/runtime.cpp).
 """
 
 from __future__ import annotations

@@ -510,6 +510,18 @@ def test_device_tensors_made_from_python_values_are_captured():
     assert grape.stats(plain)["pinned_host_constants"] == 0
 
 
+def dynamo_graphs() -> int:
+    """Graphs Dynamo has compiled in this process."""
+    return torch._dynamo.utils.counters["stats"]["unique_graphs"]
+
+
+def replay_rows(step, reference, rows):
+    """Calls `step` on random inputs of each row count, checked against `reference`."""
+    for n in rows:
+        x = torch.randn(n, 64, device=DEV)
+        torch.testing.assert_close(step(x), reference(x), rtol=1e-5, atol=1e-5)
+
+
 def test_host_constants_are_pinned_for_the_signatures_that_make_them():
     # A prompt that runs eager code making a host constant and decode steps that run compiled
     # code: only the prompt's signature captures under the pinning mode, so Dynamo's guards on
@@ -524,14 +536,12 @@ def test_host_constants_are_pinned_for_the_signatures_that_make_them():
         return compiled(x)
 
     compiled_step = grape.compile(step, rewrite=False)
-    frames = torch._dynamo.utils.counters["stats"]["unique_graphs"]
-    for rows in (1, 8, 16) * 3:
-        x = torch.randn(rows, 64, device=DEV)
-        torch.testing.assert_close(compiled_step(x), step(x), rtol=1e-5, atol=1e-5)
+    graphs = dynamo_graphs()
+    replay_rows(compiled_step, step, (1, 8, 16) * 3)
     s = grape.stats(compiled_step)
     assert s["fallbacks"] == [] and s["captures"] == 3 and s["capture_failures"] == 0
     assert s["pinned_host_constants"] == 1
-    assert torch._dynamo.utils.counters["stats"]["unique_graphs"] - frames == 1
+    assert dynamo_graphs() - graphs == 1
 
 
 def test_a_torch_compiled_function_replays_inductors_kernels_without_compiling_again():
@@ -546,12 +556,10 @@ def test_a_torch_compiled_function_replays_inductors_kernels_without_compiling_a
 
     compiled = torch.compile(mlp_with_constant, dynamic=True)
     step = grape.compile(compiled)
-    frames = torch._dynamo.utils.counters["stats"]["unique_graphs"]
-    for rows in (8, 16, 24) * 3:  # warm-up, capture, replay of each shape
-        x = torch.randn(rows, 64, device=DEV)
-        torch.testing.assert_close(step(x), mlp_with_constant(x), rtol=1e-5, atol=1e-5)
+    graphs = dynamo_graphs()
+    replay_rows(step, mlp_with_constant, (8, 16, 24) * 3)  # warm-up, capture, replay of each
     s = grape.stats(step)
     assert s["fallbacks"] == [] and s["captures"] == 3 and s["replays"] == 6
     assert s["pinned_host_constants"] == 0
     # One compilation for every shape (dynamic=True), made during the first warm-up.
-    assert torch._dynamo.utils.counters["stats"]["unique_graphs"] - frames == 1
+    assert dynamo_graphs() - graphs == 1
