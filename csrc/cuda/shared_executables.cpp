@@ -768,12 +768,12 @@ void SharedExecutables::destroy_slot(Group& group, size_t slot) {
 }
 
 size_t SharedExecutables::slot_for(Group& group, uint32_t shape, cudaStream_t stream,
-                                   bool launching) {
+                                   bool host_paced) {
   // Whether the group grows is asked only where the shape would be patched: a hit, the most
   // common choice on the replay path, makes no stream query.
   core::SlotChoice choice = core::choose_slot(group.slots, shape, false);
   if (choice.kind == core::SlotChoice::Kind::kPatch) {
-    choice = choose(group, shape, grows(group, stream, launching));
+    choice = choose(group, shape, grows(group, stream, host_paced));
   }
   if (choice.kind != core::SlotChoice::Kind::kNewSlot) return choice.slot;
   try {
@@ -795,19 +795,26 @@ bool SharedExecutables::room_for_slot(const Group& group) const {
   return cache_bytes_ == SIZE_MAX || cached_bytes_ + bytes <= cache_bytes_;
 }
 
-bool SharedExecutables::grows(const Group& group, cudaStream_t stream, bool launching) const {
+bool SharedExecutables::grows(const Group& group, cudaStream_t stream, bool host_paced) {
   if (!room_for_slot(group)) return false;
   if (growth_ == SlotGrowth::kWhileRoom) return true;
-  if (!launching) return false;  // a capture's join: its launch will decide
+  // A capture's join, or a launch right after a capture or an eager run: the stream drained while
+  // the host did that work, which says nothing about whether launches alone keep the GPU busy.
+  if (!host_paced) return false;
   // Where work is still queued, patching overlaps it and delays nothing; a slot would only take
   // memory. Where the stream is idle, the GPU waits for this launch and patching delays it.
   const cudaError_t queried = cudaStreamQuery(stream);
-  if (queried == cudaErrorNotReady) {
+  const bool idle = queried != cudaErrorNotReady;
+  if (idle) {
+    check(queried, "cudaStreamQuery");
+  } else {
     (void)cudaGetLastError();  // not an error; cleared as c10's CUDAStream::query does
-    return false;
   }
-  check(queried, "cudaStreamQuery");
-  return true;
+  // A slot is worth its memory where most patches find the GPU waiting (the host is the
+  // bottleneck), not where the queue drains now and then (a GPU-bound function whose lighter
+  // shapes the host outpaces).
+  idle_share_ += ((idle ? 1.0 : 0.0) - idle_share_) * kIdleShareWeight;
+  return idle && idle_share_ >= kIdleShareToGrow;
 }
 
 SharedExecutables::Member SharedExecutables::add(cudaGraph_t graph, cudaStream_t stream) {
@@ -1105,9 +1112,9 @@ void SharedExecutables::remove(Member member) {
   groups_[member.group].reset();
 }
 
-cudaGraphExec_t SharedExecutables::prepare(Member member, cudaStream_t stream) {
+cudaGraphExec_t SharedExecutables::prepare(Member member, cudaStream_t stream, bool host_paced) {
   Group& group = *groups_.at(member.group);
-  const size_t slot = slot_for(group, member.shape, stream, true);
+  const size_t slot = slot_for(group, member.shape, stream, host_paced);
   if (group.slots[slot].shape != member.shape) patch(group, slot, member.shape);
   group.slots[slot].last_used = ++clock_;
   return group.executables[slot].exec;

@@ -59,8 +59,9 @@ class SharedExecutables {
   // When a shape without a slot of its own gets a new one (Note [Executable slots]).
   enum class SlotGrowth {
     kWhileRoom,     // whenever the executable cache has room
-    kWhenGpuWaits,  // and only for a launch on a stream with no work queued: the GPU waits for
-                    // the host, so patching would delay the launch
+    kWhenGpuWaits,  // and only for a launch that follows launches only, on a stream with no work
+                    // queued, as most recent ones found it: the GPU waits for the host, so
+                    // patching would delay the launch
   };
 
   // `cache_bytes`: device memory that the executables beyond one per group may take
@@ -78,8 +79,10 @@ class SharedExecutables {
   // Releases a member; a group left without members frees its executable and base graph.
   void remove(Member member);
   // The executable holding `member`'s parameters, instantiated (`stream` receives its upload) and
-  // patched as needed. Throws std::runtime_error when the driver refuses.
-  cudaGraphExec_t prepare(Member member, cudaStream_t stream);
+  // patched as needed. `host_paced`: the caller did nothing but launch graphs since its previous
+  // launch, so an idle stream means the GPU waits for the launches (kWhenGpuWaits may grow a slot)
+  // and not for a capture or an eager run. Throws std::runtime_error when the driver refuses.
+  cudaGraphExec_t prepare(Member member, cudaStream_t stream, bool host_paced = true);
   // Patches a slot to `member`'s parameters now, if `member` has no slot of its own and no new
   // slot would be made for it, so that the next prepare() of it has nothing to write: called right
   // after a launch with the member predicted to come next, the patching overlaps the launched work
@@ -124,9 +127,9 @@ class SharedExecutables {
   void patch(Group& group, size_t slot, uint32_t shape);  // requires a shareable group
   void destroy_slot(Group& group, size_t slot);
   // The slot `shape` runs in (Note [Executable slots]), instantiated if new; where instantiation
-  // fails (out of memory) and the group has slots, one of them. `launching`: chosen for a launch
-  // (prepare), not for a capture's join.
-  size_t slot_for(Group& group, uint32_t shape, cudaStream_t stream, bool launching);
+  // fails (out of memory) and the group has slots, one of them. `host_paced`: chosen for a launch
+  // that follows launches only (prepare), not for a capture's join.
+  size_t slot_for(Group& group, uint32_t shape, cudaStream_t stream, bool host_paced);
   // choose_slot for `shape`, told which slots would change the fewest kernels.
   core::SlotChoice choose(Group& group, uint32_t shape, bool room);
   // Per node of `shape`, the kernel it runs (its function or kernel handle; kAbsentKernel where
@@ -137,8 +140,9 @@ class SharedExecutables {
   // Whether the executable cache can take another slot of `group`.
   bool room_for_slot(const Group& group) const;
   // Whether a shape of `group` gets a new slot: room, and the growth policy's condition (for
-  // kWhenGpuWaits: chosen for a launch on `stream`, which has no work queued).
-  bool grows(const Group& group, cudaStream_t stream, bool launching) const;
+  // kWhenGpuWaits: chosen for a host-paced launch on `stream`, which has no work queued, as most
+  // recent such launches had: idle_share_).
+  bool grows(const Group& group, cudaStream_t stream, bool host_paced);
 
   Sharing sharing_;
   size_t cache_bytes_;
@@ -146,6 +150,11 @@ class SharedExecutables {
   size_t cached_bytes_ = 0;  // the executables beyond the first of each group
   size_t device_limit_ = SIZE_MAX;
   bool slots_refused_ = false;  // an instantiation failed: no new slots until memory is freed
+  // The share of recent host-paced launches that needed a patch and found the stream idle, as an
+  // exponential moving average; a slot is made at or above kIdleShareToGrow.
+  static constexpr double kIdleShareWeight = 0.25;
+  static constexpr double kIdleShareToGrow = 0.75;
+  double idle_share_ = 1.0;
   std::vector<std::unique_ptr<Group>> groups_;  // null where a group ended
   std::unordered_multimap<uint64_t, uint32_t> by_topology_;
   uint64_t clock_ = 0;

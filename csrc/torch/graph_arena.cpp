@@ -149,7 +149,78 @@ void GraphArena::map_up_to(int index, size_t extent) {
     check_driver(status, "cuMemSetAccess");
   }
   lane.handles.push_back(static_cast<unsigned long long>(handle));
+  lane.handle_bytes.push_back(bytes);
   lane.mapped += bytes;
+}
+
+void GraphArena::begin_capture(const CapturePlan& plan) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  for (size_t i = 0; i < lanes_.size(); ++i) {
+    Lane& lane = lanes_[i];
+    lane.mapped_before = lane.mapped;
+    lane.extent_before = lane.layout->extent();
+    core::LayoutPlan lane_plan = i < plan.size() ? plan[i] : core::LayoutPlan{};
+    lane.planned = lane_plan.placements.size();
+    lane.layout->begin_trace(std::move(lane_plan));
+  }
+}
+
+GraphArena::CapturePlan GraphArena::end_capture() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (!lanes_.front().layout->tracing()) return {};  // ended already
+  CapturePlan plan(lanes_.size());
+  bool followed = false;
+  size_t grown = 0, saved = 0, mapped = 0;
+  for (size_t i = 0; i < lanes_.size(); ++i) {
+    Lane& lane = lanes_[i];
+    const core::LayoutTrace trace = lane.layout->end_trace();
+    followed |= lane.planned > 0;
+    mapped += lane.mapped;
+    if (lane.mapped <= lane.mapped_before) continue;
+    grown += lane.mapped - lane.mapped_before;
+    plan[i] = core::plan_layout(trace);
+    if (plan[i].empty()) continue;
+    const size_t needed = std::max(lane.mapped_before, round_up(plan[i].extent, granularity_));
+    if (needed < lane.mapped) saved += lane.mapped - needed;
+  }
+  // Worth a capture: a sixteenth of the arena, or most of what the capture grew it by (what a
+  // shape a little larger than any before would otherwise add, shape after shape).
+  if (followed || saved < granularity_ || (16 * saved < mapped && 2 * saved < grown)) return {};
+  return plan;
+}
+
+void GraphArena::forget_capture() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  for (auto& lane : lanes_) {
+    lane.layout->retract_extent(lane.extent_before);
+    const size_t keep = std::max(lane.mapped_before, round_up(lane.layout->extent(), granularity_));
+    // Only the dropped capture's blocks lay above `keep`, and no launch ever used them.
+    while (!lane.handles.empty() && lane.mapped - lane.handle_bytes.back() >= keep) {
+      const size_t bytes = lane.handle_bytes.back();
+      const auto at = static_cast<CUdeviceptr>(lane.base + lane.mapped - bytes);
+      check_driver(driver().cuMemUnmap(at, bytes), "cuMemUnmap");
+      check_driver(driver().cuMemRelease(
+                       static_cast<CUmemGenericAllocationHandle>(lane.handles.back())),
+                   "cuMemRelease");
+      lane.handles.pop_back();
+      lane.handle_bytes.pop_back();
+      lane.mapped -= bytes;
+    }
+  }
+}
+
+size_t GraphArena::placed_by_plan() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  size_t placed = 0;
+  for (const auto& lane : lanes_) placed += lane.layout->placed_by_plan();
+  return placed;
+}
+
+size_t GraphArena::planned_allocations() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  size_t planned = 0;
+  for (const auto& lane : lanes_) planned += lane.planned;
+  return planned;
 }
 
 c10::DataPtr GraphArena::allocate(ArenaLane which, size_t bytes) {
@@ -233,6 +304,11 @@ size_t GraphArena::allocated_bytes() const {
   size_t total = 0;
   for (const auto& lane : lanes_) total += lane.layout->allocated_bytes();
   return total;
+}
+
+size_t GraphArena::peak_allocated_bytes(ArenaLane which) const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return lanes_[static_cast<size_t>(which)].layout->peak_allocated_bytes();
 }
 
 bool GraphArena::free_local(void* ptr) {

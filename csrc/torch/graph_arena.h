@@ -63,12 +63,29 @@ class GraphArena : public std::enable_shared_from_this<GraphArena> {
   // Growth beyond `bytes` mapped in all lanes throws c10::OutOfMemoryError (a memory budget).
   void set_limit(size_t bytes);
 
+  // Note [Planned capture layouts] (core/arena_layout.h). A plan per lane (empty: first fit).
+  using CapturePlan = std::vector<core::LayoutPlan>;
+  // Traces every lane's allocations from here on, placing them along `plan` where it has lanes.
+  void begin_capture(const CapturePlan& plan);
+  // Ends the trace (again: does nothing). For a capture that followed no plan: the plan of what it
+  // allocated, where that would map less than the capture did by a granule at least, and by a
+  // sixteenth of the arena or half of what the capture grew it by; empty otherwise.
+  CapturePlan end_capture();
+  // After the capture that just ended was dropped and its blocks freed: unmaps what it mapped
+  // beyond the arena's size before it, sparing the blocks still allocated.
+  void forget_capture();
+  // Allocations of the last capture placed by its plan, and how many its plan held.
+  size_t placed_by_plan() const;
+  size_t planned_allocations() const;
+
   bool contains(const void* ptr) const;
   core::AddressRange lane_range(ArenaLane lane) const;
   // Device memory mapped by each lane, and in all.
   size_t mapped_bytes(ArenaLane lane) const;
   size_t mapped_bytes() const;
   size_t allocated_bytes() const;
+  // The most bytes each lane ever held allocated at once (the floor of its mapped bytes).
+  size_t peak_allocated_bytes(ArenaLane lane) const;
   c10::DeviceIndex device() const { return device_; }
 
   // Called by the owner when it no longer needs the arena: it goes away with its last block.
@@ -96,7 +113,12 @@ class GraphArena : public std::enable_shared_from_this<GraphArena> {
     size_t mapped = 0;
     std::unique_ptr<core::ArenaLayout> layout;
     std::vector<unsigned long long> handles;  // CUmemGenericAllocationHandle of each mapping
+    std::vector<size_t> handle_bytes;         // ... and its size, mapped in order from the base
     std::vector<size_t> held;                 // block offsets freed while held
+    // At the start of the capture being traced: what was mapped, and the layout's extent.
+    size_t mapped_before = 0;
+    size_t extent_before = 0;
+    size_t planned = 0;  // allocations in the plan the capture follows
   };
   c10::DeviceIndex device_;
   size_t granularity_ = 0;

@@ -179,6 +179,7 @@ FlatCall& Runtime::scratch() {
 }
 
 py::object Runtime::run_eager(const py::args& args, const py::kwargs& kwargs) {
+  last_was_replay_ = false;
   return call_python(fn_, args, kwargs);
 }
 
@@ -539,12 +540,12 @@ bool Runtime::capture_with_retry(FlatCall& flat, std::unique_ptr<CapturedGraph>&
                                  std::string& reason, py::object& error, bool& out_of_memory,
                                  bool& pin_host_constants) {
   out_of_memory = false;
-  if (capture(flat, into, reason, error, out_of_memory, pin_host_constants)) return true;
+  if (capture_planned(flat, into, reason, error, out_of_memory, pin_host_constants)) return true;
   if (!pin_host_constants && copied_from_pageable_memory(reason)) {
     pin_host_constants = true;
     reason.clear();
     error = py::none();
-    if (capture(flat, into, reason, error, out_of_memory, pin_host_constants)) return true;
+    if (capture_planned(flat, into, reason, error, out_of_memory, pin_host_constants)) return true;
   }
   if (!out_of_memory) return false;
   // Free what other shapes hold but can rebuild (executables, from their base graphs) and the
@@ -554,9 +555,28 @@ bool Runtime::capture_with_retry(FlatCall& flat, std::unique_ptr<CapturedGraph>&
   allocator::emptyCache();
   reason.clear();
   error = py::none();
-  if (capture(flat, into, reason, error, out_of_memory, pin_host_constants)) return true;
+  if (capture_planned(flat, into, reason, error, out_of_memory, pin_host_constants)) return true;
   if (out_of_memory) reason = "out of memory while capturing, after freeing executables: " + reason;
   return false;
+}
+
+bool Runtime::capture_planned(FlatCall& flat, std::unique_ptr<CapturedGraph>& into,
+                              std::string& reason, py::object& error, bool& out_of_memory,
+                              bool pin_host_constants) {
+  CaptureLayout layout;
+  if (capture(flat, into, reason, error, out_of_memory, pin_host_constants, layout)) return true;
+  if (layout.retake.empty()) return false;
+  // The graph was dropped and its blocks are free: the arena maps no more than before it, and
+  // the capture runs again, its allocations placed as planned.
+  GraphArena& arena = pool_->arena();
+  arena.forget_capture();
+  ++stats_.replanned_captures;
+  layout.follow = std::move(layout.retake);
+  layout.retake.clear();
+  const bool captured =
+      capture(flat, into, reason, error, out_of_memory, pin_host_constants, layout);
+  if (arena.placed_by_plan() < arena.planned_allocations()) ++stats_.replans_diverged;
+  return captured;
 }
 
 void Runtime::enforce_budget(const CapturedGraph* keep) {
@@ -570,8 +590,10 @@ void Runtime::enforce_budget(const CapturedGraph* keep) {
 }
 
 bool Runtime::capture(FlatCall& flat, std::unique_ptr<CapturedGraph>& into, std::string& reason,
-                      py::object& error, bool& out_of_memory, bool pin_host_constants) {
+                      py::object& error, bool& out_of_memory, bool pin_host_constants,
+                      CaptureLayout& layout) {
   out_of_memory = false;
+  last_was_replay_ = false;
   const auto start = std::chrono::steady_clock::now();
   const c10::DeviceIndex device = flat.tensors.empty() ? c10::cuda::current_device()
                                                        : flat.tensors.front().device().index();
@@ -613,6 +635,15 @@ bool Runtime::capture(FlatCall& flat, std::unique_ptr<CapturedGraph>& into, std:
   bool backward_ran = false;
   bool effects_ok = true;
   std::string effects_reason;
+  // Traces the capture's allocations from its first placeholder until the blocks held to its end
+  // are freed, on every way out (Note [Planned capture layouts]).
+  struct LayoutTrace {
+    GraphArena& arena;
+    bool begun = false;
+    ~LayoutTrace() {
+      if (begun) arena.end_capture();
+    }
+  } layout_trace{arena};
   {
     // On every way out of the capture, arenas whose last block died during it are destroyed.
     struct DestroyReleasedArenas {
@@ -630,6 +661,8 @@ bool Runtime::capture(FlatCall& flat, std::unique_ptr<CapturedGraph>& into, std:
       GraphArena& arena;
       ~Unpin() { arena.unpin_all(); }
     } unpin{arena};
+    arena.begin_capture(layout.follow);
+    layout_trace.begun = true;
 
     std::vector<py::object> leaves;
     {
@@ -707,6 +740,14 @@ bool Runtime::capture(FlatCall& flat, std::unique_ptr<CapturedGraph>& into, std:
   pool.hold_for_graph(use_count_before);
   auto captured = std::make_unique<CapturedGraph>();
   captured->pool = pool_;
+  layout_trace.begun = false;
+  layout.retake = arena.end_capture();
+  if (!layout.retake.empty()) {
+    // Dropped before it is instantiated: the caller captures again along the plan.
+    captured->graph = std::move(graph);
+    stats_.capture_ns += elapsed_ns(start);
+    return false;
+  }
   try {
     // One executable per topology: the graph joins its group (or starts one) and is read and
     // destroyed; only the ReplayGraph stays, for PyTorch's replay prologue.
@@ -935,7 +976,7 @@ bool Runtime::replay(Entry& entry, CapturedGraph& g, FlatCall& flat, py::object&
   // The executable, patched to this graph's parameters. Launches already queued keep theirs.
   cudaGraphExec_t exec = nullptr;
   try {
-    exec = g.executables->prepare(g.member, stream);
+    exec = g.executables->prepare(g.member, stream, last_was_replay_);
   } catch (const std::exception& e) {
     refusal = e.what();
     return false;
@@ -995,6 +1036,7 @@ bool Runtime::replay(Entry& entry, CapturedGraph& g, FlatCall& flat, py::object&
   // 3. Replay, then write in-place updates back to inputs that do not live in their placeholder.
   const auto launch_start = std::chrono::steady_clock::now();
   g.graph->launch(exec);
+  last_was_replay_ = true;
   stats_.launch_ns += elapsed_ns(launch_start);
   for (size_t i = 0; i < n; ++i) {
     if (!plan.copy_back[i] || g.placeholders[i].bytes == 0) continue;
@@ -1087,6 +1129,8 @@ py::dict Runtime::stats() {
   d["bytes_avoided"] = stats_.bytes_avoided;
   d["chain_variants"] = stats_.chain_variants;
   d["capture_oom_retries"] = stats_.capture_oom_retries;
+  d["replanned_captures"] = stats_.replanned_captures;
+  d["replans_diverged"] = stats_.replans_diverged;
   int64_t pinning = 0;
   for (const auto& [signature, entry] : cache_) pinning += entry->pin_host_constants ? 1 : 0;
   d["pinned_host_constants"] = pinning;
@@ -1156,6 +1200,11 @@ py::dict Runtime::stats() {
         py::arg("small") = pool_->arena().mapped_bytes(ArenaLane::kSmall),
         py::arg("placeholder") = pool_->arena().mapped_bytes(ArenaLane::kPlaceholder),
         py::arg("input") = pool_->arena().mapped_bytes(ArenaLane::kInput));
+    d["arena_lane_peak_bytes"] = py::dict(
+        py::arg("large") = pool_->arena().peak_allocated_bytes(ArenaLane::kLarge),
+        py::arg("small") = pool_->arena().peak_allocated_bytes(ArenaLane::kSmall),
+        py::arg("placeholder") = pool_->arena().peak_allocated_bytes(ArenaLane::kPlaceholder),
+        py::arg("input") = pool_->arena().peak_allocated_bytes(ArenaLane::kInput));
     d["live_outputs"] = static_cast<int64_t>(pool_->live().size());
   } else {
     d["pool_bytes"] = 0;

@@ -10,6 +10,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "core/arena_layout.h"
 #include "core/signature.h"
 #include "torch/pytree.h"
 #include "torch/training.h"
@@ -49,6 +50,9 @@ struct RuntimeStats {
   int64_t bytes_avoided = 0;      // input bytes the hits did not copy
   int64_t chain_variants = 0;     // extra graphs captured to chain a signature's inputs
   int64_t capture_oom_retries = 0;  // captures retried after an out-of-memory freed executables
+  int64_t replanned_captures = 0;   // captures taken again along a planned layout (Note
+                                    // [Planned capture layouts]) ...
+  int64_t replans_diverged = 0;     // ... of which some allocation did not come as planned
   int64_t replay_ns = 0;  // host time of replays: preparing the executable, copies, launch
   int64_t launch_ns = 0;  // ... of it, in graph launches (the driver's share)
 };
@@ -107,13 +111,24 @@ class Runtime {
   // Returns false (with the reason) when this call must run eagerly instead.
   bool replay(Entry& entry, CapturedGraph& graph, FlatCall& flat, py::object& result,
               std::string& refusal);
+  // Where a capture's allocations go (Note [Planned capture layouts]): the plan it follows (empty:
+  // first fit), and the plan it asks to be captured again along (`retake`, set by a capture that
+  // dropped its graph for growing the arena well beyond that plan).
+  struct CaptureLayout {
+    std::vector<core::LayoutPlan> follow;
+    std::vector<core::LayoutPlan> retake;
+  };
   // `out_of_memory` tells whether the capture failed for want of memory.
   // `pin_host_constants`: run f under grape._host_constants.PinnedHostConstants.
   bool capture(FlatCall& flat, std::unique_ptr<CapturedGraph>& into, std::string& reason,
-               py::object& error, bool& out_of_memory, bool pin_host_constants);
-  // capture(), once more with host constants pinned if it copied from pageable memory (Note
-  // [Host constants]), and once more after freeing every executable and cached block if memory
-  // ran out; `out_of_memory` tells whether the last try failed for want of memory.
+               py::object& error, bool& out_of_memory, bool pin_host_constants,
+               CaptureLayout& layout);
+  // capture(), and again along the planned layout that it asks for.
+  bool capture_planned(FlatCall& flat, std::unique_ptr<CapturedGraph>& into, std::string& reason,
+                       py::object& error, bool& out_of_memory, bool pin_host_constants);
+  // capture_planned(), once more with host constants pinned if it copied from pageable memory
+  // (Note [Host constants]), and once more after freeing every executable and cached block if
+  // memory ran out; `out_of_memory` tells whether the last try failed for want of memory.
   // `pin_host_constants`: the signature's flag, which a refused pageable copy sets.
   bool capture_with_retry(FlatCall& flat, std::unique_ptr<CapturedGraph>& into,
                           std::string& reason, py::object& error, bool& out_of_memory,
@@ -182,6 +197,10 @@ class Runtime {
   cuda::SharedExecutables::Member last_launched_;
   std::unordered_map<uint64_t, Successor> successor_;
 #endif
+  // Whether the last thing this function did was a replay (not a capture, warm-up or eager run):
+  // only then does an idle stream at a launch mean that the GPU waits for launches (Note
+  // [Executable slots]).
+  bool last_was_replay_ = false;
   RuntimeStats stats_;
   std::string global_fallback_;  // set when graphs are impossible for every call (no CUDA)
   bool checked_cuda_ = false;
