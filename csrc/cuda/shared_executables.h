@@ -60,8 +60,8 @@ class SharedExecutables {
   enum class SlotGrowth {
     kWhileRoom,     // whenever the executable cache has room
     kWhenGpuWaits,  // and only for a launch that follows launches only, on a stream with no work
-                    // queued, as most recent ones found it: the GPU waits for the host, so
-                    // patching would delay the launch
+                    // queued, as nearly all recent ones found it: the GPU waits for the host,
+                    // so patching would delay the launch
   };
 
   // `cache_bytes`: device memory that the executables beyond one per group may take
@@ -140,8 +140,8 @@ class SharedExecutables {
   // Whether the executable cache can take another slot of `group`.
   bool room_for_slot(const Group& group) const;
   // Whether a shape of `group` gets a new slot: room, and the growth policy's condition (for
-  // kWhenGpuWaits: chosen for a host-paced launch on `stream`, which has no work queued, as most
-  // recent such launches had: idle_share_).
+  // kWhenGpuWaits: chosen for a host-paced launch on `stream`, which has no work queued, as
+  // nearly all recent such launches had: idle_share_).
   bool grows(const Group& group, cudaStream_t stream, bool host_paced);
 
   Sharing sharing_;
@@ -151,9 +151,10 @@ class SharedExecutables {
   size_t device_limit_ = SIZE_MAX;
   bool slots_refused_ = false;  // an instantiation failed: no new slots until memory is freed
   // The share of recent host-paced launches that needed a patch and found the stream idle, as an
-  // exponential moving average; a slot is made at or above kIdleShareToGrow.
-  static constexpr double kIdleShareWeight = 0.25;
-  static constexpr double kIdleShareToGrow = 0.75;
+  // exponential moving average (over ~16 launches); a slot is made at or above kIdleShareToGrow,
+  // where the GPU waited at nearly every launch.
+  static constexpr double kIdleShareWeight = 1.0 / 16;
+  static constexpr double kIdleShareToGrow = 0.95;
   double idle_share_ = 1.0;
   std::vector<std::unique_ptr<Group>> groups_;  // null where a group ended
   std::unordered_multimap<uint64_t, uint32_t> by_topology_;

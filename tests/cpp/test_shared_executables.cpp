@@ -421,9 +421,9 @@ TEST_F(SharedExecutablesOnGpu, ShapesGetSlotsOfTheirOwnOnlyWhereTheGpuWaitsForTh
     }
   }
   EXPECT_EQ(ex.stats().resident, 1) << "a slot made where the GPU waited at half the launches";
-  // Idle before each prepare (replay() waits for each launch): once most launches found the GPU
-  // waiting, every shape gets a slot.
-  for (int round = 0; round < 3; ++round) {
+  // Idle before each prepare (replay() waits for each launch): once nearly all recent launches
+  // found the GPU waiting, every shape gets a slot.
+  for (int round = 0; round < 16; ++round) {
     for (int i : {2, 0, 3, 1}) {
       ASSERT_NO_FATAL_FAILURE(replay(ex, members[static_cast<size_t>(i)], b, stream_));
       expect_shape(b, i, kFourSizes[static_cast<size_t>(i)]);
