@@ -42,7 +42,10 @@ optimizer and GradScaler), so the training trajectories are comparable.
 Model config, for capturability and determinism: mask_time_prob=0.0 (SpecAugment draws its masks
 with numpy on the host, which a graph would freeze), layerdrop=0.0 (it branches on a random host
 value), every dropout 0 (hidden, activation, attention, feat_proj, final) so that eager and grape
-losses can be compared step by step; feat_extract_norm="group" (the base default).
+losses can be compared step by step; feat_extract_norm="group" (the base default). Batches carry no
+attention mask, and transformers releases that build an all-true one under stream capture (5.17)
+are made to skip it there as eager calls do (skip_the_unpadded_mask_while_capturing): otherwise
+the graphs would run SDPA's float32 math kernel where eager runs a fused one.
 
 Training step (`make_train_step`, compiled as a whole by grape): forward under autocast fp16
 (parameters stay fp32, model.train(), the feature encoder is trained too), CTC loss on the fp32

@@ -275,7 +275,9 @@ def stats(fn: Any) -> dict:
     ``bytes_evacuated`` and ``evacuations`` (live outputs moved out of the pool),
     ``inputs_moved`` / ``inputs_in_place``, ``pool_bytes`` (device memory of the shared pool:
     ``arena_bytes`` of mapped arena lanes, per lane in ``arena_lane_bytes``, plus the private
-    pool), ``alias_prediction`` and its counters ``alias_predictions`` (placeholders that are an
+    pool; ``arena_lane_peak_bytes``, the most each lane held allocated at once;
+    ``replanned_captures`` and ``replans_diverged``, captures taken again along a planned layout),
+    ``alias_prediction`` and its counters ``alias_predictions`` (placeholders that are an
     earlier output or an input buffer), ``alias_hits`` / ``alias_misses`` (predicted inputs found in
     place at a replay, or copied), ``bytes_avoided`` and ``chain_variants``; allocation-site
     prediction's ``input_sites`` (code positions learned), ``site_allocations`` (allocations served

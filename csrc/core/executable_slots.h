@@ -7,11 +7,12 @@
 // ~1.4 ms a token) that delays the next launch whenever the host, not the GPU, is the bottleneck,
 // and patching the executable that is still running may have to wait for it. So:
 //   - a shape gets a slot of its own while the function's executable cache has room, and, in
-//     grape's runtime (SharedExecutables::SlotGrowth::kWhenGpuWaits), only where the stream it
-//     runs on has no work queued: then the GPU waits for the host and patching would delay the
-//     launch. Where work is queued, patching overlaps it and a slot would only take memory
-//     (wav2vec2 inference and training over 189 lengths, calls back to back: the same time with
-//     one executable per group as with 256 MiB of slots, H100);
+//     grape's runtime (SharedExecutables::SlotGrowth::kWhenGpuWaits), only where the host is the
+//     bottleneck: for a launch that follows launches only, on a stream with no work queued, as
+//     nearly all recent such launches found it. Then the GPU waits for the host and patching
+//     would delay the launch. Where work is queued, patching overlaps it and a slot would only
+//     take memory (wav2vec2 inference and training over 189 lengths, calls back to back: the same
+//     time with one executable per group as with 256 MiB of slots, H100);
 //   - once it is full, a shape without a slot is patched into the most recently used slot other
 //     than the last launched one. Replacing the most recently used (not the least) keeps a cyclic
 //     order of shapes (a generation's growing lengths, an epoch's batches) from evicting each slot
