@@ -165,7 +165,7 @@ void GraphArena::begin_capture(const CapturePlan& plan) {
   }
 }
 
-GraphArena::CapturePlan GraphArena::end_capture() {
+GraphArena::CapturePlan GraphArena::end_capture(std::vector<core::AddressRange>* survivors) {
   std::lock_guard<std::mutex> lock(mutex_);
   if (!lanes_.front().layout->tracing()) return {};  // ended already
   CapturePlan plan(lanes_.size());
@@ -174,6 +174,13 @@ GraphArena::CapturePlan GraphArena::end_capture() {
   for (size_t i = 0; i < lanes_.size(); ++i) {
     Lane& lane = lanes_[i];
     const core::LayoutTrace trace = lane.layout->end_trace();
+    if (survivors != nullptr) {
+      for (const auto& a : trace.allocations) {
+        if (a.freed == core::LayoutTrace::kLive) {
+          survivors->push_back({lane.base + a.offset, lane.base + a.offset + a.bytes});
+        }
+      }
+    }
     followed |= lane.planned > 0;
     mapped += lane.mapped;
     if (lane.mapped <= lane.mapped_before) continue;
@@ -229,6 +236,7 @@ c10::DataPtr GraphArena::allocate(ArenaLane which, size_t bytes) {
   const int index = static_cast<int>(which);
   Lane& lane = lanes_[static_cast<size_t>(index)];
   std::lock_guard<std::mutex> lock(mutex_);
+  const size_t extent_before = lane.layout->extent();
   auto offset = lane.layout->allocate(bytes);
   TORCH_CHECK_WITH(OutOfMemoryError, offset.has_value(),
                    "grape: a graph arena lane is full (" + std::to_string(lane.reserved) +
@@ -236,7 +244,9 @@ c10::DataPtr GraphArena::allocate(ArenaLane which, size_t bytes) {
   try {
     map_up_to(index, lane.layout->extent());
   } catch (...) {
+    // Unmapped: the extent goes back, or later allocations would try to map up to it again.
     lane.layout->free(*offset);
+    lane.layout->retract_extent(extent_before);
     throw;
   }
   void* ptr = reinterpret_cast<void*>(lane.base + *offset);

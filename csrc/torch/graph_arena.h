@@ -69,8 +69,9 @@ class GraphArena : public std::enable_shared_from_this<GraphArena> {
   void begin_capture(const CapturePlan& plan);
   // Ends the trace (again: does nothing). For a capture that followed no plan: the plan of what it
   // allocated, where that would map less than the capture did by a granule at least, and by a
-  // sixteenth of the arena or half of what the capture grew it by; empty otherwise.
-  CapturePlan end_capture();
+  // sixteenth of the arena or half of what the capture grew it by; empty otherwise. `survivors`,
+  // where given, receives the blocks the capture allocated that are still allocated.
+  CapturePlan end_capture(std::vector<core::AddressRange>* survivors = nullptr);
   // After the capture that just ended was dropped and its blocks freed: unmaps what it mapped
   // beyond the arena's size before it, sparing the blocks still allocated.
   void forget_capture();

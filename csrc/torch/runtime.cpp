@@ -560,6 +560,30 @@ bool Runtime::capture_with_retry(FlatCall& flat, std::unique_ptr<CapturedGraph>&
   return false;
 }
 
+bool Runtime::only_results_survive(const std::vector<core::AddressRange>& survivors,
+                                   const std::vector<at::Tensor>& placeholders,
+                                   const py::object& result, const py::list& effect_values,
+                                   FlatCall& flat) {
+  // A block the capture allocated that outlives it and is no placeholder, output or effect is
+  // state f kept (a cache made at first sight of a shape): only this graph's kernels fill it, so
+  // a graph captured again, which finds it made, would read what nothing wrote.
+  std::vector<core::AddressRange> results;
+  for (const auto& p : placeholders) {
+    results.push_back(core::make_range(p.storage().data(), p.storage().nbytes()));
+  }
+  FlatCall out;
+  flattener_.flatten_value(py::make_tuple(result, effect_values), out, &flat.records);
+  for (const auto& t : out.tensors) {
+    results.push_back(core::make_range(t.storage().data(), t.storage().nbytes()));
+  }
+  for (const auto& block : survivors) {
+    bool held = false;
+    for (const auto& r : results) held |= r.overlaps(block);
+    if (!held) return false;
+  }
+  return true;
+}
+
 bool Runtime::capture_planned(FlatCall& flat, std::unique_ptr<CapturedGraph>& into,
                               std::string& reason, py::object& error, bool& out_of_memory,
                               bool pin_host_constants) {
@@ -570,13 +594,12 @@ bool Runtime::capture_planned(FlatCall& flat, std::unique_ptr<CapturedGraph>& in
   // the capture runs again, its allocations placed as planned.
   GraphArena& arena = pool_->arena();
   arena.forget_capture();
-  ++stats_.replanned_captures;
   layout.follow = std::move(layout.retake);
   layout.retake.clear();
-  const bool captured =
-      capture(flat, into, reason, error, out_of_memory, pin_host_constants, layout);
+  if (!capture(flat, into, reason, error, out_of_memory, pin_host_constants, layout)) return false;
+  ++stats_.replanned_captures;
   if (arena.placed_by_plan() < arena.planned_allocations()) ++stats_.replans_diverged;
-  return captured;
+  return true;
 }
 
 void Runtime::enforce_budget(const CapturedGraph* keep) {
@@ -741,13 +764,16 @@ bool Runtime::capture(FlatCall& flat, std::unique_ptr<CapturedGraph>& into, std:
   auto captured = std::make_unique<CapturedGraph>();
   captured->pool = pool_;
   layout_trace.begun = false;
-  layout.retake = arena.end_capture();
-  if (!layout.retake.empty()) {
+  std::vector<core::AddressRange> survivors;
+  layout.retake = arena.end_capture(&survivors);
+  if (!layout.retake.empty() &&
+      only_results_survive(survivors, placeholders, result, effect_values, flat)) {
     // Dropped before it is instantiated: the caller captures again along the plan.
     captured->graph = std::move(graph);
     stats_.capture_ns += elapsed_ns(start);
     return false;
   }
+  layout.retake.clear();
   try {
     // One executable per topology: the graph joins its group (or starts one) and is read and
     // destroyed; only the ReplayGraph stays, for PyTorch's replay prologue.

@@ -376,6 +376,25 @@ def test_a_capture_whose_first_fit_layout_wastes_memory_is_taken_again_along_its
     assert 5 * size <= s["arena_lane_bytes"]["large"] <= 5 * size + 2 * MB
 
 
+def test_a_capture_that_keeps_a_tensor_it_made_is_not_taken_again():
+    # Without a warm-up the capture is the first call, and makes the cache: only its own graph
+    # fills it, so a graph captured again (finding the cache made) would read what nothing wrote.
+    cache = {}
+
+    def step(x):
+        if "offset" not in cache:
+            cache["offset"] = torch.full_like(x, 0.5)
+        return fragmenting_step(x + cache["offset"])
+
+    compiled = grape.compile(step, warmup=0, alias_prediction=False)
+    for i in range(3):
+        x = torch.randn(4 * MB, device=DEV, generator=torch.Generator(DEV).manual_seed(i))
+        assert torch.equal(compiled(x), fragmenting_step(x + 0.5))
+    s = grape.stats(compiled)
+    assert s["captures"] == 1 and not s["fallbacks"]
+    assert s["replanned_captures"] == 0
+
+
 def test_a_capture_that_first_fit_lays_out_tightly_is_not_taken_again():
     compiled = grape.compile(lambda x: (x * 2 + 1).sum(0))
     x = torch.randn(4, MB, device=DEV)
