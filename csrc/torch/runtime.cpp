@@ -658,8 +658,8 @@ bool Runtime::capture(FlatCall& flat, std::unique_ptr<CapturedGraph>& into, std:
   bool backward_ran = false;
   bool effects_ok = true;
   std::string effects_reason;
-  // Traces the capture's allocations from its first placeholder until the blocks held to its end
-  // are freed, on every way out (Note [Planned capture layouts]).
+  // Traces the capture's allocations from the start of the captured region until the blocks held
+  // to its end are freed, on every way out (Note [Planned capture layouts]).
   struct LayoutTrace {
     GraphArena& arena;
     bool begun = false;
@@ -684,8 +684,6 @@ bool Runtime::capture(FlatCall& flat, std::unique_ptr<CapturedGraph>& into, std:
       GraphArena& arena;
       ~Unpin() { arena.unpin_all(); }
     } unpin{arena};
-    arena.begin_capture(layout.follow);
-    layout_trace.begun = true;
 
     std::vector<py::object> leaves;
     {
@@ -723,6 +721,10 @@ bool Runtime::capture(FlatCall& flat, std::unique_ptr<CapturedGraph>& into, std:
     UnflattenLog log;
     try {
       graph->capture_begin(pool.id(), cudaStreamCaptureModeGlobal);
+      // From here on, what f allocates: the placeholders and what capture_begin makes (the RNG's
+      // seed and offset, which replays write from the host) are laid out already.
+      arena.begin_capture(layout.follow);
+      layout_trace.begun = true;
       py::tuple call = rebuild_arguments(flat, leaves, record_state, log);
       {
         std::optional<EnteredContext> pinned;
