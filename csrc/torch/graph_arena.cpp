@@ -216,18 +216,12 @@ void GraphArena::forget_capture() {
   }
 }
 
-size_t GraphArena::placed_by_plan() const {
+bool GraphArena::plan_diverged() const {
   std::lock_guard<std::mutex> lock(mutex_);
-  size_t placed = 0;
-  for (const auto& lane : lanes_) placed += lane.layout->placed_by_plan();
-  return placed;
-}
-
-size_t GraphArena::planned_allocations() const {
-  std::lock_guard<std::mutex> lock(mutex_);
-  size_t planned = 0;
-  for (const auto& lane : lanes_) planned += lane.planned;
-  return planned;
+  for (const auto& lane : lanes_) {
+    if (lane.layout->placed_by_plan() < lane.planned) return true;
+  }
+  return false;
 }
 
 c10::DataPtr GraphArena::allocate(ArenaLane which, size_t bytes) {

@@ -75,9 +75,8 @@ class GraphArena : public std::enable_shared_from_this<GraphArena> {
   // After the capture that just ended was dropped and its blocks freed: unmaps what it mapped
   // beyond the arena's size before it, sparing the blocks still allocated.
   void forget_capture();
-  // Allocations of the last capture placed by its plan, and how many its plan held.
-  size_t placed_by_plan() const;
-  size_t planned_allocations() const;
+  // Whether some allocation of the last capture did not take its planned offset.
+  bool plan_diverged() const;
 
   bool contains(const void* ptr) const;
   core::AddressRange lane_range(ArenaLane lane) const;

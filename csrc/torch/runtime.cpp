@@ -561,16 +561,12 @@ bool Runtime::capture_with_retry(FlatCall& flat, std::unique_ptr<CapturedGraph>&
 }
 
 bool Runtime::only_results_survive(const std::vector<core::AddressRange>& survivors,
-                                   const std::vector<at::Tensor>& placeholders,
                                    const py::object& result, const py::list& effect_values,
                                    FlatCall& flat) {
-  // A block the capture allocated that outlives it and is no placeholder, output or effect is
-  // state f kept (a cache made at first sight of a shape): only this graph's kernels fill it, so
-  // a graph captured again, which finds it made, would read what nothing wrote.
+  // A block the capture allocated that outlives it and is no output or effect is state f kept (a
+  // cache made at first sight of a shape): only this graph's kernels fill it, so a graph captured
+  // again, which finds it made, would read what nothing wrote.
   std::vector<core::AddressRange> results;
-  for (const auto& p : placeholders) {
-    results.push_back(core::make_range(p.storage().data(), p.storage().nbytes()));
-  }
   FlatCall out;
   flattener_.flatten_value(py::make_tuple(result, effect_values), out, &flat.records);
   for (const auto& t : out.tensors) {
@@ -598,7 +594,7 @@ bool Runtime::capture_planned(FlatCall& flat, std::unique_ptr<CapturedGraph>& in
   layout.retake.clear();
   if (!capture(flat, into, reason, error, out_of_memory, pin_host_constants, layout)) return false;
   ++stats_.replanned_captures;
-  if (arena.placed_by_plan() < arena.planned_allocations()) ++stats_.replans_diverged;
+  if (arena.plan_diverged()) ++stats_.replans_diverged;
   return true;
 }
 
@@ -769,7 +765,7 @@ bool Runtime::capture(FlatCall& flat, std::unique_ptr<CapturedGraph>& into, std:
   std::vector<core::AddressRange> survivors;
   layout.retake = arena.end_capture(&survivors);
   if (!layout.retake.empty() &&
-      only_results_survive(survivors, placeholders, result, effect_values, flat)) {
+      only_results_survive(survivors, result, effect_values, flat)) {
     // Dropped before it is instantiated: the caller captures again along the plan.
     captured->graph = std::move(graph);
     stats_.capture_ns += elapsed_ns(start);
@@ -1120,7 +1116,7 @@ bool Runtime::replay(Entry& entry, CapturedGraph& g, FlatCall& flat, py::object&
 #else  // GRAPE_WITH_CUDA
 
 bool Runtime::capture(FlatCall&, std::unique_ptr<CapturedGraph>&, std::string& reason,
-                      py::object&, bool& out_of_memory, bool) {
+                      py::object&, bool& out_of_memory, bool, CaptureLayout&) {
   out_of_memory = false;
   reason = "grape was built without CUDA";
   return false;

@@ -124,11 +124,11 @@ class Runtime {
   bool capture(FlatCall& flat, std::unique_ptr<CapturedGraph>& into, std::string& reason,
                py::object& error, bool& out_of_memory, bool pin_host_constants,
                CaptureLayout& layout);
-  // Whether every block in `survivors` (allocated by a capture, still allocated after it) holds a
-  // placeholder, an output or an effect's value: then the capture may be dropped and taken again.
+  // Whether every block in `survivors` (allocated by a capture, still allocated after it) holds an
+  // output or an effect's value: then the capture may be dropped and taken again.
   bool only_results_survive(const std::vector<core::AddressRange>& survivors,
-                            const std::vector<at::Tensor>& placeholders, const py::object& result,
-                            const py::list& effect_values, FlatCall& flat);
+                            const py::object& result, const py::list& effect_values,
+                            FlatCall& flat);
   // capture(), and again along the planned layout that it asks for.
   bool capture_planned(FlatCall& flat, std::unique_ptr<CapturedGraph>& into, std::string& reason,
                        py::object& error, bool& out_of_memory, bool pin_host_constants);
