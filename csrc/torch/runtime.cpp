@@ -411,6 +411,15 @@ Runtime::StateChange Runtime::static_state_change(const CapturedGraph& g,
 
 namespace {
 
+// The index of the placeholder whose storage is `impl`, or -1.
+int placeholder_of(const std::vector<at::Tensor>& placeholders, const c10::StorageImpl* impl) {
+  int found = -1;
+  for (size_t i = 0; i < placeholders.size(); ++i) {
+    if (placeholders[i].storage().unsafeGetStorageImpl() == impl) found = static_cast<int>(i);
+  }
+  return found;
+}
+
 void check_copy(cudaError_t err) { C10_CUDA_CHECK(err); }
 
 class SyncDebugModeGuard {
@@ -561,23 +570,46 @@ bool Runtime::capture_with_retry(FlatCall& flat, std::unique_ptr<CapturedGraph>&
 }
 
 bool Runtime::only_results_survive(const std::vector<core::AddressRange>& survivors,
-                                   const py::object& result, const py::list& effect_values,
-                                   FlatCall& flat) {
+                                   const FlatCall& results) {
   // A block the capture allocated that outlives it and is no output or effect is state f kept (a
   // cache made at first sight of a shape): only this graph's kernels fill it, so a graph captured
   // again, which finds it made, would read what nothing wrote.
-  std::vector<core::AddressRange> results;
-  FlatCall out;
-  flattener_.flatten_value(py::make_tuple(result, effect_values), out, &flat.records);
-  for (const auto& t : out.tensors) {
-    results.push_back(core::make_range(t.storage().data(), t.storage().nbytes()));
-  }
   for (const auto& block : survivors) {
     bool held = false;
-    for (const auto& r : results) held |= r.overlaps(block);
+    for (const auto& t : results.tensors) {
+      held |= core::make_range(t.storage().data(), t.storage().nbytes()).overlaps(block);
+    }
     if (!held) return false;
   }
   return true;
+}
+
+std::string Runtime::refusal_of_results(const py::object& result, const std::vector<Effect>& effects,
+                                        const py::list& effect_values, bool effects_ok,
+                                        const std::string& effects_reason, bool backward_ran,
+                                        const std::vector<at::Tensor>& placeholders,
+                                        FlatCall& flat, FlatCall& out) {
+  if (!effects_ok) return effects_reason;
+  flattener_.flatten_value(
+      effects.empty() ? result : py::object(py::make_tuple(result, py::tuple(effect_values))), out,
+      &flat.records);
+  if (!out.unsupported.empty()) return "returns " + out.unsupported_path + ", a " + out.unsupported;
+  for (const auto& t : out.tensors) {
+    if (!t.is_cuda()) {
+      return "returns a tensor on " + t.device().str() +
+             " (computed once while capturing; a replay would not update it)";
+    }
+    if (t.requires_grad() && !t.is_leaf() && !backward_ran) {
+      return "an output requires grad and the function ran no backward pass (a graph cannot "
+             "join the caller's autograd graph: call backward inside the function, or run it "
+             "under torch.no_grad() or torch.inference_mode())";
+    }
+    const int input = placeholder_of(placeholders, t.storage().unsafeGetStorageImpl());
+    if (input >= 0 && t.scalar_type() != flat.tensors[static_cast<size_t>(input)].scalar_type()) {
+      return "returns a view of an input with another dtype";
+    }
+  }
+  return {};
 }
 
 bool Runtime::capture_planned(FlatCall& flat, std::unique_ptr<CapturedGraph>& into,
@@ -761,13 +793,21 @@ bool Runtime::capture(FlatCall& flat, std::unique_ptr<CapturedGraph>& into, std:
   pool.hold_for_graph(use_count_before);
   auto captured = std::make_unique<CapturedGraph>();
   captured->pool = pool_;
+  captured->graph = std::move(graph);  // destroyed with `captured` wherever the graph is refused
   layout_trace.begun = false;
   std::vector<core::AddressRange> survivors;
   layout.retake = arena.end_capture(&survivors);
-  if (!layout.retake.empty() &&
-      only_results_survive(survivors, result, effect_values, flat)) {
+  // What f returned and changed is checked before anything is built from the graph: a refused
+  // capture is neither taken again nor instantiated.
+  FlatCall out;
+  reason = refusal_of_results(result, effects, effect_values, effects_ok, effects_reason,
+                              backward_ran, placeholders, flat, out);
+  if (!reason.empty()) {
+    layout.retake.clear();
+    return false;
+  }
+  if (!layout.retake.empty() && only_results_survive(survivors, out)) {
     // Dropped before it is instantiated: the caller captures again along the plan.
-    captured->graph = std::move(graph);
     stats_.capture_ns += elapsed_ns(start);
     return false;
   }
@@ -775,15 +815,13 @@ bool Runtime::capture(FlatCall& flat, std::unique_ptr<CapturedGraph>& into, std:
   try {
     // One executable per topology: the graph joins its group (or starts one) and is read and
     // destroyed; only the ReplayGraph stays, for PyTorch's replay prologue.
-    captured->member = executables_->add(graph->release_graph(),
+    captured->member = executables_->add(captured->graph->release_graph(),
                                          at::cuda::getCurrentCUDAStream(pool.device()).stream());
     captured->executables = executables_;
   } catch (const std::exception& e) {
     reason = std::string("instantiating the captured graph failed: ") + e.what();
-    captured->graph = std::move(graph);
     return false;
   }
-  captured->graph = std::move(graph);
   enforce_budget(captured.get());
   for (size_t i = 0; i < placeholders.size(); ++i) {
     captured->placeholders.push_back({placeholders[i].data_ptr(), span_bytes(placeholders[i]),
@@ -791,34 +829,10 @@ bool Runtime::capture(FlatCall& flat, std::unique_ptr<CapturedGraph>& into, std:
                                       buffers[i]});
     stats_.alias_predictions += chained[i] || buffers[i] ? 1 : 0;
   }
-
-  if (!effects_ok) {
-    reason = std::move(effects_reason);
-    return false;
-  }
-  FlatCall out;
-  flattener_.flatten_value(
-      effects.empty() ? result : py::object(py::make_tuple(result, py::tuple(effect_values))), out,
-      &flat.records);
   captured->effects = std::move(effects);
-  if (!out.unsupported.empty()) {
-    reason = "returns " + out.unsupported_path + ", a " + out.unsupported;
-    return false;
-  }
   pool.refresh_segments();
   std::unordered_map<const c10::StorageImpl*, int> storage_slots;
   for (const auto& t : out.tensors) {
-    if (!t.is_cuda()) {
-      reason = "returns a tensor on " + t.device().str() +
-               " (computed once while capturing; a replay would not update it)";
-      return false;
-    }
-    if (t.requires_grad() && !t.is_leaf() && !backward_ran) {
-      reason = "an output requires grad and the function ran no backward pass (a graph cannot "
-               "join the caller's autograd graph: call backward inside the function, or run it "
-               "under torch.no_grad() or torch.inference_mode())";
-      return false;
-    }
     CapturedGraph::OutputTensor slot;
     slot.sizes = t.sizes().vec();
     slot.strides = t.strides().vec();
@@ -828,13 +842,11 @@ bool Runtime::capture(FlatCall& flat, std::unique_ptr<CapturedGraph>& into, std:
     auto found = storage_slots.find(impl);
     if (found == storage_slots.end()) {
       CapturedGraph::OutputStorage storage;
-      for (size_t i = 0; i < placeholders.size(); ++i) {
-        if (placeholders[i].storage().unsafeGetStorageImpl() == impl) {
-          storage.source = CapturedGraph::OutputStorage::Source::kInput;
-          storage.input = static_cast<int>(i);
-        }
-      }
-      if (storage.input < 0) {
+      const int input = placeholder_of(placeholders, impl);
+      if (input >= 0) {
+        storage.source = CapturedGraph::OutputStorage::Source::kInput;
+        storage.input = input;
+      } else {
         const auto range = core::make_range(t.storage().data(), t.storage().nbytes());
         if (pool.segments().contains(range)) {
           storage.source = CapturedGraph::OutputStorage::Source::kPool;
@@ -848,13 +860,9 @@ bool Runtime::capture(FlatCall& flat, std::unique_ptr<CapturedGraph>& into, std:
       captured->output_storages.push_back(storage);
     }
     slot.storage = found->second;
-    const auto& storage = captured->output_storages[static_cast<size_t>(slot.storage)];
-    if (storage.source == CapturedGraph::OutputStorage::Source::kStatic) {
+    if (captured->output_storages[static_cast<size_t>(slot.storage)].source ==
+        CapturedGraph::OutputStorage::Source::kStatic) {
       slot.static_tensor = t;
-    } else if (storage.source == CapturedGraph::OutputStorage::Source::kInput &&
-               t.scalar_type() != flat.tensors[static_cast<size_t>(storage.input)].scalar_type()) {
-      reason = "returns a view of an input with another dtype";
-      return false;
     }
     captured->output_tensors.push_back(std::move(slot));
   }

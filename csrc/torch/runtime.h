@@ -27,6 +27,7 @@ namespace cuda {
 class SharedExecutables;
 }
 struct CapturedGraph;
+struct Effect;
 struct InputBuffer;
 
 struct RuntimeStats {
@@ -124,11 +125,16 @@ class Runtime {
   bool capture(FlatCall& flat, std::unique_ptr<CapturedGraph>& into, std::string& reason,
                py::object& error, bool& out_of_memory, bool pin_host_constants,
                CaptureLayout& layout);
-  // Whether every block in `survivors` (allocated by a capture, still allocated after it) holds an
-  // output or an effect's value: then the capture may be dropped and taken again.
-  bool only_results_survive(const std::vector<core::AddressRange>& survivors,
-                            const py::object& result, const py::list& effect_values,
-                            FlatCall& flat);
+  // Whether every block in `survivors` (allocated by a capture, still allocated after it) holds one
+  // of `results` (the outputs and effects' values): then the capture may be dropped and taken again.
+  static bool only_results_survive(const std::vector<core::AddressRange>& survivors,
+                                   const FlatCall& results);
+  // Why a capture's results cannot be replayed faithfully, or empty; flattens them into `out`.
+  std::string refusal_of_results(const py::object& result, const std::vector<Effect>& effects,
+                                 const py::list& effect_values, bool effects_ok,
+                                 const std::string& effects_reason, bool backward_ran,
+                                 const std::vector<at::Tensor>& placeholders, FlatCall& flat,
+                                 FlatCall& out);
   // capture(), and again along the planned layout that it asks for.
   bool capture_planned(FlatCall& flat, std::unique_ptr<CapturedGraph>& into, std::string& reason,
                        py::object& error, bool& out_of_memory, bool pin_host_constants);

@@ -395,6 +395,27 @@ def test_a_capture_that_keeps_a_tensor_it_made_is_not_taken_again():
     assert s["replanned_captures"] == 0
 
 
+def test_a_capture_refused_for_its_results_is_not_taken_again(quiet_fallbacks):
+    # The layout would be planned, but the CPU output makes the graph unreplayable: f runs once
+    # under capture, and the reason is the output's, not the plan's.
+    runs_under_capture = []
+
+    def step(x):
+        runs_under_capture.append(torch.cuda.is_current_stream_capturing())
+        return fragmenting_step(x), torch.ones(1)
+
+    compiled = grape.compile(step, alias_prediction=False)
+    x = torch.randn(4 * MB, device=DEV)
+    for _ in range(3):
+        out, _ = compiled(x)
+        assert torch.equal(out, fragmenting_step(x))
+    s = grape.stats(compiled)
+    assert sum(runs_under_capture) == 1
+    assert s["captures"] == 0 and s["replanned_captures"] == 0
+    (fallback,) = s["fallbacks"]
+    assert "returns a tensor on cpu" in fallback["reason"]
+
+
 def test_a_capture_that_first_fit_lays_out_tightly_is_not_taken_again():
     compiled = grape.compile(lambda x: (x * 2 + 1).sum(0))
     x = torch.randn(4, MB, device=DEV)
