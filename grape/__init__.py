@@ -8,9 +8,9 @@
 """
 
 from grape._compile import CompiledFunction, FallbackWarning, compile, set_memory_budget, stats
-from grape._predicate import Predicate, while_loop
+from grape._predicate import Predicate, PredicateError, while_loop
 from grape._rewrite import RewriteError, rewritten_source
 
-__all__ = ["CompiledFunction", "FallbackWarning", "Predicate", "RewriteError", "compile",
-           "rewritten_source", "set_memory_budget", "stats", "while_loop"]
+__all__ = ["CompiledFunction", "FallbackWarning", "Predicate", "PredicateError", "RewriteError",
+           "compile", "rewritten_source", "set_memory_budget", "stats", "while_loop"]
 __version__ = "0.1.0"

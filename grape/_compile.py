@@ -16,10 +16,11 @@ from typing import Any, Callable, Optional, Union
 
 import torch
 
-from grape import _C, _rewrite
+from grape import _C, _distributed, _predicate, _rewrite
 
-# A branch the rewriter cannot predicate is the user's to fix: the error reaches the caller.
-_C._set_propagated_errors((_rewrite.RewriteError,))
+# A branch the rewriter cannot predicate, or a collective in a predicated body, is the user's to
+# fix: the error reaches the caller (on every rank alike, since every rank captures the same body).
+_C._set_propagated_errors((_rewrite.RewriteError, _predicate.PredicateError))
 
 __all__ = ["CompiledFunction", "FallbackWarning", "compile", "stats"]
 
@@ -108,6 +109,7 @@ class CompiledFunction(_C.Runtime):
         self.__qualname__ = getattr(fn, "__qualname__", self.__name__)
         self.__doc__ = getattr(fn, "__doc__", None)
         self._fallbacks: list[dict] = []
+        self._capture_points = _distributed.CapturePoints(self.__qualname__)
 
     def __repr__(self) -> str:
         return f"<grape.CompiledFunction {self.__qualname__}>"
@@ -138,6 +140,11 @@ class CompiledFunction(_C.Runtime):
                                    module=frame.f_globals.get("__name__"), registry=frame.f_globals.setdefault("__warningregistry__", {}))
         else:
             warnings.warn(message, FallbackWarning, stacklevel=2)
+
+    def _agree(self, signature: str, reason: str, out_of_memory: bool):
+        """Called by the runtime at each capture point: under torch.distributed, every rank's
+        outcome made common (grape/_distributed.py); None in a process of its own."""
+        return self._capture_points.agree(signature, reason, out_of_memory)
 
     def stats(self) -> dict:
         """Counters of this function; see :func:`grape.stats`."""

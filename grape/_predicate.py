@@ -13,10 +13,55 @@ import sys
 from typing import Callable, Sequence
 
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
-from grape import _C
+from grape import _C, _distributed
 
-__all__ = ["Predicate", "while_loop"]
+__all__ = ["Predicate", "PredicateError", "while_loop"]
+
+# Operator namespaces of torch.distributed's collectives (c10d's and the functional ones).
+_COLLECTIVE_NAMESPACES = ("c10d", "_c10d_functional", "c10d_functional")
+
+
+class PredicateError(RuntimeError):
+    """An operation that a predicated body cannot hold under capture (a collective)."""
+
+
+class _CollectivesRefused(TorchDispatchMode):
+    """Active while a predicated body is captured in a torch.distributed process: a collective
+    there raises at once. A CUDA conditional body cannot hold the cross-stream waits that a NCCL
+    collective makes, and ranks whose conditions differ would leave it waiting forever."""
+
+    def __init__(self, what: str):
+        super().__init__()
+        self.what = what
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if func.namespace in _COLLECTIVE_NAMESPACES:
+            raise PredicateError(
+                f"{self.what}: a torch.distributed collective ({func}) inside a predicated body: "
+                "a CUDA conditional body cannot hold the cross-stream waits of a NCCL collective, "
+                "and ranks whose conditions differ would leave it waiting. Call the collective "
+                "outside the body (compute the branch's values, select them with torch.where, "
+                "then reduce once)")
+        return func(*args, **(kwargs or {}))
+
+
+class _Body:
+    """The capture of one predicated body: its conditional node's body, with collectives refused
+    where this process is a rank of a process group."""
+
+    def __init__(self, branch, index: int, what: str):
+        self._branch = branch
+        self._refused = _CollectivesRefused(what) if _distributed.active() else None
+        branch.begin_body(index)
+        if self._refused is not None:
+            self._refused.__enter__()
+
+    def end(self) -> None:
+        if self._refused is not None:
+            self._refused.__exit__(None, None, None)
+        self._branch.end_body()
 
 
 def _check_condition(condition, what: str) -> None:
@@ -103,6 +148,7 @@ class Predicate:
         _check_condition(condition, "grape.Predicate")
         self._condition = condition
         self._branch = None  # the conditional node, under capture
+        self._body = None  # the body being captured
         self._host = None  # the host branch, outside capture
         self._state = "new"
 
@@ -113,7 +159,7 @@ class Predicate:
         if _capturing():
             kind = "if_else" if not _C.conditional_unsupported_reason("if_else") else "if"
             self._branch = _C.ConditionalBranch(self._condition, kind)
-            self._branch.begin_body(0)
+            self._body = _Body(self._branch, 0, "grape.Predicate")
             return self
         self._host = _HostBranch(bool(self._condition.item()))
         self._host.enter(sys._getframe(1))
@@ -121,8 +167,8 @@ class Predicate:
 
     def __exit__(self, exc_type, exc, tb) -> bool:
         self._state = "if done"
-        if self._branch is not None:
-            self._branch.end_body()
+        if self._body is not None:
+            self._body.end()
             return False
         return self._host.__exit__(exc_type, exc, tb)
 
@@ -137,6 +183,7 @@ class Predicate:
 class _Otherwise:
     def __init__(self, predicate: Predicate):
         self._predicate = predicate
+        self._body = None
         self._host = None
 
     def __enter__(self) -> "_Otherwise":
@@ -145,15 +192,15 @@ class _Otherwise:
             if p._branch.bodies < 2:
                 raise RuntimeError("grape: otherwise() under capture needs CUDA conditional "
                                    "IF/ELSE nodes: " + _C.conditional_unsupported_reason("if_else"))
-            p._branch.begin_body(1)
+            self._body = _Body(p._branch, 1, "grape.Predicate.otherwise")
             return self
         self._host = _HostBranch(not p._host.taken)
         self._host.enter(sys._getframe(1))
         return self
 
     def __exit__(self, exc_type, exc, tb) -> bool:
-        if self._host is None:
-            self._predicate._branch.end_body()
+        if self._body is not None:
+            self._body.end()
             return False
         return self._host.__exit__(exc_type, exc, tb)
 
@@ -181,7 +228,7 @@ def while_loop(cond_fn: Callable[..., torch.Tensor], body_fn: Callable[..., Sequ
                 return state
             state = _checked_step(body_fn(*state), state)
     branch = _C.ConditionalBranch(cond_fn(*state), "while")
-    branch.begin_body(0)
+    body = _Body(branch, 0, "grape.while_loop")
     try:
         new = _checked_step(body_fn(*state), state)
         # A value that shares memory with another carried tensor is read before anything is
@@ -194,7 +241,7 @@ def while_loop(cond_fn: Callable[..., torch.Tensor], body_fn: Callable[..., Sequ
                 s.copy_(n)
         branch.set_condition(cond_fn(*state))
     finally:
-        branch.end_body()
+        body.end()
     return state
 
 

@@ -198,6 +198,54 @@ void Runtime::set_fallback(Entry& entry, std::string reason, const py::object& e
   report(entry.description, entry.fallback_reason, error);
 }
 
+#ifdef GRAPE_WITH_CUDA
+std::string Runtime::refusal_of_arguments(const py::args& args, const py::kwargs& kwargs,
+                                          const FlatCall& flat) {
+  if (!flat.unsupported.empty()) {
+    FlatCall with_paths;
+    flattener_.flatten_call(args, kwargs, with_paths, false, /*with_paths=*/true);
+    return "argument " + with_paths.unsupported_path + " is a " + flat.unsupported;
+  }
+  const c10::DeviceIndex device = pool_ ? pool_->device() : flat.tensors.front().device().index();
+  for (const auto& t : flat.tensors) {
+    if (t.device().index() != device) {
+      return "inputs on several devices (cuda:" + std::to_string(device) + " and " +
+             t.device().str() + "); a compiled function runs on one device";
+    }
+  }
+  return {};
+}
+
+bool Runtime::in_process_group() {
+  return py::module_::import("grape._distributed").attr("active")().cast<bool>();
+}
+
+bool Runtime::agree_across_ranks(Entry& entry, bool captured, std::string& reason,
+                                 py::object& error, bool& out_of_memory) {
+  // Note [Capture points agree across ranks]
+  // Under torch.distributed, a rank that replays a graph holding a collective while another runs
+  // the call eagerly (or captures) can leave the collective waiting forever: NCCL registers a
+  // captured collective's buffers with its peers. So at a capture point every rank tells the
+  // others what it did (grape/_distributed.py), and they all replay, or all run the signature
+  // eagerly with one reason. Ranks are expected to reach capture points alike, as they call
+  // collectives alike: same functions, same signatures, same order. Chain variants, captured
+  // where one rank's allocations happen to allow them, are not made (select_graph).
+  py::object self = py::cast(this, py::return_value_policy::reference);
+  if (!py::hasattr(self, "_agree")) return captured;
+  py::object common = self.attr("_agree")(entry.description, captured ? "" : reason,
+                                          out_of_memory);
+  if (common.is_none()) return captured;
+  ranks_agree_ = true;
+  auto [common_reason, any_out_of_memory] = common.cast<std::pair<std::string, bool>>();
+  out_of_memory = any_out_of_memory;
+  if (common_reason.empty()) return true;
+  entry.graph.reset();  // never launched
+  error = py::none();    // every rank reports the same reason, whose ever it is
+  reason = std::move(common_reason);
+  return false;
+}
+#endif  // GRAPE_WITH_CUDA
+
 std::string Runtime::describe(const FlatCall& flat) const {
   std::string s = "(";
   for (size_t i = 0; i < flat.tensors.size(); ++i) {
@@ -289,37 +337,31 @@ py::object Runtime::call(py::args args, py::kwargs kwargs) {
     }
   }
 
-  if (!flat.unsupported.empty()) {
-    FlatCall with_paths;
-    flattener_.flatten_call(args, kwargs, with_paths, false, /*with_paths=*/true);
-    set_fallback(entry, "argument " + with_paths.unsupported_path + " is a " + flat.unsupported,
-                 py::none());
+  // Arguments no graph can take: the signature runs eagerly. Under torch.distributed that is
+  // decided at its capture point, with the other ranks (Note [Capture points agree across ranks]).
+  std::string refusal = refusal_of_arguments(args, kwargs, flat);
+  if (!refusal.empty() && !in_process_group()) {
+    set_fallback(entry, refusal, py::none());
     ++stats_.eager_calls;
     return run_eager(args, kwargs);
-  }
-  for (const auto& t : flat.tensors) {
-    const auto device = pool_ ? pool_->device() : flat.tensors.front().device().index();
-    if (t.device().index() != device) {
-      set_fallback(entry,
-                   "inputs on several devices (cuda:" + std::to_string(device) + " and " +
-                       t.device().str() + "); a compiled function runs on one device",
-                   py::none());
-      ++stats_.eager_calls;
-      return run_eager(args, kwargs);
-    }
   }
 
   if (warming_up(entry)) return warm_up(entry, args, kwargs);
 
-  // Capture with the spec of the arguments, so placeholders can stand in for the tensors.
-  flattener_.flatten_call(args, kwargs, flat, /*with_spec=*/true, /*with_paths=*/false);
-  std::string reason;
+  std::string reason = refusal;
   py::object error = py::none();
   bool out_of_memory = false;
-  if (!capture_with_retry(flat, entry.graph, reason, error, out_of_memory,
-                          entry.pin_host_constants)) {
-    ++stats_.capture_failures;
-    if (!warmup_each_signature_ && entry.warmup_runs == 0 && warmup_ > 0 && !out_of_memory) {
+  bool captured = false;
+  if (refusal.empty()) {
+    // Capture with the spec of the arguments, so placeholders can stand in for the tensors.
+    flattener_.flatten_call(args, kwargs, flat, /*with_spec=*/true, /*with_paths=*/false);
+    captured = capture_with_retry(flat, entry.graph, reason, error, out_of_memory,
+                                  entry.pin_host_constants);
+    if (!captured) ++stats_.capture_failures;
+  }
+  if (!agree_across_ranks(entry, captured, reason, error, out_of_memory)) {
+    if (!warmup_each_signature_ && entry.warmup_runs == 0 && warmup_ > 0 && !out_of_memory &&
+        refusal.empty()) {
       // Captured without a warm-up of its own (at first sight, or again after its static state
       // changed): lazy initialization for this signature (a new shape's workspace, a Python-side
       // cache) may be what failed. This call is its warm-up; the next one captures again, and
@@ -335,11 +377,11 @@ py::object Runtime::call(py::args args, py::kwargs kwargs) {
     return run_eager(args, kwargs);
   }
   py::object result;
-  std::string refusal;
-  if (replay(entry, *entry.graph, flat, result, refusal)) return result;
+  std::string replay_refusal;
+  if (replay(entry, *entry.graph, flat, result, replay_refusal)) return result;
   ++stats_.eager_calls;
   entry.reported_refusal = true;
-  report(entry.description, "replay refused, this call ran eagerly: " + refusal, py::none());
+  report(entry.description, "replay refused, this call ran eagerly: " + replay_refusal, py::none());
   return run_eager(args, kwargs);
 #else
   return run_eager(args, kwargs);
@@ -584,7 +626,8 @@ bool Runtime::only_results_survive(const std::vector<core::AddressRange>& surviv
   return true;
 }
 
-std::string Runtime::refusal_of_results(const py::object& result, const std::vector<Effect>& effects,
+std::string Runtime::refusal_of_results(const py::object& result,
+                                        const std::vector<Effect>& effects,
                                         const py::list& effect_values, bool effects_ok,
                                         const std::string& effects_reason, bool backward_ran,
                                         const std::vector<at::Tensor>& placeholders,
@@ -911,6 +954,7 @@ CapturedGraph& Runtime::select_graph(Entry& entry, FlatCall& flat, const py::arg
   for (auto& variant : entry.chain_variants) {
     if (fits(*variant, flat)) return *variant;
   }
+  if (ranks_agree_) return base;  // a capture one rank alone would take
   bool chainable = false;
   for (size_t i = 0; i < flat.tensors.size(); ++i) chainable |= can_alias(flat, i, nullptr);
   if (!chainable || entry.chain_variants.size() >= kMaxChainVariants) return base;

@@ -125,8 +125,9 @@ class Runtime {
   bool capture(FlatCall& flat, std::unique_ptr<CapturedGraph>& into, std::string& reason,
                py::object& error, bool& out_of_memory, bool pin_host_constants,
                CaptureLayout& layout);
-  // Whether every block in `survivors` (allocated by a capture, still allocated after it) holds one
-  // of `results` (the outputs and effects' values): then the capture may be dropped and taken again.
+  // Whether every block in `survivors` (allocated by a capture, still allocated after it) holds
+  // one of `results` (the outputs and effects' values): then the capture may be dropped and taken
+  // again.
   static bool only_results_survive(const std::vector<core::AddressRange>& survivors,
                                    const FlatCall& results);
   // Why a capture's results cannot be replayed faithfully, or empty; flattens them into `out`.
@@ -164,6 +165,16 @@ class Runtime {
   GraphPool& pool_for(c10::DeviceIndex device);
   static constexpr size_t kMaxChainVariants = 3;
   void set_fallback(Entry& entry, std::string reason, const py::object& error);
+  // Why no graph can take these arguments (unsupported types, several devices), or empty.
+  std::string refusal_of_arguments(const py::args& args, const py::kwargs& kwargs,
+                                   const FlatCall& flat);
+  // Whether this process is a rank of an initialized torch.distributed process group.
+  static bool in_process_group();
+  // At a capture point: this rank's outcome (`captured`, else `reason`) made common to every rank
+  // (Note [Capture points agree across ranks]); returns whether to replay. Where another rank
+  // failed, drops this rank's graph and sets the common reason and out_of_memory.
+  bool agree_across_ranks(Entry& entry, bool captured, std::string& reason, py::object& error,
+                          bool& out_of_memory);
   void report(const std::string& description, const std::string& reason, const py::object& error);
   std::string describe(const FlatCall& flat) const;
   // Keeps a graph that will not replay again until the runtime ends (see retired_).
@@ -213,6 +224,8 @@ class Runtime {
   // only then does an idle stream at a launch mean that the GPU waits for launches (Note
   // [Executable slots]).
   bool last_was_replay_ = false;
+  // Whether capture points were agreed with other ranks (Note [Capture points agree across ranks]).
+  bool ranks_agree_ = false;
   RuntimeStats stats_;
   std::string global_fallback_;  // set when graphs are impossible for every call (no CUDA)
   bool checked_cuda_ = false;

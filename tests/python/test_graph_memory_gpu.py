@@ -413,7 +413,7 @@ def test_a_capture_refused_for_its_results_is_not_taken_again(quiet_fallbacks):
     assert sum(runs_under_capture) == 1
     assert s["captures"] == 0 and s["replanned_captures"] == 0
     (fallback,) = s["fallbacks"]
-    assert "returns a tensor on cpu" in fallback["reason"]
+    assert "returns output[1], a tensor on cpu" in fallback["reason"]
 
 
 def test_a_capture_that_first_fit_lays_out_tightly_is_not_taken_again():
