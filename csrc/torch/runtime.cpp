@@ -206,6 +206,7 @@ std::string Runtime::refusal_of_arguments(const py::args& args, const py::kwargs
     flattener_.flatten_call(args, kwargs, with_paths, false, /*with_paths=*/true);
     return "argument " + with_paths.unsupported_path + " is a " + flat.unsupported;
   }
+  if (flat.tensors.empty()) return {};
   const c10::DeviceIndex device = pool_ ? pool_->device() : flat.tensors.front().device().index();
   for (const auto& t : flat.tensors) {
     if (t.device().index() != device) {
