@@ -127,11 +127,13 @@ def kernel_ms(run: Callable[[], object]) -> dict:
 
 
 def timed(fn: Callable[[], object]) -> tuple[object, float]:
-    """fn's result and its wall time in seconds, the device synchronized before and after."""
-    torch.cuda.synchronize()
+    """fn's result and its wall time in seconds, the device synchronized before and after (where
+    CUDA is in use: a CPU smoke run has none to wait for)."""
+    synchronize = torch.cuda.synchronize if torch.cuda.is_initialized() else lambda: None
+    synchronize()
     t0 = time.perf_counter()
     out = fn()
-    torch.cuda.synchronize()
+    synchronize()
     return out, time.perf_counter() - t0
 
 

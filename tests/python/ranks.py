@@ -3,6 +3,7 @@ process of its own, and gives back what each rank returned or raised."""
 
 from __future__ import annotations
 
+import io
 import os
 import tempfile
 import traceback
@@ -25,11 +26,15 @@ def _rank_main(rank: int, world: int, backend: str, store_path: str, fn: Callabl
         store = dist.FileStore(store_path, world)
         dist.init_process_group(backend, store=store, rank=rank, world_size=world)
         try:
-            results.put((rank, "returned", fn(rank, world, *args)))
+            outcome = ("returned", fn(rank, world, *args))
         finally:
             dist.destroy_process_group()
     except BaseException as e:  # reported to the parent, which asserts
-        results.put((rank, "raised", (type(e).__name__, str(e), traceback.format_exc())))
+        outcome = ("raised", (type(e).__name__, str(e), traceback.format_exc()))
+    # As bytes: tensors a queue shares by file descriptor die with this process.
+    buffer = io.BytesIO()
+    torch.save(outcome, buffer)
+    results.put((rank, buffer.getvalue()))
 
 
 def run_ranks(fn: Callable, world: int, *args, backend: str = "gloo", env: dict | None = None,
@@ -48,8 +53,8 @@ def run_ranks(fn: Callable, world: int, *args, backend: str = "gloo", env: dict 
         outcomes: dict[int, tuple[str, Any]] = {}
         try:
             for _ in range(world):
-                rank, kind, value = results.get(timeout=timeout_s)
-                outcomes[rank] = (kind, value)
+                rank, data = results.get(timeout=timeout_s)
+                outcomes[rank] = torch.load(io.BytesIO(data), weights_only=False)
         finally:
             for p in processes:
                 p.join(timeout=10)
