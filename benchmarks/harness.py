@@ -56,10 +56,11 @@ def argument_parser(doc: str, modes: list[str], quick_help: str,
     return parser
 
 
-def parse(parser: argparse.ArgumentParser, argv, modes: list[str], needs: str):
-    """Parsed arguments and the chosen modes; exits with `needs` where there is no CUDA device."""
+def parse(parser: argparse.ArgumentParser, argv, modes: list[str], needs: str | None):
+    """Parsed arguments and the chosen modes; exits with `needs` where there is no CUDA device
+    (None: the run needs none)."""
     args = parser.parse_args(argv)
-    if not torch.cuda.is_available():
+    if needs is not None and not torch.cuda.is_available():
         raise SystemExit(needs)
     chosen = args.modes.split(",")
     unknown = set(chosen) - set(modes)

@@ -125,9 +125,9 @@ def floor(model, bandwidth_gbps: float) -> dict:
             "floor_ms_per_token": nbytes / (bandwidth_gbps * 1e9) * 1e3}
 
 
-def prompt(vocab_size: int) -> torch.Tensor:
+def prompt(vocab_size: int, device="cuda") -> torch.Tensor:
     g = torch.Generator(device="cpu").manual_seed(1)
-    return torch.randint(0, vocab_size, (1, PROMPT), generator=g).to("cuda")
+    return torch.randint(0, vocab_size, (1, PROMPT), generator=g).to(device)
 
 
 @contextlib.contextmanager

@@ -161,12 +161,6 @@ def nccl_version(device: str) -> str | None:
 
 # ---------------------------------------------------------------------------------------- model
 
-def prompt(vocab_size: int, device: torch.device) -> torch.Tensor:
-    """hf_gptj's prompt, on `device`."""
-    g = torch.Generator(device="cpu").manual_seed(1)
-    return torch.randint(0, vocab_size, (1, hf_gptj.PROMPT), generator=g).to(device)
-
-
 def build(tiny: bool, ids: torch.Tensor):
     """hf_gptj's model on the prompt's device and the init it was built with, alike on every rank
     (build_model seeds it): on CUDA, the first init whose logits on the prompt are finite (the same
@@ -273,19 +267,6 @@ def print_targets(cases: list[dict]) -> None:
 
 # ---------------------------------------------------------------------------------------- main
 
-def parse(parser, argv) -> tuple:
-    args = parser.parse_args(argv)
-    if args.device == "cuda":
-        return harness.parse(parser, argv, MODES, "hf_gptj_tp needs CUDA devices (or --device cpu: "
-                                                  "a smoke run over gloo)")
-    # harness.parse insists on CUDA; the CPU smoke run checks the modes as it does.
-    modes = args.modes.split(",")
-    unknown = set(modes) - set(MODES)
-    if unknown:
-        parser.error(f"unknown modes {sorted(unknown)}; choose from {MODES}")
-    return args, modes
-
-
 def main(argv=None):
     parser = harness.argument_parser(
         __doc__, MODES, "16 new tokens, 2 reps",
@@ -294,7 +275,9 @@ def main(argv=None):
     parser.add_argument("--new-tokens", type=int, default=128)
     parser.add_argument("--device", choices=("cuda", "cpu"), default="cuda",
                         help="cpu: the ranks over gloo, grape falling back to eager (a smoke run)")
-    args, modes = parse(parser, argv)
+    args, modes = harness.parse(parser, argv, MODES, None)
+    if args.device == "cuda" and not torch.cuda.is_available():
+        raise SystemExit("hf_gptj_tp needs CUDA devices (or --device cpu: a smoke run over gloo)")
     if args.quick:
         args.new_tokens, args.reps = 16, 2
     rank, world = init_ranks(args.device)
@@ -307,7 +290,7 @@ def main(argv=None):
               "NCCL_NVLS_ENABLE": os.environ["NCCL_NVLS_ENABLE"]}
     cases = []
     with torch.no_grad():
-        ids = prompt(gptj.vocab_size, device)
+        ids = hf_gptj.prompt(gptj.vocab_size, device)
         if world > 1:
             model, initializer_range = build(args.tiny, ids)
             shard_gptj(model, rank, world)
