@@ -29,6 +29,7 @@ step pytest python3 -m pytest tests/python -q -rs -p no:cacheprovider --junitxml
 if grep -q 'skipped="[1-9]' "$out/pytest.xml" && grep -q "no CUDA device" "$out/pytest.log"; then
   echo "GPU tests were skipped on a GPU machine"; status=1
 fi
+step fuzz env GRAPE_FUZZ_CALLS=10000 python3 -m pytest tests/python/test_fuzz_gpu.py -q -rs -p no:cacheprovider
 step bench-smoke env GRAPE_RESULTS_DIR="$out" python3 -m benchmarks.gpt2_decode --quick
 step bench-smoke-shapes env GRAPE_RESULTS_DIR="$out" python3 -m benchmarks.gpt2_decode --quick --shapes 64 --batch 1
 step bench-smoke-sites env GRAPE_RESULTS_DIR="$out" python3 -m benchmarks.alias_sites --quick

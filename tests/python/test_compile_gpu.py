@@ -8,7 +8,8 @@ import torch
 
 import grape
 
-pytestmark = [pytest.mark.gpu, pytest.mark.usefixtures("quiet_fallbacks")]
+# A FallbackWarning fails a test here unless it is marked expects_fallback (conftest.py).
+pytestmark = [pytest.mark.gpu]
 
 DEV = "cuda"
 
@@ -96,6 +97,7 @@ def test_held_outputs_are_never_overwritten():
     for out, ref in zip(held, expected):
         torch.testing.assert_close(out, ref, rtol=0, atol=0)
     assert grape.stats(step)["evacuations"] > 0
+    assert grape.stats(step)["replays"] == 12  # warmup=0: every call a graph
 
 
 def test_views_of_held_outputs_survive():
@@ -106,6 +108,8 @@ def test_views_of_held_outputs_survive():
     step(torch.zeros(16, device=DEV))
     assert torch.equal(a_view, torch.full((6,), 2.0, device=DEV))
     assert torch.equal(b, torch.full((16,), 2.0, device=DEV))
+    s = grape.stats(step)
+    assert s["replays"] == s["calls"] == 3  # warmup=0: every call a graph (the first captures)
 
 
 def feed_back(step, fn, x, calls):
@@ -151,8 +155,12 @@ def test_in_place_mutation_of_inputs_matches_eager():
         out = step(x, y)
     assert torch.equal(x, torch.full((5,), 3.0, device=DEV))
     assert torch.equal(out, torch.full((5,), 2.0, device=DEV))
+    s = grape.stats(step)
+    assert s["replays"] == s["calls"] == 3  # the mutation was copied back by replays
 
 
+# The aliased call's replay is refused and runs eagerly, with a FallbackWarning.
+@pytest.mark.expects_fallback
 def test_mutated_input_shared_with_another_input_runs_eagerly():
     def bump(x, y):
         x.add_(1)
@@ -175,6 +183,8 @@ def test_outputs_that_alias_inputs_are_views_of_the_callers_tensor():
     assert tail.data_ptr() == x.data_ptr() + 4
     x.fill_(7)
     assert torch.equal(view, torch.full((2, 3), 7.0, device=DEV))
+    s = grape.stats(step)
+    assert s["replays"] == s["calls"] == 2
 
 
 def test_nested_inputs_and_outputs():
@@ -196,8 +206,11 @@ def test_nested_inputs_and_outputs():
         torch.testing.assert_close(out["pair"][0], ref["pair"][0])
         assert out["pair"][1] is None and out["n"] == 3
     assert grape.stats(step)["graphs"] == 2  # the float is part of the signature
+    assert grape.stats(step)["replays"] == 3  # warmup=0: every call a graph
 
 
+# .item() under capture: the signature falls back (the test records the warning itself).
+@pytest.mark.expects_fallback
 def test_item_inside_the_function_falls_back_with_the_reason_and_site():
     def fn(x):
         if x.sum().item() > 0:
@@ -221,6 +234,8 @@ def test_item_inside_the_function_falls_back_with_the_reason_and_site():
     assert grape.stats(other)["replays"] == 1
 
 
+# The capture raises: the signature falls back.
+@pytest.mark.expects_fallback
 def test_exception_during_capture_falls_back_for_that_signature():
     state = {"fail": False}
 
@@ -239,6 +254,8 @@ def test_exception_during_capture_falls_back_for_that_signature():
     assert "boom" in grape.stats(step)["fallbacks"][0]["reason"]
 
 
+# An output that requires grad, without a backward inside: falls back.
+@pytest.mark.expects_fallback
 def test_outputs_for_the_callers_backward_run_eagerly():
     # A leaf argument that requires grad is static state (a parameter); an output that needs the
     # caller's autograd graph cannot come from a graph, so the signature runs eagerly.
@@ -250,6 +267,8 @@ def test_outputs_for_the_callers_backward_run_eagerly():
     assert "no backward pass" in grape.stats(step)["fallbacks"][0]["reason"]
 
 
+# A CPU argument: the signature falls back.
+@pytest.mark.expects_fallback
 def test_cpu_and_mixed_inputs_run_eagerly_with_the_argument_named():
     step = grape.compile(lambda x, y: x + y.to(x.device), warmup=0)
     out = step(torch.ones(2, device=DEV), torch.ones(2))
@@ -279,6 +298,8 @@ def test_module_parameters_are_static_and_tracked():
     assert s["recaptures"] == 1 and s["captures"] == 2, s["fallbacks"]
 
 
+# Grad mode on and no backward inside: falls back.
+@pytest.mark.expects_fallback
 def test_outputs_requiring_grad_fall_back():
     model = torch.nn.Linear(4, 4).to(DEV)
     grape.compile(model, warmup=0)
@@ -293,6 +314,7 @@ def test_random_numbers_differ_between_replays_like_eager():
     a, b = step(x).clone(), step(x).clone()
     assert not torch.equal(a, b)
     assert 0.4 < a.mean().item() < 0.6
+    assert grape.stats(step)["replays"] == 2  # both draws came from graph replays
 
 
 def test_two_compiled_functions_interleaved():
@@ -304,6 +326,9 @@ def test_two_compiled_functions_interleaved():
         x = g(f(x))
         ref = (ref * 2 + 1).flip(0) - 3
     torch.testing.assert_close(x, ref)
+    for compiled in (f, g):
+        s = grape.stats(compiled)
+        assert s["replays"] == s["calls"] == 6
 
 
 def test_nested_compiled_call_is_recorded_into_the_outer_graph():
@@ -407,6 +432,8 @@ def test_held_chained_outputs_stay_intact():
     run_growing(step, 25, keep=states)  # replays while every state is held
     for r, s in zip(ref_states, states):
         torch.testing.assert_close(s, r, rtol=0, atol=0)
+    s = grape.stats(step)
+    assert s["replays"] == s["calls"] == 50 and s["captures"] >= 25
 
 
 def test_in_place_update_of_a_chained_input_reaches_the_caller():
@@ -420,6 +447,7 @@ def test_in_place_update_of_a_chained_input_reaches_the_caller():
     z = compiled(y)  # same signature: a chained variant updates y where it lies
     torch.testing.assert_close(y, torch.full((4,), 6.0, device=DEV))
     torch.testing.assert_close(z, torch.full((4,), 7.0, device=DEV))
+    assert grape.stats(compiled)["replays"] == 2
 
     def grow(x):
         x.add_(1)

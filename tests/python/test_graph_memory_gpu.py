@@ -10,7 +10,8 @@ import torch.nn.functional as F
 
 import grape
 
-pytestmark = [pytest.mark.gpu, pytest.mark.usefixtures("quiet_fallbacks")]
+# A FallbackWarning fails a test here unless it is marked expects_fallback (conftest.py).
+pytestmark = [pytest.mark.gpu]
 
 DEV = "cuda"
 
@@ -312,6 +313,8 @@ def test_a_tight_budget_evicts_executables_and_rebuilds_them_on_demand():
     assert s["resident_executables"] == 1
 
 
+# A budget of 0 bytes: the capture runs out of memory and the signature falls back.
+@pytest.mark.expects_fallback
 def test_a_capture_beyond_the_budget_runs_eagerly_with_the_reason():
     compiled = grape.compile(lambda x: (x @ x.T).relu().sum(0), memory_budget=0)
     x = torch.randn(256, 256, device=DEV)
@@ -395,7 +398,9 @@ def test_a_capture_that_keeps_a_tensor_it_made_is_not_taken_again():
     assert s["replanned_captures"] == 0
 
 
-def test_a_capture_refused_for_its_results_is_not_taken_again(quiet_fallbacks):
+# A CPU output: the signature falls back.
+@pytest.mark.expects_fallback
+def test_a_capture_refused_for_its_results_is_not_taken_again():
     # The layout would be planned, but the CPU output makes the graph unreplayable: f runs once
     # under capture, and the reason is the output's, not the plan's.
     runs_under_capture = []

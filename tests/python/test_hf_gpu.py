@@ -12,6 +12,7 @@ import grape
 
 transformers = pytest.importorskip("transformers")
 
+# A FallbackWarning fails a test here unless it is marked expects_fallback (conftest.py).
 pytestmark = [pytest.mark.gpu]
 
 DEV = "cuda"

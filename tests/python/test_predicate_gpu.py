@@ -6,7 +6,8 @@ import torch
 
 import grape
 
-pytestmark = [pytest.mark.gpu, pytest.mark.usefixtures("quiet_fallbacks")]
+# A FallbackWarning fails a test here unless it is marked expects_fallback (conftest.py).
+pytestmark = [pytest.mark.gpu]
 
 DEV = "cuda"
 
@@ -79,6 +80,8 @@ def test_replays_with_branches_do_not_synchronize():
         torch.cuda.set_sync_debug_mode("default")
     for y, out in zip(inputs, outs):
         torch.testing.assert_close(out, branchy(y, limit), rtol=0, atol=0)
+    s = grape.stats(step)
+    assert s["replays"] == 3 and s["eager_calls"] == 0  # the capture and both checked calls
 
 
 def test_a_skipped_body_runs_none_of_its_kernels():
@@ -109,6 +112,9 @@ def test_a_skipped_body_runs_none_of_its_kernels():
         return start.elapsed_time(end)
 
     assert replay_ms(False) < replay_ms(True) / 3
+    s = grape.stats(step)
+    # 4 + 2 * 21 calls of one signature: only the first warmed up, so the timings are replays'.
+    assert s["calls"] == 46 and s["replays"] == 45
 
 
 def test_while_loop_runs_a_data_dependent_number_of_iterations_in_one_graph():
@@ -134,6 +140,8 @@ def test_while_loop_runs_a_data_dependent_number_of_iterations_in_one_graph():
     assert s["captures"] - s["chain_variants"] == 1 and s["eager_calls"] == 0
 
 
+# otherwise() after other GPU work is refused under capture: the signature falls back.
+@pytest.mark.expects_fallback
 def test_otherwise_after_other_gpu_work_is_refused_under_capture():
     def misplaced(x):
         out = x.clone()
@@ -183,6 +191,7 @@ def test_while_loop_bodies_that_return_aliases_of_the_carried_tensors():
         for _ in range(3):
             for got, expected in zip(step(*args), want):
                 torch.testing.assert_close(got, expected, rtol=0, atol=0)
+        assert grape.stats(step)["replays"] == 2  # warm-up, then the capture and a replay
     eager = shift(*(torch.zeros(1, device=DEV), torch.ones(1, device=DEV),
                     torch.full((), 5.0, device=DEV)))
     assert eager[0].item() == 0.0  # zero iterations: new tensors with the inputs' values
@@ -202,3 +211,4 @@ def test_many_predicates_inside_one_body_capture():
     for value in (True, False, True):
         torch.testing.assert_close(step(x, flag(value)), gated_sum(x, flag(value)), rtol=0, atol=0)
     assert grape.stats(step)["fallbacks"] == []
+    assert grape.stats(step)["replays"] == 2
