@@ -62,7 +62,8 @@ ReplayPlan plan_replay(const std::vector<PlanStorage>& storages,
       sole_input = static_cast<int>(i);
     }
     if (all_in_place && !conflict) continue;  // it stays: the graph only reads (or mutates) it
-    if (!conflict && users[s] == 1 && inputs[sole_input].covers_storage) {
+    if (!conflict && users[s] == 1 && inputs[sole_input].covers_storage &&
+        !placeholders[sole_input].site_buffer) {
       plan.actions[sole_input] = InputAction::kMoveIn;
       continue;
     }

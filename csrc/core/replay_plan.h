@@ -13,10 +13,12 @@
 //   - a live storage that is an input is *moved in*: copied into the graph's placeholder and
 //     repointed there, so the one copy that feeds the graph also preserves the caller's tensor
 //     (the graph reads a placeholder; it writes it only if the function mutates that input, which
-//     is what the caller's tensor must see anyway);
+//     is what the caller's tensor must see anyway). Not into an input buffer of a predicted
+//     allocation site: the site hands that buffer to the caller's next allocation, which would
+//     overwrite the moved tensor; such an input is evacuated and copied in;
 //   - an input that already is the graph's placeholder needs nothing.
 // This file decides, without touching memory, which of these applies to each input. The decision
-// is pure so that it is unit-tested without a GPU; csrc/torch/runtime.cpp carries it out.
+// is pure so that it is unit-tested without a GPU; csrc/torch/replay.cpp carries it out.
 
 #include <string>
 #include <vector>
@@ -39,7 +41,8 @@ struct PlanInput {
 
 struct PlanPlaceholder {
   AddressRange range;
-  bool mutated = false;  // the captured function writes this input in place
+  bool mutated = false;      // the captured function writes this input in place
+  bool site_buffer = false;  // an input buffer the allocation sites hand out (no move in)
 };
 
 enum class InputAction {

@@ -41,6 +41,19 @@ TEST(ReplayPlan, LiveOutputFedBackMovesIntoItsPlaceholder) {
   EXPECT_TRUE(plan.evacuate.empty());
 }
 
+TEST(ReplayPlan, LiveOutputIsNotMovedIntoASiteBuffer) {
+  // The allocation site hands its buffer to the caller's next allocation, which would overwrite a
+  // tensor moved there (found by tests/python/test_fuzz_gpu.py): evacuate, then copy in.
+  PlanPlaceholder buffer = ph(kPool, 64, true);
+  buffer.site_buffer = true;
+  auto plan = plan_replay({storage(kPool + 4096, 64, true)}, {whole(0, kPool + 4096, 64)},
+                          {buffer});
+  ASSERT_TRUE(plan.safe());
+  EXPECT_EQ(plan.actions[0], InputAction::kCopyIn);
+  EXPECT_EQ(plan.evacuate, std::vector<int>{0});
+  EXPECT_TRUE(plan.copy_back[0]);  // a mutation reaches the caller's tensor, where it now is
+}
+
 TEST(ReplayPlan, MovedInputThatIsMutatedNeedsNoCopyBack) {
   auto plan = plan_replay({storage(kPool + 4096, 64, true)}, {whole(0, kPool + 4096, 64)},
                           {ph(kPool, 64, true)});
