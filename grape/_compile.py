@@ -7,78 +7,19 @@ runs only to build the object, to report fallbacks, and for stats.
 from __future__ import annotations
 
 import functools
-import logging
-import os
-import sys
-import traceback
-import warnings
 from typing import Any, Callable, Optional, Union
 
 import torch
 
-from grape import _C, _distributed, _predicate, _rewrite
-
-# A branch the rewriter cannot predicate, or a collective in a predicated body, is the user's to
-# fix: the error reaches the caller (on every rank alike, since every rank captures the same body).
-_C._set_propagated_errors((_rewrite.RewriteError, _predicate.PredicateError))
+from grape import _C, _hooks, _rewrite, _stats
+from grape._hooks import FallbackWarning
 
 __all__ = ["CompiledFunction", "FallbackWarning", "compile", "stats"]
 
-log = logging.getLogger("grape")
-
-_PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__))
-_TORCH_DIR = os.path.dirname(os.path.abspath(torch.__file__))
-
-
-class FallbackWarning(UserWarning):
-    """A call signature of a compiled function runs eagerly; the message says why and where."""
-
-
-def _is_library_file(filename: str) -> bool:
-    path = os.path.abspath(filename)
-    return path.startswith(_PACKAGE_DIR) or path.startswith(_TORCH_DIR) or filename.startswith("<frozen")
-
-
-def _user_frame() -> Optional[Any]:
-    """The innermost frame outside grape and torch: where the user called the function."""
-    frame = sys._getframe(1)
-    while frame is not None and _is_library_file(frame.f_code.co_filename):
-        frame = frame.f_back
-    return frame
-
-
-def _error_site(error: BaseException) -> Optional[str]:
-    """file:line of the innermost frame of the error's traceback that is user code."""
-    site = None
-    for summary in traceback.extract_tb(error.__traceback__):
-        if not _is_library_file(summary.filename):
-            site = f"{summary.filename}:{summary.lineno}"
-    return site
-
-
-def _explain(reason: str) -> str:
-    if "synchroniz" in reason or "stream is capturing" in reason or "cudaErrorStreamCapture" in reason:
-        return (
-            f"{reason} (a host synchronization such as .item(), .cpu(), .tolist() or a "
-            "data-dependent shape inside the function cannot be captured)"
-        )
-    return reason
-
-
-# Characters of a call signature that a fallback warning shows: a model's KV cache makes
-# signatures of thousands; grape.stats() keeps them whole.
-_WARNED_SIGNATURE_CHARS = 240
-
-
-def _abbreviated(signature: str) -> str:
-    if len(signature) <= _WARNED_SIGNATURE_CHARS:
-        return signature
-    rest = len(signature) - _WARNED_SIGNATURE_CHARS
-    return f"{signature[:_WARNED_SIGNATURE_CHARS]}... ({rest} more characters in grape.stats())"
-
 
 # Device memory a function's executables beyond one per topology may take (Note [Executable
-# slots]): GPT-2's 128 decode lengths (~0.6 MB each), or about 50 of GPT-J's (~5 MB each).
+# slots]): enough for the decode lengths of a small language model; docs/results.md gives what
+# executables of the benchmarked models take.
 DEFAULT_EXECUTABLE_CACHE = 256 << 20
 
 
@@ -98,18 +39,20 @@ class CompiledFunction(_C.Runtime):
                  memory_budget: Optional[int] = None):
         run, why = _rewrite.rewrite(fn, on_unsupported) if rewrite else (fn, "rewrite=False")
         sharing = {False: "none", True: "near"}.get(share_executables, share_executables)
+        name = name or getattr(fn, "__name__", type(fn).__name__)
+        qualname = getattr(fn, "__qualname__", name)
+        # The runtime reaches Python through this object alone (grape/_hooks.py).
+        self._hooks = _hooks.RuntimeHooks(qualname)
         super().__init__(run, warmup, warmup_each_signature, module, alias_prediction, sharing,
                          -1 if executable_cache is None else executable_cache,
-                         -1 if memory_budget is None else memory_budget)
+                         -1 if memory_budget is None else memory_budget, self._hooks)
         # Whether tensor-dependent control flow in fn is predicated (docs/semantics.md); else why not.
         self.rewritten = run is not fn
         self.rewrite_note = why
         self.__wrapped__ = fn
-        self.__name__ = name or getattr(fn, "__name__", type(fn).__name__)
-        self.__qualname__ = getattr(fn, "__qualname__", self.__name__)
+        self.__name__ = name
+        self.__qualname__ = qualname
         self.__doc__ = getattr(fn, "__doc__", None)
-        self._fallbacks: list[dict] = []
-        self._capture_points = _distributed.CapturePoints(self.__qualname__)
 
     def __repr__(self) -> str:
         return f"<grape.CompiledFunction {self.__qualname__}>"
@@ -120,37 +63,11 @@ class CompiledFunction(_C.Runtime):
             return self
         return functools.partial(self, instance)
 
-    def _report_fallback(self, signature: str, reason: str, error: Optional[BaseException]) -> None:
-        """Called by the runtime once per signature that falls back to eager."""
-        frame = _user_frame()
-        call_site = f"{frame.f_code.co_filename}:{frame.f_lineno}" if frame else "<unknown>"
-        reason = _explain(reason)
-        if error is not None:
-            site = _error_site(error)
-            if site is not None:
-                reason = f"{reason} at {site}"
-        self._fallbacks.append({"signature": signature, "reason": reason, "call_site": call_site})
-        message = (
-            f"grape: {self.__qualname__}{_abbreviated(signature)} runs eagerly: {reason} "
-            f"(called from {call_site})"
-        )
-        log.debug(message)
-        if frame is not None:
-            warnings.warn_explicit(message, FallbackWarning, frame.f_code.co_filename, frame.f_lineno,
-                                   module=frame.f_globals.get("__name__"), registry=frame.f_globals.setdefault("__warningregistry__", {}))
-        else:
-            warnings.warn(message, FallbackWarning, stacklevel=2)
-
-    def _agree(self, signature: str, reason: str, out_of_memory: bool):
-        """Called by the runtime at each capture point: under torch.distributed, every rank's
-        outcome made common (grape/_distributed.py); None in a process of its own."""
-        return self._capture_points.agree(signature, reason, out_of_memory)
-
     def stats(self) -> dict:
         """Counters of this function; see :func:`grape.stats`."""
         s = self._runtime_stats()
         s["name"] = self.__qualname__
-        s["fallbacks"] = list(self._fallbacks)
+        s["fallbacks"] = list(self._hooks.fallbacks)
         s["entries"] = self._entries()
         return s
 
@@ -273,35 +190,17 @@ def compile(fn: Optional[Callable] = None, *, warmup: int = 1, warmup_each_signa
 
 
 def stats(fn: Any) -> dict:
-    """What a compiled function (or compiled module) did so far.
+    """What a compiled function (or compiled module) did so far, as a dict. See
+    docs/semantics.md, "grape.stats". Keys:
 
-    Keys: ``calls``, ``replays``, ``captures``, ``warmup_calls`` (and ``warmup_each_signature``),
-    ``eager_calls``, ``graphs``,
-    ``signatures``, ``recaptures`` and ``last_recapture_reason`` (graphs captured again because
-    static state changed: a parameter moved, a gradient, an optimizer setting), ``capture_seconds``, ``bytes_copied_in`` / ``bytes_copied_back`` (input copies),
-    ``bytes_evacuated`` and ``evacuations`` (live outputs moved out of the pool),
-    ``inputs_moved`` / ``inputs_in_place``, ``pool_bytes`` (device memory of the shared pool:
-    ``arena_bytes`` of mapped arena lanes, per lane in ``arena_lane_bytes``, plus the private
-    pool; ``arena_lane_peak_bytes``, the most each lane held allocated at once;
-    ``replanned_captures`` and ``replans_diverged``, captures taken again along a planned layout),
-    ``alias_prediction`` and its counters ``alias_predictions`` (placeholders that are an
-    earlier output or an input buffer), ``alias_hits`` / ``alias_misses`` (predicted inputs found in
-    place at a replay, or copied), ``bytes_avoided`` and ``chain_variants``; allocation-site
-    prediction's ``input_sites`` (code positions learned), ``site_allocations`` (allocations served
-    from input buffers), ``site_buffers_busy`` (served by PyTorch because both buffers were held)
-    and ``input_buffer_bytes``; graph memory's ``shapes`` (graphs held), ``topology_groups``,
-    ``unshareable_groups`` / ``unshareable_reason``, ``graphs_joined`` (``graphs_joined_near``
-    of another, near topology; ``topology_unions``), ``resident_executables``,
-    ``executable_bytes`` (``cached_executable_bytes`` of them beyond one per topology, within
-    ``executable_cache``), ``instantiations``, ``evictions``, ``executable_switches``,
-    ``nodes_patched``, ``patch_seconds``, ``params_bytes`` / ``params_raw_bytes`` (parameters kept,
-    compressed and raw), ``capture_oom_retries``, ``pinned_host_constants`` and ``memory_budget``;
-    ``live_outputs``, ``fallbacks`` (signature, reason, call site) and ``entries`` (per signature).
-    See docs/semantics.md, "grape.stats".
-    """
+"""
     target = fn
     if isinstance(fn, torch.nn.Module):
         target = fn.__dict__.get("forward")
     if not isinstance(target, CompiledFunction):
         raise TypeError(f"grape.stats expects a compiled function or module, got {type(fn).__name__}")
     return target.stats()
+
+
+if stats.__doc__:  # None under python -OO
+    stats.__doc__ += _stats.docstring()

@@ -1,13 +1,8 @@
 #include "cuda/shared_executables.h"
 
-#include <cuda.h>
-
 #include <algorithm>
 #include <atomic>
 #include <chrono>
-#include <cstring>
-#include <mutex>
-#include <numeric>
 #include <optional>
 #include <stdexcept>
 #include <utility>
@@ -15,565 +10,13 @@
 #include "core/executable_slots.h"
 #include "core/param_codec.h"
 #include "core/topology_union.h"
-#include "cuda/driver.h"
-#include "cuda/noop_nodes.h"
+#include "cuda/executable_group.h"
+#include "cuda/graph_nodes.h"
+#include "cuda/union_graphs.h"
 
 namespace grape::cuda {
 
 namespace {
-
-void check(cudaError_t status, const char* what) {
-  if (status == cudaSuccess) return;
-  (void)cudaGetLastError();
-  throw std::runtime_error(std::string("grape: ") + what + " failed: " +
-                           cudaGetErrorString(status));
-}
-
-void check(CUresult status, const char* what) {
-  if (status == CUDA_SUCCESS) return;
-  throw std::runtime_error(std::string("grape: ") + what + " failed: " +
-                           driver_error_string(status));
-}
-
-uint64_t mix(uint64_t h, uint64_t v) {
-  h ^= v + 0x9e3779b97f4a7c15ull + (h << 6) + (h >> 2);
-  return h;
-}
-
-// The memory type and device of `ptr`: what a copy's or memset's parameter update may not
-// change (the memory type, for copies; the context, for both), unlike the address itself.
-uint64_t memory_kind(const void* ptr) {
-  cudaPointerAttributes attributes{};
-  if (cudaPointerGetAttributes(&attributes, ptr) != cudaSuccess) {
-    (void)cudaGetLastError();
-    return UINT64_MAX;
-  }
-  return (static_cast<uint64_t>(attributes.type) << 32) |
-         static_cast<uint32_t>(attributes.device);
-}
-
-// How a kernel's arguments lie in its parameter buffer, from the driver (CUDA 12.4).
-struct ParamLayout {
-  std::vector<std::pair<size_t, size_t>> params;  // (offset, size)
-  size_t bytes = 0;
-};
-
-// The layout of the kernel launched by `p`, or null where the driver cannot tell. Cached: a
-// function's layout never changes.
-const ParamLayout* layout_of(const CUDA_KERNEL_NODE_PARAMS& p) {
-  static std::mutex mutex;
-  static auto* cache = new std::unordered_map<const void*, std::unique_ptr<ParamLayout>>();
-  const void* key = p.func != nullptr ? static_cast<const void*>(p.func)
-                                      : static_cast<const void*>(p.kern);
-  std::lock_guard<std::mutex> lock(mutex);
-  auto found = cache->find(key);
-  if (found != cache->end()) return found->second.get();
-  const DriverApi& d = driver();
-  auto layout = std::make_unique<ParamLayout>();
-  constexpr size_t kMaxParams = 4096;  // CUDA's limit is 32 KB of parameters
-  for (size_t i = 0;; ++i) {
-    size_t offset = 0, size = 0;
-    CUresult status = CUDA_ERROR_NOT_SUPPORTED;
-    if (p.func != nullptr && d.cuFuncGetParamInfo != nullptr) {
-      status = d.cuFuncGetParamInfo(p.func, i, &offset, &size);
-    } else if (p.func == nullptr && p.kern != nullptr && d.cuKernelGetParamInfo != nullptr) {
-      status = d.cuKernelGetParamInfo(p.kern, i, &offset, &size);
-    }
-    if (status == CUDA_ERROR_INVALID_VALUE && i > 0) break;  // past the last parameter
-    if (status == CUDA_ERROR_INVALID_VALUE && i == 0) break;  // no parameters
-    if (status != CUDA_SUCCESS || i >= kMaxParams) {
-      layout.reset();
-      break;
-    }
-    layout->params.emplace_back(offset, size);
-    layout->bytes = std::max(layout->bytes, offset + size);
-  }
-  const ParamLayout* result = layout.get();
-  cache->emplace(key, std::move(layout));
-  return result;
-}
-
-// A kernel node's blob starts with this; its argument bytes follow, laid out as on the device.
-struct KernelHeader {
-  uint64_t func;
-  uint64_t kern;
-  uint64_t ctx;
-  uint32_t grid[3];
-  uint32_t block[3];
-  uint32_t shared_bytes;
-  uint32_t packed;  // 1: launched with one packed argument buffer (`extra`), not kernelParams
-};
-
-// The kernel's name, for messages.
-std::string kernel_name(const CUDA_KERNEL_NODE_PARAMS& p) {
-  const DriverApi& d = driver();
-  const char* name = nullptr;
-  if (p.func != nullptr && d.cuFuncGetName != nullptr) {
-    (void)d.cuFuncGetName(&name, p.func);
-  } else if (p.kern != nullptr && d.cuKernelGetName != nullptr) {
-    (void)d.cuKernelGetName(&name, p.kern);
-  }
-  return name != nullptr ? name : "a kernel";
-}
-
-// The argument buffer of a kernel launched with `extra` (CU_LAUNCH_PARAM_BUFFER_POINTER and
-// _SIZE), or false where `extra` holds anything else.
-bool packed_arguments(void** extra, const void** buffer, size_t* size) {
-  *buffer = nullptr;
-  *size = 0;
-  for (size_t i = 0; extra[i] != CU_LAUNCH_PARAM_END; i += 2) {
-    if (extra[i] == CU_LAUNCH_PARAM_BUFFER_POINTER) {
-      *buffer = extra[i + 1];
-    } else if (extra[i] == CU_LAUNCH_PARAM_BUFFER_SIZE) {
-      *size = *static_cast<const size_t*>(extra[i + 1]);
-    } else {
-      return false;
-    }
-  }
-  return *buffer != nullptr || *size == 0;
-}
-
-}  // namespace
-
-enum class NodeKind : uint8_t { kKernel, kMemcpy, kMemset, kEmpty };
-
-// What a graph is made of, read node by node.
-struct GraphContents {
-  std::vector<cudaGraphNode_t> nodes;
-  std::vector<NodeKind> kinds;
-  // Per node, for alignment (Note [Near topologies]): its type and launch attributes, and a
-  // copy's or memset's memory kinds and dimensions.
-  std::vector<uint64_t> keys;
-  std::vector<uint64_t> variants;  // per node: a kernel's function, else 0
-  std::vector<core::Edge> edges;  // sorted, by node index
-  bool plain_edges = true;        // every edge a full dependency (no programmatic or port edges)
-  std::vector<core::Blob> blobs;
-  uint64_t topology = 0;
-  bool readable = true;  // every node's parameters could be read and can be written back
-  std::string why_not;   // what made it unreadable
-};
-
-namespace {
-
-core::Blob kernel_blob(const CUDA_KERNEL_NODE_PARAMS& p, size_t argument_bytes) {
-  core::Blob blob(sizeof(KernelHeader) + argument_bytes, 0);
-  KernelHeader h{};
-  h.func = reinterpret_cast<uint64_t>(p.func);
-  h.kern = reinterpret_cast<uint64_t>(p.kern);
-  h.ctx = reinterpret_cast<uint64_t>(p.ctx);
-  h.grid[0] = p.gridDimX;
-  h.grid[1] = p.gridDimY;
-  h.grid[2] = p.gridDimZ;
-  h.block[0] = p.blockDimX;
-  h.block[1] = p.blockDimY;
-  h.block[2] = p.blockDimZ;
-  h.shared_bytes = p.sharedMemBytes;
-  std::memcpy(blob.data(), &h, sizeof(h));
-  return blob;
-}
-
-// A kernel node's blob, or an empty blob with `why_not` set where its arguments cannot be read.
-core::Blob read_kernel(const CUDA_KERNEL_NODE_PARAMS& p, std::string& why_not) {
-  if (p.extra != nullptr) {
-    const void* buffer = nullptr;
-    size_t size = 0;
-    if (!packed_arguments(p.extra, &buffer, &size)) {
-      why_not = kernel_name(p) + " was launched with launch options other than an argument buffer";
-      return {};
-    }
-    core::Blob blob = kernel_blob(p, size);
-    reinterpret_cast<KernelHeader*>(blob.data())->packed = 1;
-    if (size > 0) std::memcpy(blob.data() + sizeof(KernelHeader), buffer, size);
-    return blob;
-  }
-  const ParamLayout* layout = layout_of(p);
-  if (layout == nullptr) {
-    why_not = "the driver does not report the parameter layout of " + kernel_name(p) +
-              " (cuFuncGetParamInfo needs CUDA 12.4)";
-    return {};
-  }
-  if (!layout->params.empty() && p.kernelParams == nullptr) {
-    why_not = kernel_name(p) + " has no readable arguments";
-    return {};
-  }
-  core::Blob blob = kernel_blob(p, layout->bytes);
-  for (size_t i = 0; i < layout->params.size(); ++i) {
-    const auto [offset, size] = layout->params[i];
-    std::memcpy(blob.data() + sizeof(KernelHeader) + offset, p.kernelParams[i], size);
-  }
-  return blob;
-}
-
-template <typename T>
-core::Blob struct_blob(const T& value) {
-  core::Blob blob(sizeof(T));
-  std::memcpy(blob.data(), &value, sizeof(T));
-  return blob;
-}
-
-std::string node_type_name(cudaGraphNodeType type) {
-  switch (type) {
-    case cudaGraphNodeTypeConditional: return "conditional";
-    case cudaGraphNodeTypeGraph: return "child graph";
-    case cudaGraphNodeTypeHost: return "host function";
-    case cudaGraphNodeTypeWaitEvent: return "event wait";
-    case cudaGraphNodeTypeEventRecord: return "event record";
-    case cudaGraphNodeTypeMemAlloc: return "memory allocation";
-    case cudaGraphNodeTypeMemFree: return "memory free";
-    default: return "type " + std::to_string(static_cast<int>(type));
-  }
-}
-
-GraphContents read_graph(cudaGraph_t graph, bool with_params) {
-  GraphContents g;
-  size_t count = 0;
-  check(cudaGraphGetNodes(graph, nullptr, &count), "cudaGraphGetNodes");
-  g.nodes.resize(count);
-  check(cudaGraphGetNodes(graph, g.nodes.data(), &count), "cudaGraphGetNodes");
-  std::unordered_map<cudaGraphNode_t, uint32_t> index;
-  for (uint32_t i = 0; i < count; ++i) index.emplace(g.nodes[i], i);
-  uint64_t h = mix(0, count);
-  const DriverApi& d = driver();
-  for (uint32_t i = 0; i < count && g.readable; ++i) {
-    cudaGraphNode_t node = g.nodes[i];
-    cudaGraphNodeType type;
-    check(cudaGraphNodeGetType(node, &type), "cudaGraphNodeGetType");
-    uint64_t key = mix(0, static_cast<uint64_t>(type));
-    uint64_t detail = 0, variant = 0;
-    switch (type) {
-      case cudaGraphNodeTypeKernel: {
-        g.kinds.push_back(NodeKind::kKernel);
-        // Launch attributes are not parameters: a member must agree with the group on them.
-        cudaLaunchAttributeValue cluster{};
-        if (cudaGraphKernelNodeGetAttribute(node, cudaLaunchAttributeClusterDimension, &cluster) ==
-            cudaSuccess) {
-          key = mix(mix(mix(key, cluster.clusterDim.x), cluster.clusterDim.y),
-                    cluster.clusterDim.z);
-        }
-        cudaLaunchAttributeValue value{};
-        if (cudaGraphKernelNodeGetAttribute(node, cudaLaunchAttributePriority, &value) ==
-            cudaSuccess) {
-          key = mix(key, static_cast<uint64_t>(value.priority));
-        }
-        // Node updates neither check nor change these: graphs joined by alignment must agree.
-        value = {};
-        if (cudaGraphKernelNodeGetAttribute(node, cudaLaunchAttributeCooperative, &value) ==
-            cudaSuccess) {
-          key = mix(key, static_cast<uint64_t>(value.cooperative));
-        }
-        value = {};
-        if (cudaGraphKernelNodeGetAttribute(
-                node, cudaLaunchAttributeProgrammaticStreamSerialization, &value) == cudaSuccess) {
-          key = mix(key, static_cast<uint64_t>(value.programmaticStreamSerializationAllowed));
-        }
-        value = {};
-        if (cudaGraphKernelNodeGetAttribute(node, cudaLaunchAttributeMemSyncDomain, &value) ==
-            cudaSuccess) {
-          key = mix(key, static_cast<uint64_t>(value.memSyncDomain));
-        }
-        (void)cudaGetLastError();
-        if (!with_params) break;
-        if (d.cuGraphKernelNodeGetParams == nullptr ||
-            d.cuGraphExecKernelNodeSetParams == nullptr) {
-          g.readable = false;
-          g.why_not = "the CUDA driver lacks cuGraphKernelNodeGetParams";
-          break;
-        }
-        CUDA_KERNEL_NODE_PARAMS p{};
-        check(d.cuGraphKernelNodeGetParams(reinterpret_cast<CUgraphNode>(node), &p),
-              "cuGraphKernelNodeGetParams");
-        variant = reinterpret_cast<uint64_t>(p.func != nullptr ? static_cast<const void*>(p.func)
-                                                               : static_cast<const void*>(p.kern));
-        core::Blob blob = read_kernel(p, g.why_not);
-        if (!g.why_not.empty()) {
-          g.readable = false;
-          break;
-        }
-        g.blobs.push_back(std::move(blob));
-        break;
-      }
-      case cudaGraphNodeTypeMemcpy: {
-        g.kinds.push_back(NodeKind::kMemcpy);
-        if (!with_params) break;
-        cudaMemcpy3DParms p{};
-        check(cudaGraphMemcpyNodeGetParams(node, &p), "cudaGraphMemcpyNodeGetParams");
-        const bool arrays = p.srcArray != nullptr || p.dstArray != nullptr;
-        const bool one_dimensional = p.extent.height <= 1 && p.extent.depth <= 1;
-        detail = mix(mix(static_cast<uint64_t>(p.kind), arrays ? 1 : one_dimensional ? 2 : 3),
-                     arrays ? 0 : mix(memory_kind(p.srcPtr.ptr), memory_kind(p.dstPtr.ptr)));
-        g.blobs.push_back(struct_blob(p));
-        break;
-      }
-      case cudaGraphNodeTypeMemset: {
-        g.kinds.push_back(NodeKind::kMemset);
-        if (!with_params) break;
-        cudaMemsetParams p{};
-        check(cudaGraphMemsetNodeGetParams(node, &p), "cudaGraphMemsetNodeGetParams");
-        detail = mix(mix(memory_kind(p.dst), p.elementSize), p.height > 1 ? 1 : 0);
-        g.blobs.push_back(struct_blob(p));
-        break;
-      }
-      case cudaGraphNodeTypeEmpty:
-        g.kinds.push_back(NodeKind::kEmpty);
-        if (with_params) g.blobs.emplace_back();
-        break;
-      default:  // conditional, child graph, event, host, memory nodes
-        g.readable = false;
-        g.why_not = "it holds a " + node_type_name(type) + " node";
-        break;
-    }
-    // A topology leaves kernels and addresses to executable updates; alignment pairs copies and
-    // memsets by what an update may not change, and kernel nodes with kernel nodes, preferably
-    // of the same kernel (Note [Near topologies]).
-    h = mix(h, key);
-    g.keys.push_back(mix(key, detail));
-    if (with_params) g.variants.push_back(variant);
-  }
-  if (!g.readable) return g;
-  size_t edge_count = 0;
-#if CUDART_VERSION >= 12030
-  // With edge data: the query without it fails where an edge carries any (CUDA 12.3+).
-#if CUDART_VERSION >= 13000
-  constexpr auto get_edges = cudaGraphGetEdges;
-#else
-  constexpr auto get_edges = cudaGraphGetEdges_v2;
-#endif
-  check(get_edges(graph, nullptr, nullptr, nullptr, &edge_count), "cudaGraphGetEdges");
-  std::vector<cudaGraphNode_t> from(edge_count), to(edge_count);
-  std::vector<cudaGraphEdgeData> data(edge_count);
-  check(get_edges(graph, from.data(), to.data(), data.data(), &edge_count), "cudaGraphGetEdges");
-  for (const cudaGraphEdgeData& e : data) {
-    if (e.type != cudaGraphDependencyTypeDefault || e.from_port != 0 || e.to_port != 0) {
-      g.plain_edges = false;
-    }
-  }
-#else
-  check(cudaGraphGetEdges(graph, nullptr, nullptr, &edge_count), "cudaGraphGetEdges");
-  std::vector<cudaGraphNode_t> from(edge_count), to(edge_count);
-  check(cudaGraphGetEdges(graph, from.data(), to.data(), &edge_count), "cudaGraphGetEdges");
-#endif
-  g.edges.reserve(edge_count);
-  for (size_t e = 0; e < edge_count; ++e) g.edges.emplace_back(index.at(from[e]), index.at(to[e]));
-  std::sort(g.edges.begin(), g.edges.end());
-  for (const auto& [a, b] : g.edges) h = mix(h, (static_cast<uint64_t>(a) << 32) | b);
-  g.topology = h;
-  return g;
-}
-
-// Whether a shape may lack node `node` (of `kind`): a kernel or a one-dimensional memset, run as a
-// no-op in its place (Note [Near topologies]). A copy's no-op would need its memory kinds.
-bool may_be_absent(cudaGraphNode_t node, NodeKind kind) {
-  switch (kind) {
-    case NodeKind::kKernel:
-    case NodeKind::kEmpty:
-      return true;
-    case NodeKind::kMemset: {
-      cudaMemsetParams p{};
-      if (cudaGraphMemsetNodeGetParams(node, &p) != cudaSuccess) {
-        (void)cudaGetLastError();
-        return false;
-      }
-      return p.height <= 1;
-    }
-    case NodeKind::kMemcpy:
-      return false;
-  }
-  return false;
-}
-
-// Makes node `node` of `exec`, which the shape lacks, do nothing: a kernel that does nothing (in
-// the node's clusters), a memset of an element nothing reads. Not disabled: see cuda/noop_nodes.h.
-void write_absent(cudaGraphExec_t exec, cudaGraphNode_t node, NodeKind kind) {
-  switch (kind) {
-    case NodeKind::kKernel: {
-      cudaLaunchAttributeValue cluster{};
-      dim3 grid(1);
-      if (cudaGraphKernelNodeGetAttribute(node, cudaLaunchAttributeClusterDimension, &cluster) !=
-          cudaSuccess) {
-        (void)cudaGetLastError();  // no cluster attribute: one block
-      } else if (cluster.clusterDim.x > 0) {
-        grid = dim3(cluster.clusterDim.x, std::max(1u, cluster.clusterDim.y),
-                    std::max(1u, cluster.clusterDim.z));
-      }
-      check(set_noop_kernel(exec, node, grid), "cudaGraphExecKernelNodeSetParams (no-op)");
-      break;
-    }
-    case NodeKind::kMemset: {
-      cudaMemsetParams p{};  // the node's element size: an update may not change it
-      check(cudaGraphMemsetNodeGetParams(node, &p), "cudaGraphMemsetNodeGetParams");
-      check(set_noop_memset(exec, node, p.elementSize), "cudaGraphExecMemsetNodeSetParams (no-op)");
-      break;
-    }
-    case NodeKind::kMemcpy:
-      throw std::logic_error("grape: a union lacks a copy node for a shape (may_be_absent)");
-    case NodeKind::kEmpty:
-      break;
-  }
-}
-
-// Writes node `node`'s parameters `blob` into `exec`. An empty blob (other than an empty node's)
-// is a node the shape lacks (Note [Near topologies]).
-void write_node(cudaGraphExec_t exec, cudaGraphNode_t node, NodeKind kind,
-                const core::Blob& blob) {
-  if (blob.empty()) {
-    write_absent(exec, node, kind);
-    return;
-  }
-  switch (kind) {
-    case NodeKind::kKernel: {
-      KernelHeader h;
-      std::memcpy(&h, blob.data(), sizeof(h));
-      CUDA_KERNEL_NODE_PARAMS p{};
-      p.func = reinterpret_cast<CUfunction>(h.func);
-      p.kern = reinterpret_cast<CUkernel>(h.kern);
-      p.ctx = reinterpret_cast<CUcontext>(h.ctx);
-      p.gridDimX = h.grid[0];
-      p.gridDimY = h.grid[1];
-      p.gridDimZ = h.grid[2];
-      p.blockDimX = h.block[0];
-      p.blockDimY = h.block[1];
-      p.blockDimZ = h.block[2];
-      p.sharedMemBytes = h.shared_bytes;
-      auto* bytes = const_cast<uint8_t*>(blob.data()) + sizeof(KernelHeader);
-      if (h.packed != 0) {
-        size_t size = blob.size() - sizeof(KernelHeader);
-        void* extra[] = {CU_LAUNCH_PARAM_BUFFER_POINTER, bytes, CU_LAUNCH_PARAM_BUFFER_SIZE, &size,
-                         CU_LAUNCH_PARAM_END};
-        p.extra = extra;
-        check(driver().cuGraphExecKernelNodeSetParams(reinterpret_cast<CUgraphExec>(exec),
-                                                      reinterpret_cast<CUgraphNode>(node), &p),
-              "cuGraphExecKernelNodeSetParams");
-        break;
-      }
-      const ParamLayout* layout = layout_of(p);  // known: read when the blob was made
-      if (layout == nullptr) {
-        throw std::runtime_error("grape: a kernel's parameter layout is unknown");
-      }
-      void* args[64];
-      std::vector<void*> many;
-      void** argv = args;
-      if (layout->params.size() > 64) {
-        many.resize(layout->params.size());
-        argv = many.data();
-      }
-      for (size_t i = 0; i < layout->params.size(); ++i) argv[i] = bytes + layout->params[i].first;
-      p.kernelParams = argv;
-      check(driver().cuGraphExecKernelNodeSetParams(reinterpret_cast<CUgraphExec>(exec),
-                                                    reinterpret_cast<CUgraphNode>(node), &p),
-            "cuGraphExecKernelNodeSetParams");
-      break;
-    }
-    case NodeKind::kMemcpy: {
-      cudaMemcpy3DParms p;
-      std::memcpy(&p, blob.data(), sizeof(p));
-      check(cudaGraphExecMemcpyNodeSetParams(exec, node, &p), "cudaGraphExecMemcpyNodeSetParams");
-      break;
-    }
-    case NodeKind::kMemset: {
-      cudaMemsetParams p;
-      std::memcpy(&p, blob.data(), sizeof(p));
-      check(cudaGraphExecMemsetNodeSetParams(exec, node, &p), "cudaGraphExecMemsetNodeSetParams");
-      break;
-    }
-    case NodeKind::kEmpty:
-      break;
-  }
-}
-
-// A node in `graph` like `source` (a node of a captured graph, read as `kind`): same parameters
-// and launch attributes, no dependencies yet.
-cudaGraphNode_t add_node_like(cudaGraph_t graph, cudaGraphNode_t source, NodeKind kind) {
-  cudaGraphNode_t node = nullptr;
-  switch (kind) {
-    case NodeKind::kKernel: {
-      const DriverApi& d = driver();
-      if (d.cuGraphAddKernelNode == nullptr) {
-        throw std::runtime_error("grape: the CUDA driver lacks cuGraphAddKernelNode");
-      }
-      CUDA_KERNEL_NODE_PARAMS p{};
-      check(d.cuGraphKernelNodeGetParams(reinterpret_cast<CUgraphNode>(source), &p),
-            "cuGraphKernelNodeGetParams");
-      check(d.cuGraphAddKernelNode(reinterpret_cast<CUgraphNode*>(&node),
-                                   reinterpret_cast<CUgraph>(graph), nullptr, 0, &p),
-            "cuGraphAddKernelNode");
-#if CUDART_VERSION >= 13000
-      check(cudaGraphKernelNodeCopyAttributes(node, source), "cudaGraphKernelNodeCopyAttributes");
-#else  // (source, destination) before CUDA 13
-      check(cudaGraphKernelNodeCopyAttributes(source, node), "cudaGraphKernelNodeCopyAttributes");
-#endif
-      break;
-    }
-    case NodeKind::kMemcpy: {
-      cudaMemcpy3DParms p{};
-      check(cudaGraphMemcpyNodeGetParams(source, &p), "cudaGraphMemcpyNodeGetParams");
-      check(cudaGraphAddMemcpyNode(&node, graph, nullptr, 0, &p), "cudaGraphAddMemcpyNode");
-      break;
-    }
-    case NodeKind::kMemset: {
-      cudaMemsetParams p{};
-      check(cudaGraphMemsetNodeGetParams(source, &p), "cudaGraphMemsetNodeGetParams");
-      check(cudaGraphAddMemsetNode(&node, graph, nullptr, 0, &p), "cudaGraphAddMemsetNode");
-      break;
-    }
-    case NodeKind::kEmpty:
-      check(cudaGraphAddEmptyNode(&node, graph, nullptr, 0), "cudaGraphAddEmptyNode");
-      break;
-  }
-  return node;
-}
-
-void add_edge(cudaGraph_t graph, cudaGraphNode_t from, cudaGraphNode_t to) {
-#if CUDART_VERSION >= 13000
-  check(cudaGraphAddDependencies(graph, &from, &to, nullptr, 1), "cudaGraphAddDependencies");
-#else
-  check(cudaGraphAddDependencies(graph, &from, &to, 1), "cudaGraphAddDependencies");
-#endif
-}
-
-// How near a graph must be to join a union (Note [Near topologies]): it may bring
-// near_inserts(its nodes) nodes the union lacks, and the union may hold union_growth(smallest)
-// nodes more than its smallest member, which runs them all, as no-ops. Deleted nodes (the union's
-// that the graph lacks) are bounded by the growth alone: a union is meant to hold many variants.
-// Each no-op is a launch on the GPU: with kernels paired as swaps, most of wav2vec2's shapes
-// joined unions, and a growth of a quarter of the smallest member made inference 13 to 20%
-// slower than per-shape graphs (H100).
-size_t near_inserts(size_t nodes) { return std::max<size_t>(8, nodes / 8); }
-size_t union_growth(size_t smallest) { return std::max<size_t>(16, smallest / 16); }
-
-// Whether a graph of m nodes that brings `added` new ones is near enough to join a union of n
-// nodes whose smallest member has `smallest_member`.
-bool near_enough(size_t n, size_t m, size_t smallest_member, size_t added) {
-  const size_t smallest = std::min(smallest_member, m);
-  return m <= n + near_inserts(m) && n + added <= smallest + union_growth(smallest);
-}
-
-// Anchored flags of a union's node (Group::anchored).
-constexpr uint8_t kFromStart = 1, kToEnd = 2;
-
-// A captured graph as plan_union sees it, its creation order as its order. No order (no
-// alignment) where an edge is not a plain dependency, since alignment reasons about full
-// dependencies only, or where creation order is not topological.
-core::NodeGraph alignment_view(const GraphContents& contents) {
-  core::NodeGraph graph;
-  graph.keys = contents.keys;
-  graph.variants = contents.variants;
-  graph.edges = contents.edges;
-  if (contents.plain_edges &&
-      std::all_of(graph.edges.begin(), graph.edges.end(),
-                  [](const core::Edge& e) { return e.first < e.second; })) {
-    graph.order.resize(contents.nodes.size());
-    std::iota(graph.order.begin(), graph.order.end(), 0u);
-  }
-  return graph;
-}
-
-// Destroys a graph it holds at scope exit: set `graph` to null to keep it.
-struct GraphOwner {
-  cudaGraph_t graph;
-  ~GraphOwner() {
-    if (graph != nullptr) (void)cudaGraphDestroy(graph);
-  }
-};
 
 // The driver takes executables' memory in chunks, so one instantiation may take a chunk and the
 // next nothing. An executable is charged its nodes' share of all that instantiations in this
@@ -592,44 +35,13 @@ size_t executable_charge(size_t nodes) {
   return std::max<size_t>(1, static_cast<size_t>(per_node * static_cast<double>(nodes)));
 }
 
-}  // namespace
-
-struct SharedExecutables::Executable {
-  cudaGraphExec_t exec = nullptr;
-};
-
-struct SharedExecutables::Group {
-  cudaGraph_t graph = nullptr;  // the base graph, or the union of its members' graphs; owned
-  std::vector<cudaGraphNode_t> nodes;
-  std::vector<NodeKind> kinds;
-  std::unique_ptr<core::ParamTable> params;  // null: this group has one graph and never shares
-  // Note [Near topologies]: the graph as aligned, and the nodes the base lacks (a union's added
-  // nodes, empty ones aside), made no-ops at instantiation.
-  core::NodeGraph shape;
-  std::vector<uint32_t> absent_in_base;
-  // The union's start and end anchors, no-op kernels (cuda/noop_nodes.h),
-  // null until the group first becomes a union (from then on members join by alignment only,
-  // add()); and per node whether an edge from the start (kFromStart) or to the end (kToEnd)
-  // holds it.
-  cudaGraphNode_t start = nullptr;
-  cudaGraphNode_t end = nullptr;
-  std::vector<uint8_t> anchored;
-  size_t smallest_member = 0;    // node count of its smallest member
-  std::vector<uint64_t> topologies;  // its keys in by_topology_
-  // Per topology of its members, their nodes' union nodes (UnionPlan::node_of), so that another
-  // graph of that topology joins as it did, without aligning (which may pair it otherwise).
-  std::unordered_map<uint64_t, std::vector<uint32_t>> node_of_topology;
-  int64_t members = 0;
-  // Resident slots (Note [Executable slots]): which shape each holds and when it was last
-  // prepared, and its executable, by the same index. Empty while evicted.
-  std::vector<core::ExecutableSlot> slots;
-  std::vector<Executable> executables;
-  size_t executable_bytes = 0;  // each executable's charge (instantiate())
-  std::unordered_map<uint32_t, std::vector<uint64_t>> kernels;  // kernels_of, by shape
-};
-
-namespace {
 constexpr uint64_t kAbsentKernel = 1;  // kernels_of: the node runs as a no-op
+
+// A member as a key of SharedExecutables::successor_.
+uint64_t key(SharedExecutables::Member m) {
+  return (static_cast<uint64_t>(m.group) << 32) | m.shape;
+}
+
 }  // namespace
 
 const std::vector<uint64_t>& SharedExecutables::kernels_of(Group& group, uint32_t shape) {
@@ -640,13 +52,7 @@ const std::vector<uint64_t>& SharedExecutables::kernels_of(Group& group, uint32_
   for (uint32_t node = 0; node < kernels.size(); ++node) {
     if (group.kinds[node] != NodeKind::kKernel) continue;
     group.params->decode(shape, node, blob);
-    if (blob.size() < sizeof(KernelHeader)) {
-      kernels[node] = kAbsentKernel;
-      continue;
-    }
-    KernelHeader h;
-    std::memcpy(&h, blob.data(), sizeof(h));
-    kernels[node] = h.func != 0 ? h.func : h.kern;
+    kernels[node] = kernel_in(blob).value_or(kAbsentKernel);
   }
   return group.kernels.emplace(shape, std::move(kernels)).first->second;
 }
@@ -679,26 +85,6 @@ core::SlotChoice SharedExecutables::choose(Group& group, uint32_t shape, bool ro
     }
   }
   return core::choose_slot(group.slots, shape, room, &swaps);
-}
-
-void SharedExecutables::anchor(Group& group, uint32_t node, uint8_t flag) {
-  if ((group.anchored[node] & flag) != 0) return;
-  if (flag == kFromStart) {
-    add_edge(group.graph, group.start, group.nodes[node]);
-  } else {
-    add_edge(group.graph, group.nodes[node], group.end);
-  }
-  group.anchored[node] |= flag;
-}
-
-bool SharedExecutables::anchors_hold(const Group& group, const core::UnionPlan& plan) {
-  if (group.start == nullptr) return false;
-  const auto holds = [&](const std::vector<uint32_t>& nodes, uint8_t flag) {
-    return std::all_of(nodes.begin(), nodes.end(), [&](uint32_t node) {
-      return node < group.anchored.size() && (group.anchored[node] & flag) != 0;
-    });
-  };
-  return holds(plan.sources, kFromStart) && holds(plan.sinks, kToEnd);
 }
 
 SharedExecutables::SharedExecutables(Sharing sharing, size_t cache_bytes, SlotGrowth growth)
@@ -811,8 +197,8 @@ bool SharedExecutables::grows(const Group& group, cudaStream_t stream, bool host
     (void)cudaGetLastError();  // not an error; cleared as c10's CUDAStream::query does
   }
   // A slot is worth its memory where nearly every patch finds the GPU waiting (the host is the
-  // bottleneck: a decode loop), not where the queue drains now and then (wav2vec2 inference over
-  // shuffled lengths, whose shorter clips the host outpaces: 79 slots, 90 MB, at 75%).
+  // bottleneck: a decode loop), not where the queue drains now and then (shuffled lengths whose
+  // shorter ones the host outpaces; docs/design.md, "Slots").
   idle_share_ += ((idle ? 1.0 : 0.0) - idle_share_) * kIdleShareWeight;
   return idle && idle_share_ >= kIdleShareToGrow;
 }
@@ -919,42 +305,15 @@ bool SharedExecutables::join_aligned(uint32_t index, const core::NodeGraph& grap
   Group& group = *groups_[index];
   const size_t n = group.nodes.size();
   const size_t m = contents.nodes.size();
-  if (!group.params || group.shape.order.size() != n || graph.order.size() != m) {
-    ++counters_.near_refused_unaligned;
-    return false;
-  }
-  std::optional<core::UnionPlan> plan;
-  const auto known = group.node_of_topology.find(contents.topology);
-  if (known != group.node_of_topology.end()) {
-    plan = core::plan_as_mapped(group.shape, graph, known->second);
-  }
+  NearRefusal refused = NearRefusal::kNone;
+  const std::optional<core::UnionPlan> plan = plan_join(group, graph, contents, refused);
   if (!plan) {
-    // Inserted plus deleted nodes are (n - m) + 2 * inserted: this bounds the inserted ones.
-    if (near_enough(n, m, group.smallest_member, 0)) {
-      plan = core::plan_union(group.shape, graph, n + 2 * near_inserts(m) - m);
+    switch (refused) {
+      case NearRefusal::kUnaligned: ++counters_.near_refused_unaligned; break;
+      case NearRefusal::kEdits: ++counters_.near_refused_edits; break;
+      case NearRefusal::kNoNoop: ++counters_.near_refused_no_noop; break;
+      case NearRefusal::kNone: break;
     }
-    // Every member runs the whole union, its absent nodes as no-ops: keep that few.
-    if (!plan || !near_enough(n, m, group.smallest_member, plan->added.size())) {
-      ++counters_.near_refused_edits;
-      return false;
-    }
-  }
-  // The union's nodes the graph lacks, and the graph's nodes the union's shapes lack, must be
-  // able to run as no-ops.
-  std::vector<uint8_t> present(n, 0);
-  for (uint32_t node : plan->node_of) {
-    if (node < n) present[node] = 1;
-  }
-  bool all_have_noops = true;
-  for (size_t node = 0; node < n && all_have_noops; ++node) {
-    all_have_noops = present[node] != 0 || may_be_absent(group.nodes[node], group.kinds[node]);
-  }
-  for (size_t k = 0; k < plan->added.size() && all_have_noops; ++k) {
-    const uint32_t h = plan->added[k];
-    all_have_noops = may_be_absent(contents.nodes[h], contents.kinds[h]);
-  }
-  if (!all_have_noops) {
-    ++counters_.near_refused_no_noop;
     return false;
   }
   const size_t smallest = std::min(group.smallest_member, m);
@@ -962,7 +321,7 @@ bool SharedExecutables::join_aligned(uint32_t index, const core::NodeGraph& grap
   for (size_t i = 0; i < m; ++i) blobs[plan->node_of[i]] = contents.blobs[i];
   uint32_t shape = 0;
   try {
-    if (plan->added.empty() && plan->added_edges.empty() && anchors_hold(group, *plan)) {
+    if (union_holds(group, *plan)) {
       shape = join_as_is(group, blobs, stream);
     } else {
       shape = join_grown(index, contents, *plan, blobs, stream);
@@ -1006,52 +365,8 @@ uint32_t SharedExecutables::join_grown(uint32_t index, const GraphContents& cont
                                        const core::UnionPlan& plan,
                                        const std::vector<core::Blob>& blobs, cudaStream_t stream) {
   Group& group = *groups_[index];
-  const size_t n = group.nodes.size();
-  auto grown = std::make_unique<Group>();
-  check(cudaGraphClone(&grown->graph, group.graph), "cudaGraphClone");
+  std::unique_ptr<Group> grown = grow_union(group, contents, plan);
   GraphOwner owner{grown->graph};
-  grown->nodes.resize(n);
-  for (size_t i = 0; i < n; ++i) {
-    check(cudaGraphNodeFindInClone(&grown->nodes[i], group.nodes[i], grown->graph),
-          "cudaGraphNodeFindInClone");
-  }
-  grown->kinds = group.kinds;
-  grown->shape = group.shape;
-  grown->absent_in_base = group.absent_in_base;
-  for (uint32_t h : plan.added) {
-    const NodeKind kind = contents.kinds[h];
-    grown->nodes.push_back(add_node_like(grown->graph, contents.nodes[h], kind));
-    grown->kinds.push_back(kind);
-    grown->shape.keys.push_back(contents.keys[h]);
-    grown->shape.variants.push_back(contents.variants[h]);
-    if (kind != NodeKind::kEmpty) {
-      grown->absent_in_base.push_back(static_cast<uint32_t>(grown->nodes.size() - 1));
-    }
-  }
-  for (const auto& [from, to] : plan.added_edges) {
-    add_edge(grown->graph, grown->nodes[from], grown->nodes[to]);
-    grown->shape.edges.emplace_back(from, to);
-  }
-  grown->anchored = group.anchored;
-  grown->anchored.resize(grown->nodes.size(), 0);
-  if (group.start != nullptr) {
-    check(cudaGraphNodeFindInClone(&grown->start, group.start, grown->graph),
-          "cudaGraphNodeFindInClone");
-    check(cudaGraphNodeFindInClone(&grown->end, group.end, grown->graph),
-          "cudaGraphNodeFindInClone");
-  } else {
-    check(add_noop_kernel_node(&grown->start, grown->graph), "cudaGraphAddKernelNode");
-    check(add_noop_kernel_node(&grown->end, grown->graph), "cudaGraphAddKernelNode");
-    // Until now every member had the base's topology: its first and last nodes are theirs.
-    std::vector<uint32_t> first, last;
-    core::first_and_last_nodes(group.shape, first, last);
-    for (uint32_t node : first) anchor(*grown, node, kFromStart);
-    for (uint32_t node : last) anchor(*grown, node, kToEnd);
-  }
-  for (uint32_t node : plan.sources) anchor(*grown, node, kFromStart);
-  for (uint32_t node : plan.sinks) anchor(*grown, node, kToEnd);
-  std::sort(grown->shape.edges.begin(), grown->shape.edges.end());
-  grown->shape.order = plan.order;
   grown->topologies = group.topologies;
   grown->node_of_topology = group.node_of_topology;
   grown->members = group.members;
@@ -1128,6 +443,23 @@ void SharedExecutables::prepare_ahead(Member member) {
   if (choice.kind != core::SlotChoice::Kind::kPatch) return;
   patch(group, choice.slot, member.shape);
   ++counters_.patches_ahead;
+}
+
+void SharedExecutables::launched(Member member) {
+  // Graphs tend to follow one another in the same order (a generation's growing shapes). A
+  // successor seen once predicts nothing in a shuffled order (an epoch's batches), where a patch
+  // ahead would only be undone by the next launch.
+  if (last_launched_.valid()) {
+    Successor& s = successor_[key(last_launched_)];
+    s.confirmed = key(s.next) == key(member);
+    s.next = member;
+  }
+  last_launched_ = member;
+  auto next = successor_.find(key(member));
+  if (next != successor_.end() && next->second.confirmed &&
+      next->second.next.group == member.group) {
+    prepare_ahead(next->second.next);
+  }
 }
 
 void SharedExecutables::patch(Group& group, size_t slot, uint32_t shape) {

@@ -1,11 +1,11 @@
 #pragma once
 // Note [Shared executables]
 // ~~~~~~~~~~~~~~~~~~~~~~~~~
-// An instantiated graph costs device memory (~0.8 MB for a GPT-2 step: ~4 KB per kernel node)
-// and host memory; one per shape is gigabytes at a thousand shapes. But the graphs one function
-// captures at different shapes mostly have one topology, and CUDA lets an executable take another
-// graph's parameters: cudaGraphExecUpdate (a whole graph), cudaGraphExec*NodeSetParams (a node).
-// So graphs are grouped by topology, and a group holds:
+// An instantiated graph costs device and host memory in proportion to its nodes
+// (docs/results.md); one per shape grows with every shape a function sees. But the graphs one
+// function captures at different shapes mostly have one topology, and CUDA lets an executable
+// take another graph's parameters: cudaGraphExecUpdate (a whole graph),
+// cudaGraphExec*NodeSetParams (a node). So graphs are grouped by topology, and a group holds:
 //   - its base graph (the first captured) and the executables instantiated from it ("slots"), as
 //     many as the executable cache allows and at least one while the group replays (an evicted
 //     one is instantiated again from the base graph on demand); which shape runs in which slot is
@@ -24,6 +24,9 @@
 // Node order is the graphs' creation order (cudaGraphGetNodes), the order cudaGraphExecUpdate
 // matches nodes by.
 
+// This file keeps the groups (cuda/executable_group.h), their slots and the accounting; nodes are
+// read and written by cuda/graph_nodes.h, and unions grown by cuda/union_graphs.h.
+
 #include <cuda_runtime_api.h>
 
 #include <cstdint>
@@ -39,7 +42,8 @@
 
 namespace grape::cuda {
 
-struct GraphContents;  // a graph as read node by node (shared_executables.cpp)
+struct GraphContents;    // a graph as read node by node (cuda/graph_nodes.h)
+struct ExecutableGroup;  // a topology group (cuda/executable_group.h)
 
 class SharedExecutables {
  public:
@@ -88,6 +92,11 @@ class SharedExecutables {
   // after a launch with the member predicted to come next, the patching overlaps the launched work
   // instead of delaying the next launch. Does nothing for an ended or evicted group.
   void prepare_ahead(Member member);
+  // After a launch of `member`: remembers which member followed the previously launched one and,
+  // where the same one followed `member` the last two times, patches its slot now via
+  // prepare_ahead, so the patch overlaps the launched work. A successor seen once is not trusted:
+  // in a shuffled order (an epoch's batches) it rarely repeats.
+  void launched(Member member);
   // Destroys resident executables, least recently prepared first, until they hold at most `bytes`
   // of device memory; never the one serving `keep`. Returns how many it destroyed.
   int evict_to(size_t bytes, Member keep);
@@ -102,8 +111,7 @@ class SharedExecutables {
   const std::string& unshareable_reason() const { return unshareable_reason_; }
 
  private:
-  struct Group;
-  struct Executable;
+  using Group = ExecutableGroup;
   // How many groups, most recent first, a graph of no group's topology is aligned with.
   static constexpr int kNearGroupsTried = 4;
   // Joins `contents` (a shareable graph; `graph` its alignment view) to group `index`, by
@@ -116,11 +124,6 @@ class SharedExecutables {
   uint32_t join_grown(uint32_t index, const GraphContents& contents,
                       const core::UnionPlan& plan, const std::vector<core::Blob>& blobs,
                       cudaStream_t stream);
-  // Gives node `node` of union `group` an edge from its start anchor (kFromStart) or to its end
-  // anchor (kToEnd), unless it has one (Note [Near topologies]).
-  static void anchor(Group& group, uint32_t node, uint8_t flag);
-  // Whether `group` is a union whose anchors already hold the joining graph's first and last nodes.
-  static bool anchors_hold(const Group& group, const core::UnionPlan& plan);
   // A new slot of `group`, instantiated from its base graph (holding the base's parameters);
   // returns its index.
   size_t instantiate(Group& group, cudaStream_t stream);
@@ -162,6 +165,15 @@ class SharedExecutables {
   size_t device_bytes_ = 0;
   ExecutableStats counters_;
   std::string unshareable_reason_;
+  // launched(): the member launched last, and per launched member (by group and shape; neither
+  // index is reused) the one launched after it last time, confirmed where the same one followed
+  // it the time before too.
+  struct Successor {
+    Member next;
+    bool confirmed = false;
+  };
+  Member last_launched_;
+  std::unordered_map<uint64_t, Successor> successor_;
 };
 
 }  // namespace grape::cuda

@@ -1,5 +1,6 @@
 #include "torch/allocator_hook.h"
 
+#include "torch/capture_state.h"
 #include "torch/site_predictor.h"
 #include "torch/torch_version.h"
 
@@ -17,7 +18,6 @@ namespace cca = c10::cuda::CUDACachingAllocator;
 
 thread_local AllocationRoute* current_route = nullptr;
 std::atomic<AllocationRoute*> all_threads_route{nullptr};
-std::atomic<int> active_routes{0};
 
 void delete_any(void* ptr);
 
@@ -224,7 +224,7 @@ void install_allocator_hook() {
 bool uninstall_allocator_hook() {
   std::lock_guard<std::mutex> lock(install_mutex);
   if (hook == nullptr || cca::get() != hook) return true;
-  if (active_routes.load() > 0) return false;
+  if (allocation_routes_active()) return false;
   set_current(hook->inner());
   return true;
 }
@@ -235,8 +235,6 @@ bool allocator_hook_installed() {
 }
 
 AllocationRoute* current_allocation_route() { return current_route; }
-
-bool allocation_routes_active() { return active_routes.load() > 0; }
 
 AllocationRoute::AllocationRoute(GraphArena& arena, cudaStream_t stream, bool placeholders,
                                  bool for_all_threads)
@@ -253,13 +251,13 @@ AllocationRoute::AllocationRoute(GraphArena& arena, cudaStream_t stream, bool pl
                 "grape: another capture routes all threads' allocations");
   }
   current_route = this;
-  ++active_routes;
+  enter_allocation_route();
 }
 
 AllocationRoute::~AllocationRoute() {
   if (for_all_threads_) all_threads_route.store(nullptr, std::memory_order_release);
   current_route = previous_;
-  --active_routes;
+  leave_allocation_route();
 }
 
 }  // namespace grape

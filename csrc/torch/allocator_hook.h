@@ -51,9 +51,7 @@ class AllocationRoute {
   AllocationRoute* previous_;
 };
 
-// The innermost route of this thread, or null.
+// The innermost route of this thread, or null. Whether any thread has one: capture_state.h.
 AllocationRoute* current_allocation_route();
-// Whether any thread has a route (a capture is underway).
-bool allocation_routes_active();
 
 }  // namespace grape

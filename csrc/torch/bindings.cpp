@@ -12,6 +12,7 @@
 #include <torch/csrc/utils/pybind.h>  // at::Tensor arguments
 
 #include "torch/allocator_hook.h"
+#include "torch/capture_state.h"
 #include "torch/conditional.h"
 #endif
 
@@ -51,16 +52,14 @@ PYBIND11_MODULE(_C, m) {
 
   py::class_<Runtime>(m, "Runtime", py::custom_type_setup(setup_gc))
       .def(py::init<py::object, int, bool, py::object, bool, const std::string&, int64_t,
-                    int64_t>(),
+                    int64_t, py::object>(),
            py::arg("fn"), py::arg("warmup"), py::arg("warmup_each_signature"),
            py::arg("static_module"), py::arg("alias_prediction"), py::arg("sharing"),
-           py::arg("executable_cache"), py::arg("memory_budget"))
+           py::arg("executable_cache"), py::arg("memory_budget"), py::arg("hooks"))
       .def("__call__", &Runtime::call)
       .def("_runtime_stats", &Runtime::stats)
       .def("_entries", &Runtime::entries)
       .def("reset", &Runtime::reset, "Drops every captured graph; the next calls warm up again.");
-  m.def("_set_propagated_errors", &grape::set_propagated_errors, py::arg("types"),
-        "Exception types a capture raises to the caller instead of falling back to eager.");
 
 #ifdef GRAPE_WITH_CUDA
   m.def(

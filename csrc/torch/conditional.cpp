@@ -2,9 +2,9 @@
 
 #include <c10/cuda/CUDAException.h>
 #include <c10/cuda/CUDAFunctions.h>
-#include <c10/cuda/CUDAGraphsC10Utils.h>
 
 #include "torch/allocator_hook.h"
+#include "torch/capture_state.h"
 
 namespace grape {
 
@@ -36,10 +36,6 @@ int version_of(cudaError_t (*get)(int*)) {
 }
 
 }  // namespace
-
-bool current_stream_is_capturing() {
-  return c10::cuda::currentStreamCaptureStatusMayInitCtx() != c10::cuda::CaptureStatus::None;
-}
 
 std::string conditional_unsupported_reason(const std::string& kind) {
   const bool supported = parse_kind(kind) == cuda::ConditionalKind::kIfElse

@@ -44,8 +44,6 @@ class ConditionalBranch {
   bool if_body_done_ = false;
 };
 
-// Whether the current stream is capturing.
-bool current_stream_is_capturing();
 // Why conditional capture cannot work in this process, or "" when it can (`kind` as above).
 std::string conditional_unsupported_reason(const std::string& kind);
 

@@ -2,13 +2,12 @@
 
 #include <c10/cuda/CUDAException.h>
 #include <c10/cuda/CUDAFunctions.h>
-#include <c10/cuda/CUDAGraphsC10Utils.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <cuda.h>
 #include <c10/util/Exception.h>
 
 #include "cuda/driver.h"
-#include "torch/allocator_hook.h"
+#include "torch/capture_state.h"
 
 #include <algorithm>
 #include <string>
@@ -42,10 +41,6 @@ struct Registry {
   std::vector<std::shared_ptr<GraphArena>> released;  // to destroy once no capture runs
 };
 
-bool capture_underway() {
-  return c10::cuda::currentStreamCaptureStatusMayInitCtx() != c10::cuda::CaptureStatus::None ||
-         allocation_routes_active();
-}
 Registry& registry() {
   static auto* r = new Registry();  // never destroyed: blocks may be freed during exit
   return *r;

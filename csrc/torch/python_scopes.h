@@ -1,5 +1,6 @@
 #pragma once
-// Python state held for the duration of a C++ scope (a capture, a warm-up call).
+// Calls into Python, and Python state held for the duration of a C++ scope (a capture, a warm-up
+// call).
 
 #include <pybind11/pybind11.h>
 
@@ -8,6 +9,14 @@
 namespace grape {
 
 namespace py = pybind11;
+
+// fn(*args, **kwargs), raising py::error_already_set as pybind11 does, without its overhead.
+inline py::object call_python(const py::object& fn, const py::args& args,
+                              const py::kwargs& kwargs) {
+  PyObject* result = PyObject_Call(fn.ptr(), args.ptr(), kwargs.ptr());
+  if (result == nullptr) throw py::error_already_set();
+  return py::reinterpret_steal<py::object>(result);
+}
 
 // A Python context manager, entered for this object's lifetime.
 class EnteredContext {

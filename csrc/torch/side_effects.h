@@ -33,7 +33,7 @@ namespace py = pybind11;
 
 // An attribute of a record that f rebinds: records[record].<attribute> = the next value; or, when
 // `leaf` is defined, the gradient of a leaf tensor (a parameter) that f's backward pass set:
-// leaf.grad = the next value (Note [Gradients of a captured step] in torch/runtime.cpp).
+// leaf.grad = the next value (Note [Gradients of a captured step] in torch/training.h).
 struct Effect {
   int record = -1;
   py::object attribute;

@@ -5,7 +5,7 @@
 #include <c10/cuda/CUDAStream.h>
 #include <frameobject.h>
 
-#include "torch/conditional.h"
+#include "torch/capture_state.h"
 #include "torch/graph_pool.h"
 
 namespace grape {

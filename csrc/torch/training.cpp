@@ -8,17 +8,9 @@
 
 namespace grape {
 
-namespace {
-
-py::module_ training_module() { return py::module_::import("grape._training"); }
-
-}  // namespace
-
 py::object TrainingState::step_watch() {
-  if (seen_optimizers_.is_none()) {
-    seen_optimizers_ = py::module_::import("weakref").attr("WeakSet")();
-  }
-  return training_module().attr("StepWatch")(seen_optimizers_);
+  if (seen_optimizers_.is_none()) seen_optimizers_ = hooks_.optimizer_set();
+  return hooks_.step_watch(seen_optimizers_);
 }
 
 std::vector<at::Tensor> TrainingState::tracked_leaves(const py::object& static_module,
@@ -32,7 +24,7 @@ std::vector<at::Tensor> TrainingState::tracked_leaves(const py::object& static_m
   const py::object optimizers =
       seen_optimizers_.is_none() ? py::object(py::list()) : seen_optimizers_;
   std::vector<at::Tensor> leaves;
-  for (py::handle t : training_module().attr("leaves_of")(arguments, optimizers, modules)) {
+  for (py::handle t : hooks_.leaves_of(arguments, optimizers, modules)) {
     leaves.push_back(THPVariable_Unpack(t.ptr()));
   }
   return leaves;
@@ -41,21 +33,18 @@ std::vector<at::Tensor> TrainingState::tracked_leaves(const py::object& static_m
 void TrainingState::prepare_backward(GraphPool& pool) {
   if (backward_prepared_) return;
   at::cuda::CUDAStreamGuard on_capture_stream(pool.capture_stream());
-  const py::object device =
-      py::module_::import("torch").attr("device")("cuda", static_cast<int>(pool.device()));
-  training_module().attr("prepare_backward")(device);
+  hooks_.prepare_backward(static_cast<int>(pool.device()));
   backward_prepared_ = true;
 }
 
 py::list TrainingState::bake_optimizers(
-    const py::object& watch, std::vector<std::pair<at::Tensor, const void*>>& statics) {
-  const py::module_ training = training_module();
+    const py::object& watch, std::vector<std::pair<at::Tensor, const void*>>& statics) const {
   const py::list stepped = watch.attr("stepped");
-  for (py::handle t : training.attr("state_tensors")(stepped)) {
+  for (py::handle t : hooks_.state_tensors(stepped)) {
     const at::Tensor& tensor = THPVariable_Unpack(t.ptr());
     statics.emplace_back(tensor, tensor.data_ptr());
   }
-  return training.attr("hyperparameters")(stepped);
+  return hooks_.hyperparameters(stepped);
 }
 
 bool optimizer_settings_hold(const py::list& settings, std::string& changed) {

@@ -28,6 +28,7 @@
 #include <utility>
 #include <vector>
 
+#include "torch/python_hooks.h"
 #include "torch/pytree.h"
 #include "torch/side_effects.h"
 
@@ -50,6 +51,9 @@ struct GradGuard {
 // What one compiled function knows of the training steps it runs.
 class TrainingState {
  public:
+  // `hooks`: the runtime's, which outlive this state.
+  explicit TrainingState(const PythonHooks& hooks) : hooks_(hooks) {}
+
   // A context manager for a warm-up or capture call: the optimizers stepped inside it are
   // remembered (weakly) and made capturable (grape._training.StepWatch).
   py::object step_watch();
@@ -62,8 +66,8 @@ class TrainingState {
   // What a capture baked in of the optimizers that `watch` (a step_watch() it ran in) saw
   // stepped: their state tensors, appended to `statics` with their addresses (static, like
   // parameters), and the Python settings it returns (for optimizer_settings_hold).
-  static py::list bake_optimizers(const py::object& watch,
-                                  std::vector<std::pair<at::Tensor, const void*>>& statics);
+  py::list bake_optimizers(const py::object& watch,
+                           std::vector<std::pair<at::Tensor, const void*>>& statics) const;
 
   int traverse(visitproc visit, void* arg) {
     Py_VISIT(seen_optimizers_.ptr());
@@ -72,6 +76,7 @@ class TrainingState {
   void clear() { seen_optimizers_ = py::none(); }
 
  private:
+  const PythonHooks& hooks_;
   py::object seen_optimizers_ = py::none();  // a weakref.WeakSet
   bool backward_prepared_ = false;
 };

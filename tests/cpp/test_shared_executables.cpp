@@ -502,6 +502,39 @@ TEST_F(SharedExecutablesOnGpu, ShapesWithSlotsOfTheirOwnReplayWithoutPatching) {
   }
 }
 
+TEST_F(SharedExecutablesOnGpu, PatchesAheadOnlyTheShapeThatFollowedTheLaunchedOneTheLastTwoTimes) {
+  Buffers b(stream_, 3);
+  const std::vector<size_t> sizes = {512, 2000, 3000};
+  // Launches `order` (shape indices) from a group of one slot, each reported to launched(), and
+  // returns how many patches were made ahead. A patch ahead goes into the slot still running the
+  // launched shape, which must not change that launch; in these orders every patch ahead is of
+  // the shape launched next, whose prepare() then has nothing to write.
+  auto patches_ahead = [&](const std::vector<int>& order) -> int64_t {
+    SharedExecutables ex(Sharing::kTopology, /*cache_bytes=*/0);
+    const std::vector<SharedExecutables::Member> members = add_shapes(ex, b, sizes);
+    int64_t ahead = 0;
+    for (int i : order) {
+      const SharedExecutables::Member m = members[static_cast<size_t>(i)];
+      b.clear();
+      const auto switches = ex.stats().switches;
+      EXPECT_EQ(cudaGraphLaunch(ex.prepare(m, stream_), stream_), cudaSuccess);
+      if (ex.stats().patches_ahead > ahead) {
+        EXPECT_EQ(ex.stats().switches, switches) << "prepare() patched after a patch ahead";
+      }
+      ahead = ex.stats().patches_ahead;
+      ex.launched(m);
+      EXPECT_EQ(cudaStreamSynchronize(stream_), cudaSuccess);
+      expect_shape(b, i, sizes[static_cast<size_t>(i)]);
+    }
+    return ex.stats().patches_ahead;
+  };
+  // 1 followed 0 at launches 2 and 4: launches 5 and 6 patch in 1 and 0 ahead.
+  EXPECT_EQ(patches_ahead({0, 1, 0, 1, 0, 1}), 2);
+  // 0 is followed by 1, 2, 1, 2: never by the same twice running; 1 is followed by 0 twice, but
+  // not launched again.
+  EXPECT_EQ(patches_ahead({0, 1, 0, 2, 0, 1, 0, 2}), 0);
+}
+
 TEST_F(SharedExecutablesOnGpu, GraphsOfOneTopologyRunningDifferentKernelsEachReplayTheirOwnKernel) {
   // A topology leaves the kernel to executable updates, so these graphs (memset, kernel, memcpy;
   // only the kernel differs) have one topology and the second joins the first's group through

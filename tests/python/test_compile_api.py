@@ -78,13 +78,13 @@ def test_without_cuda_every_call_runs_eagerly_with_one_warning():
 
 
 def test_a_fallback_warning_cuts_a_long_signature_that_stats_keep_whole():
-    # The runtime reports a signature's fallback through _report_fallback; a KV cache of 28
-    # layers makes a signature of thousands of characters.
+    # The runtime reports a signature's fallback through its hooks; a KV cache of 28 layers makes
+    # a signature of thousands of characters.
     f = grape.compile(lambda *xs: xs[0])
     signature = "(" + ", ".join(["Half[1, 16, 33, 256] cuda:0"] * 56) + ")"
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        f._report_fallback(signature, "capture failed: why", None)
+        f._hooks.report_fallback(signature, "capture_error", "capture failed: why", None)
     (message,) = [str(w.message) for w in caught if issubclass(w.category, grape.FallbackWarning)]
     assert signature[:240] in message and signature not in message
     assert f"{len(signature) - 240} more characters in grape.stats()" in message
@@ -93,7 +93,7 @@ def test_a_fallback_warning_cuts_a_long_signature_that_stats_keep_whole():
     short = "(Float[8, 64] cuda:0)"
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        f._report_fallback(short, "why", None)
+        f._hooks.report_fallback(short, "capture_error", "why", None)
     assert f"{short} runs eagerly: why" in str(caught[-1].message)
 
 
@@ -194,3 +194,18 @@ def test_pinned_host_constants_leave_host_tensors_alone():
         t = torch.tensor([1.0, 2.0])
         u = torch.as_tensor(3, device="cpu")
     assert t.device.type == "cpu" and u.item() == 3 and mode.kept == []
+
+
+def test_advice_follows_the_kind_of_a_reason_not_its_words():
+    from grape._hooks import advice
+
+    said = advice("host_sync", "capture failed: RuntimeError: boom")
+    assert said.startswith("capture failed: RuntimeError: boom (") and ".item()" in said
+    # Words alone add nothing: the kind is set where the reason arises (csrc/core/reasons.h).
+    assert advice("capture_error", "a synchronizing call") == "a synchronizing call"
+    f = grape.compile(lambda x: x)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        f._hooks.report_fallback("(Float[2] cuda:0)", "pageable_copy", "capture failed: copy", None)
+    assert "pin the CPU tensor" in str(caught[-1].message)
+    assert grape.stats(f)["fallbacks"][-1]["kind"] == "pageable_copy"

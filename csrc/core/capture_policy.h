@@ -1,0 +1,97 @@
+#pragma once
+// Note [Capture policy]
+// ~~~~~~~~~~~~~~~~~~~~~
+// The decisions around a capture that need no torch, kept here so that they are tested without a
+// GPU (tests/cpp/test_capture_policy.cpp); csrc/torch/runtime.cpp carries them out.
+//   - When a signature warms up: `warmup` eager calls of each signature before its capture, or
+//     (warmup_each_signature off) only the function's first `warmup` calls.
+//   - Tries of one capture: a capture that grew the arena well beyond its planned layout is taken
+//     again along the plan (Note [Planned capture layouts]); one refused for a pageable copy is
+//     taken again with host constants pinned (Note [Host constants]); one that ran out of memory
+//     is taken again once, after the executables and cached blocks were freed.
+//   - After a failed capture: a signature captured without a warm-up of its own runs eagerly once,
+//     as its warm-up, and is captured again at its next call, unless memory ran out (a warm-up
+//     does not help) or no graph can take its arguments; otherwise it falls back to eager.
+//   - Which graph serves a call: a signature's graph, or one of its chain variants (graphs of the
+//     same signature whose placeholders are other graphs' outputs, Note [Chain variants]).
+
+#include <cstddef>
+
+#include "core/reasons.h"
+
+namespace grape::core {
+
+struct WarmupPolicy {
+  int warmup = 1;
+  bool each_signature = true;
+  // Whether a call of a signature without a graph, warmed up `signature_runs` times, is a warm-up
+  // call; `function_runs`: warm-up calls of the whole function so far.
+  bool warming_up(int signature_runs, int function_runs) const {
+    return each_signature ? signature_runs < warmup
+                          : function_runs < warmup && signature_runs < warmup;
+  }
+};
+
+// How one try at capturing ended.
+enum class TryResult {
+  kGraph,    // a graph, ready to replay
+  kRetake,   // dropped before instantiation: take it again along its planned layout
+  kFailed,   // failed, for the reason's kind
+};
+
+// What a capture tried so far (one per capture, across its tries).
+struct CaptureTries {
+  bool along_plan = false;     // the current try follows a planned layout
+  bool pinned = false;         // host constants are pinned (the signature's flag)
+  bool memory_freed = false;   // executables and cached blocks were freed for it
+};
+
+enum class NextTry { kNone, kAlongPlan, kPinned, kAfterFreeingMemory };
+
+// The next try after one that ended with `result` (`failure`: its reason's kind); updates `tries`.
+// kNone: the capture is done (a graph) or has failed for good.
+NextTry next_try(TryResult result, ReasonKind failure, CaptureTries& tries);
+
+enum class AfterFailure { kWarmUpAndRetry, kFallBack };
+
+// What a signature does after its capture failed for `failure`. `signature_warmups`: its warm-up
+// calls so far.
+AfterFailure after_failed_capture(const WarmupPolicy& policy, int signature_warmups,
+                                  ReasonKind failure);
+
+// Note [Chain variants]
+// A signature first captured with the caller's tensors copies its inputs at every replay, even
+// where a later call brings outputs of earlier replays that a graph could read in place. Such a
+// call gets a chain variant: a capture of the same signature whose placeholders are those outputs.
+// A loop over one shape settles on two variants that feed each other (each lays out its output
+// around the other's input). At most kMaxChainVariants per signature; none under torch.distributed,
+// where a capture one rank alone takes would leave the ranks' capture points apart (Note [Capture
+// points agree across ranks]).
+struct GraphChoice {
+  enum class Kind { kUse, kCaptureVariant };
+  Kind kind = Kind::kUse;
+  size_t graph = 0;  // kUse: 0 the signature's graph, i > 0 its variant i - 1
+};
+
+struct ChainPolicy {
+  static constexpr size_t kMaxChainVariants = 3;
+  bool alias_prediction = true;
+  bool ranks_agree = false;  // capture points are agreed with other ranks
+};
+
+// Which graph serves a call, of a signature with `variants` chain variants. `fits(i)`: graph i
+// (0: the signature's, i > 0: variant i - 1) finds every input it reads in place where it is and
+// copies none that a capture could chain; `chainable()`: some input could be read in place by a
+// new capture. Both are asked lazily, in the order a replay needs them.
+template <class Fits, class Chainable>
+GraphChoice choose_graph(const ChainPolicy& policy, size_t variants, Fits fits,
+                         Chainable chainable) {
+  if (!policy.alias_prediction || fits(size_t{0})) return {};
+  for (size_t i = 1; i <= variants; ++i) {
+    if (fits(i)) return {GraphChoice::Kind::kUse, i};
+  }
+  if (policy.ranks_agree || variants >= ChainPolicy::kMaxChainVariants || !chainable()) return {};
+  return {GraphChoice::Kind::kCaptureVariant, 0};
+}
+
+}  // namespace grape::core

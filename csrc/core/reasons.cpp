@@ -1,0 +1,34 @@
+#include "core/reasons.h"
+
+namespace grape::core {
+
+const char* reason_kind_name(ReasonKind kind) {
+  switch (kind) {
+    case ReasonKind::kNone: return "none";
+    case ReasonKind::kNoCuda: return "no_cuda";
+    case ReasonKind::kUnsupportedArgument: return "unsupported_argument";
+    case ReasonKind::kHostSync: return "host_sync";
+    case ReasonKind::kPageableCopy: return "pageable_copy";
+    case ReasonKind::kCpuTensor: return "cpu_tensor";
+    case ReasonKind::kOutOfMemory: return "out_of_memory";
+    case ReasonKind::kResults: return "results";
+    case ReasonKind::kCaptureError: return "capture_error";
+    case ReasonKind::kInstantiation: return "instantiation";
+    case ReasonKind::kOtherRank: return "other_rank";
+    case ReasonKind::kReplayRefused: return "replay_refused";
+  }
+  return "unknown";
+}
+
+ReasonKind kind_of_capture_error(const std::string& text) {
+  auto says = [&](const char* words) { return text.find(words) != std::string::npos; };
+  // Note [Host constants] (torch/capture.cpp): a pageable copy is retried with pinned memory.
+  if (says("unless the CPU tensor is pinned")) return ReasonKind::kPageableCopy;
+  // The sync debug mode's error, and CUDA's own where a sync reached it.
+  if (says("synchroniz") || says("stream is capturing") || says("cudaErrorStreamCapture")) {
+    return ReasonKind::kHostSync;
+  }
+  return ReasonKind::kCaptureError;
+}
+
+}  // namespace grape::core

@@ -1,0 +1,507 @@
+#include "cuda/graph_nodes.h"
+
+#include <cuda.h>
+
+#include <algorithm>
+#include <cstring>
+#include <memory>
+#include <mutex>
+#include <stdexcept>
+#include <unordered_map>
+#include <utility>
+
+#include "cuda/driver.h"
+#include "cuda/noop_nodes.h"
+
+namespace grape::cuda {
+
+void check(cudaError_t status, const char* what) {
+  if (status == cudaSuccess) return;
+  (void)cudaGetLastError();
+  throw std::runtime_error(std::string("grape: ") + what + " failed: " +
+                           cudaGetErrorString(status));
+}
+
+namespace {
+
+void check(CUresult status, const char* what) {
+  if (status == CUDA_SUCCESS) return;
+  throw std::runtime_error(std::string("grape: ") + what + " failed: " +
+                           driver_error_string(status));
+}
+
+uint64_t mix(uint64_t h, uint64_t v) {
+  h ^= v + 0x9e3779b97f4a7c15ull + (h << 6) + (h >> 2);
+  return h;
+}
+
+// The memory type and device of `ptr`: what a copy's or memset's parameter update may not
+// change (the memory type, for copies; the context, for both), unlike the address itself.
+uint64_t memory_kind(const void* ptr) {
+  cudaPointerAttributes attributes{};
+  if (cudaPointerGetAttributes(&attributes, ptr) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return UINT64_MAX;
+  }
+  return (static_cast<uint64_t>(attributes.type) << 32) |
+         static_cast<uint32_t>(attributes.device);
+}
+
+// How a kernel's arguments lie in its parameter buffer, from the driver (CUDA 12.4).
+struct ParamLayout {
+  std::vector<std::pair<size_t, size_t>> params;  // (offset, size)
+  size_t bytes = 0;
+};
+
+// The layout of the kernel launched by `p`, or null where the driver cannot tell. Cached: a
+// function's layout never changes.
+const ParamLayout* layout_of(const CUDA_KERNEL_NODE_PARAMS& p) {
+  static std::mutex mutex;
+  static auto* cache = new std::unordered_map<const void*, std::unique_ptr<ParamLayout>>();
+  const void* key = p.func != nullptr ? static_cast<const void*>(p.func)
+                                      : static_cast<const void*>(p.kern);
+  std::lock_guard<std::mutex> lock(mutex);
+  auto found = cache->find(key);
+  if (found != cache->end()) return found->second.get();
+  const DriverApi& d = driver();
+  auto layout = std::make_unique<ParamLayout>();
+  constexpr size_t kMaxParams = 4096;  // CUDA's limit is 32 KB of parameters
+  for (size_t i = 0;; ++i) {
+    size_t offset = 0, size = 0;
+    CUresult status = CUDA_ERROR_NOT_SUPPORTED;
+    if (p.func != nullptr && d.cuFuncGetParamInfo != nullptr) {
+      status = d.cuFuncGetParamInfo(p.func, i, &offset, &size);
+    } else if (p.func == nullptr && p.kern != nullptr && d.cuKernelGetParamInfo != nullptr) {
+      status = d.cuKernelGetParamInfo(p.kern, i, &offset, &size);
+    }
+    if (status == CUDA_ERROR_INVALID_VALUE && i > 0) break;  // past the last parameter
+    if (status == CUDA_ERROR_INVALID_VALUE && i == 0) break;  // no parameters
+    if (status != CUDA_SUCCESS || i >= kMaxParams) {
+      layout.reset();
+      break;
+    }
+    layout->params.emplace_back(offset, size);
+    layout->bytes = std::max(layout->bytes, offset + size);
+  }
+  const ParamLayout* result = layout.get();
+  cache->emplace(key, std::move(layout));
+  return result;
+}
+
+// A kernel node's blob starts with this; its argument bytes follow, laid out as on the device.
+struct KernelHeader {
+  uint64_t func;
+  uint64_t kern;
+  uint64_t ctx;
+  uint32_t grid[3];
+  uint32_t block[3];
+  uint32_t shared_bytes;
+  uint32_t packed;  // 1: launched with one packed argument buffer (`extra`), not kernelParams
+};
+
+// The kernel's name, for messages.
+std::string kernel_name(const CUDA_KERNEL_NODE_PARAMS& p) {
+  const DriverApi& d = driver();
+  const char* name = nullptr;
+  if (p.func != nullptr && d.cuFuncGetName != nullptr) {
+    (void)d.cuFuncGetName(&name, p.func);
+  } else if (p.kern != nullptr && d.cuKernelGetName != nullptr) {
+    (void)d.cuKernelGetName(&name, p.kern);
+  }
+  return name != nullptr ? name : "a kernel";
+}
+
+// The argument buffer of a kernel launched with `extra` (CU_LAUNCH_PARAM_BUFFER_POINTER and
+// _SIZE), or false where `extra` holds anything else.
+bool packed_arguments(void** extra, const void** buffer, size_t* size) {
+  *buffer = nullptr;
+  *size = 0;
+  for (size_t i = 0; extra[i] != CU_LAUNCH_PARAM_END; i += 2) {
+    if (extra[i] == CU_LAUNCH_PARAM_BUFFER_POINTER) {
+      *buffer = extra[i + 1];
+    } else if (extra[i] == CU_LAUNCH_PARAM_BUFFER_SIZE) {
+      *size = *static_cast<const size_t*>(extra[i + 1]);
+    } else {
+      return false;
+    }
+  }
+  return *buffer != nullptr || *size == 0;
+}
+
+core::Blob kernel_blob(const CUDA_KERNEL_NODE_PARAMS& p, size_t argument_bytes) {
+  core::Blob blob(sizeof(KernelHeader) + argument_bytes, 0);
+  KernelHeader h{};
+  h.func = reinterpret_cast<uint64_t>(p.func);
+  h.kern = reinterpret_cast<uint64_t>(p.kern);
+  h.ctx = reinterpret_cast<uint64_t>(p.ctx);
+  h.grid[0] = p.gridDimX;
+  h.grid[1] = p.gridDimY;
+  h.grid[2] = p.gridDimZ;
+  h.block[0] = p.blockDimX;
+  h.block[1] = p.blockDimY;
+  h.block[2] = p.blockDimZ;
+  h.shared_bytes = p.sharedMemBytes;
+  std::memcpy(blob.data(), &h, sizeof(h));
+  return blob;
+}
+
+// A kernel node's blob, or an empty blob with `why_not` set where its arguments cannot be read.
+core::Blob read_kernel(const CUDA_KERNEL_NODE_PARAMS& p, std::string& why_not) {
+  if (p.extra != nullptr) {
+    const void* buffer = nullptr;
+    size_t size = 0;
+    if (!packed_arguments(p.extra, &buffer, &size)) {
+      why_not = kernel_name(p) + " was launched with launch options other than an argument buffer";
+      return {};
+    }
+    core::Blob blob = kernel_blob(p, size);
+    reinterpret_cast<KernelHeader*>(blob.data())->packed = 1;
+    if (size > 0) std::memcpy(blob.data() + sizeof(KernelHeader), buffer, size);
+    return blob;
+  }
+  const ParamLayout* layout = layout_of(p);
+  if (layout == nullptr) {
+    why_not = "the driver does not report the parameter layout of " + kernel_name(p) +
+              " (cuFuncGetParamInfo needs CUDA 12.4)";
+    return {};
+  }
+  if (!layout->params.empty() && p.kernelParams == nullptr) {
+    why_not = kernel_name(p) + " has no readable arguments";
+    return {};
+  }
+  core::Blob blob = kernel_blob(p, layout->bytes);
+  for (size_t i = 0; i < layout->params.size(); ++i) {
+    const auto [offset, size] = layout->params[i];
+    std::memcpy(blob.data() + sizeof(KernelHeader) + offset, p.kernelParams[i], size);
+  }
+  return blob;
+}
+
+template <typename T>
+core::Blob struct_blob(const T& value) {
+  core::Blob blob(sizeof(T));
+  std::memcpy(blob.data(), &value, sizeof(T));
+  return blob;
+}
+
+std::string node_type_name(cudaGraphNodeType type) {
+  switch (type) {
+    case cudaGraphNodeTypeConditional: return "conditional";
+    case cudaGraphNodeTypeGraph: return "child graph";
+    case cudaGraphNodeTypeHost: return "host function";
+    case cudaGraphNodeTypeWaitEvent: return "event wait";
+    case cudaGraphNodeTypeEventRecord: return "event record";
+    case cudaGraphNodeTypeMemAlloc: return "memory allocation";
+    case cudaGraphNodeTypeMemFree: return "memory free";
+    default: return "type " + std::to_string(static_cast<int>(type));
+  }
+}
+
+}  // namespace
+
+GraphContents read_graph(cudaGraph_t graph, bool with_params) {
+  GraphContents g;
+  size_t count = 0;
+  check(cudaGraphGetNodes(graph, nullptr, &count), "cudaGraphGetNodes");
+  g.nodes.resize(count);
+  check(cudaGraphGetNodes(graph, g.nodes.data(), &count), "cudaGraphGetNodes");
+  std::unordered_map<cudaGraphNode_t, uint32_t> index;
+  for (uint32_t i = 0; i < count; ++i) index.emplace(g.nodes[i], i);
+  uint64_t h = mix(0, count);
+  const DriverApi& d = driver();
+  for (uint32_t i = 0; i < count && g.readable; ++i) {
+    cudaGraphNode_t node = g.nodes[i];
+    cudaGraphNodeType type;
+    check(cudaGraphNodeGetType(node, &type), "cudaGraphNodeGetType");
+    uint64_t key = mix(0, static_cast<uint64_t>(type));
+    uint64_t detail = 0, variant = 0;
+    switch (type) {
+      case cudaGraphNodeTypeKernel: {
+        g.kinds.push_back(NodeKind::kKernel);
+        // Launch attributes are not parameters: a member must agree with the group on them.
+        cudaLaunchAttributeValue cluster{};
+        if (cudaGraphKernelNodeGetAttribute(node, cudaLaunchAttributeClusterDimension, &cluster) ==
+            cudaSuccess) {
+          key = mix(mix(mix(key, cluster.clusterDim.x), cluster.clusterDim.y),
+                    cluster.clusterDim.z);
+        }
+        cudaLaunchAttributeValue value{};
+        if (cudaGraphKernelNodeGetAttribute(node, cudaLaunchAttributePriority, &value) ==
+            cudaSuccess) {
+          key = mix(key, static_cast<uint64_t>(value.priority));
+        }
+        // Node updates neither check nor change these: graphs joined by alignment must agree.
+        value = {};
+        if (cudaGraphKernelNodeGetAttribute(node, cudaLaunchAttributeCooperative, &value) ==
+            cudaSuccess) {
+          key = mix(key, static_cast<uint64_t>(value.cooperative));
+        }
+        value = {};
+        if (cudaGraphKernelNodeGetAttribute(
+                node, cudaLaunchAttributeProgrammaticStreamSerialization, &value) == cudaSuccess) {
+          key = mix(key, static_cast<uint64_t>(value.programmaticStreamSerializationAllowed));
+        }
+        value = {};
+        if (cudaGraphKernelNodeGetAttribute(node, cudaLaunchAttributeMemSyncDomain, &value) ==
+            cudaSuccess) {
+          key = mix(key, static_cast<uint64_t>(value.memSyncDomain));
+        }
+        (void)cudaGetLastError();
+        if (!with_params) break;
+        if (d.cuGraphKernelNodeGetParams == nullptr ||
+            d.cuGraphExecKernelNodeSetParams == nullptr) {
+          g.readable = false;
+          g.why_not = "the CUDA driver lacks cuGraphKernelNodeGetParams";
+          break;
+        }
+        CUDA_KERNEL_NODE_PARAMS p{};
+        check(d.cuGraphKernelNodeGetParams(reinterpret_cast<CUgraphNode>(node), &p),
+              "cuGraphKernelNodeGetParams");
+        variant = reinterpret_cast<uint64_t>(p.func != nullptr ? static_cast<const void*>(p.func)
+                                                               : static_cast<const void*>(p.kern));
+        core::Blob blob = read_kernel(p, g.why_not);
+        if (!g.why_not.empty()) {
+          g.readable = false;
+          break;
+        }
+        g.blobs.push_back(std::move(blob));
+        break;
+      }
+      case cudaGraphNodeTypeMemcpy: {
+        g.kinds.push_back(NodeKind::kMemcpy);
+        if (!with_params) break;
+        cudaMemcpy3DParms p{};
+        check(cudaGraphMemcpyNodeGetParams(node, &p), "cudaGraphMemcpyNodeGetParams");
+        const bool arrays = p.srcArray != nullptr || p.dstArray != nullptr;
+        const bool one_dimensional = p.extent.height <= 1 && p.extent.depth <= 1;
+        detail = mix(mix(static_cast<uint64_t>(p.kind), arrays ? 1 : one_dimensional ? 2 : 3),
+                     arrays ? 0 : mix(memory_kind(p.srcPtr.ptr), memory_kind(p.dstPtr.ptr)));
+        g.blobs.push_back(struct_blob(p));
+        break;
+      }
+      case cudaGraphNodeTypeMemset: {
+        g.kinds.push_back(NodeKind::kMemset);
+        if (!with_params) break;
+        cudaMemsetParams p{};
+        check(cudaGraphMemsetNodeGetParams(node, &p), "cudaGraphMemsetNodeGetParams");
+        detail = mix(mix(memory_kind(p.dst), p.elementSize), p.height > 1 ? 1 : 0);
+        g.blobs.push_back(struct_blob(p));
+        break;
+      }
+      case cudaGraphNodeTypeEmpty:
+        g.kinds.push_back(NodeKind::kEmpty);
+        if (with_params) g.blobs.emplace_back();
+        break;
+      default:  // conditional, child graph, event, host, memory nodes
+        g.readable = false;
+        g.why_not = "it holds a " + node_type_name(type) + " node";
+        break;
+    }
+    // A topology leaves kernels and addresses to executable updates; alignment pairs copies and
+    // memsets by what an update may not change, and kernel nodes with kernel nodes, preferably
+    // of the same kernel (Note [Near topologies]).
+    h = mix(h, key);
+    g.keys.push_back(mix(key, detail));
+    if (with_params) g.variants.push_back(variant);
+  }
+  if (!g.readable) return g;
+  size_t edge_count = 0;
+#if CUDART_VERSION >= 12030
+  // With edge data: the query without it fails where an edge carries any (CUDA 12.3+).
+#if CUDART_VERSION >= 13000
+  constexpr auto get_edges = cudaGraphGetEdges;
+#else
+  constexpr auto get_edges = cudaGraphGetEdges_v2;
+#endif
+  check(get_edges(graph, nullptr, nullptr, nullptr, &edge_count), "cudaGraphGetEdges");
+  std::vector<cudaGraphNode_t> from(edge_count), to(edge_count);
+  std::vector<cudaGraphEdgeData> data(edge_count);
+  check(get_edges(graph, from.data(), to.data(), data.data(), &edge_count), "cudaGraphGetEdges");
+  for (const cudaGraphEdgeData& e : data) {
+    if (e.type != cudaGraphDependencyTypeDefault || e.from_port != 0 || e.to_port != 0) {
+      g.plain_edges = false;
+    }
+  }
+#else
+  check(cudaGraphGetEdges(graph, nullptr, nullptr, &edge_count), "cudaGraphGetEdges");
+  std::vector<cudaGraphNode_t> from(edge_count), to(edge_count);
+  check(cudaGraphGetEdges(graph, from.data(), to.data(), &edge_count), "cudaGraphGetEdges");
+#endif
+  g.edges.reserve(edge_count);
+  for (size_t e = 0; e < edge_count; ++e) g.edges.emplace_back(index.at(from[e]), index.at(to[e]));
+  std::sort(g.edges.begin(), g.edges.end());
+  for (const auto& [a, b] : g.edges) h = mix(h, (static_cast<uint64_t>(a) << 32) | b);
+  g.topology = h;
+  return g;
+}
+
+std::optional<uint64_t> kernel_in(const core::Blob& blob) {
+  if (blob.size() < sizeof(KernelHeader)) return std::nullopt;
+  KernelHeader h;
+  std::memcpy(&h, blob.data(), sizeof(h));
+  return h.func != 0 ? h.func : h.kern;
+}
+
+bool may_be_absent(cudaGraphNode_t node, NodeKind kind) {
+  switch (kind) {
+    case NodeKind::kKernel:
+    case NodeKind::kEmpty:
+      return true;
+    case NodeKind::kMemset: {
+      cudaMemsetParams p{};
+      if (cudaGraphMemsetNodeGetParams(node, &p) != cudaSuccess) {
+        (void)cudaGetLastError();
+        return false;
+      }
+      return p.height <= 1;
+    }
+    case NodeKind::kMemcpy:
+      return false;
+  }
+  return false;
+}
+
+void write_absent(cudaGraphExec_t exec, cudaGraphNode_t node, NodeKind kind) {
+  switch (kind) {
+    case NodeKind::kKernel: {
+      cudaLaunchAttributeValue cluster{};
+      dim3 grid(1);
+      if (cudaGraphKernelNodeGetAttribute(node, cudaLaunchAttributeClusterDimension, &cluster) !=
+          cudaSuccess) {
+        (void)cudaGetLastError();  // no cluster attribute: one block
+      } else if (cluster.clusterDim.x > 0) {
+        grid = dim3(cluster.clusterDim.x, std::max(1u, cluster.clusterDim.y),
+                    std::max(1u, cluster.clusterDim.z));
+      }
+      check(set_noop_kernel(exec, node, grid), "cudaGraphExecKernelNodeSetParams (no-op)");
+      break;
+    }
+    case NodeKind::kMemset: {
+      cudaMemsetParams p{};  // the node's element size: an update may not change it
+      check(cudaGraphMemsetNodeGetParams(node, &p), "cudaGraphMemsetNodeGetParams");
+      check(set_noop_memset(exec, node, p.elementSize), "cudaGraphExecMemsetNodeSetParams (no-op)");
+      break;
+    }
+    case NodeKind::kMemcpy:
+      throw std::logic_error("grape: a union lacks a copy node for a shape (may_be_absent)");
+    case NodeKind::kEmpty:
+      break;
+  }
+}
+
+void write_node(cudaGraphExec_t exec, cudaGraphNode_t node, NodeKind kind,
+                const core::Blob& blob) {
+  if (blob.empty()) {
+    write_absent(exec, node, kind);
+    return;
+  }
+  switch (kind) {
+    case NodeKind::kKernel: {
+      KernelHeader h;
+      std::memcpy(&h, blob.data(), sizeof(h));
+      CUDA_KERNEL_NODE_PARAMS p{};
+      p.func = reinterpret_cast<CUfunction>(h.func);
+      p.kern = reinterpret_cast<CUkernel>(h.kern);
+      p.ctx = reinterpret_cast<CUcontext>(h.ctx);
+      p.gridDimX = h.grid[0];
+      p.gridDimY = h.grid[1];
+      p.gridDimZ = h.grid[2];
+      p.blockDimX = h.block[0];
+      p.blockDimY = h.block[1];
+      p.blockDimZ = h.block[2];
+      p.sharedMemBytes = h.shared_bytes;
+      auto* bytes = const_cast<uint8_t*>(blob.data()) + sizeof(KernelHeader);
+      if (h.packed != 0) {
+        size_t size = blob.size() - sizeof(KernelHeader);
+        void* extra[] = {CU_LAUNCH_PARAM_BUFFER_POINTER, bytes, CU_LAUNCH_PARAM_BUFFER_SIZE, &size,
+                         CU_LAUNCH_PARAM_END};
+        p.extra = extra;
+        check(driver().cuGraphExecKernelNodeSetParams(reinterpret_cast<CUgraphExec>(exec),
+                                                      reinterpret_cast<CUgraphNode>(node), &p),
+              "cuGraphExecKernelNodeSetParams");
+        break;
+      }
+      const ParamLayout* layout = layout_of(p);  // known: read when the blob was made
+      if (layout == nullptr) {
+        throw std::runtime_error("grape: a kernel's parameter layout is unknown");
+      }
+      void* args[64];
+      std::vector<void*> many;
+      void** argv = args;
+      if (layout->params.size() > 64) {
+        many.resize(layout->params.size());
+        argv = many.data();
+      }
+      for (size_t i = 0; i < layout->params.size(); ++i) argv[i] = bytes + layout->params[i].first;
+      p.kernelParams = argv;
+      check(driver().cuGraphExecKernelNodeSetParams(reinterpret_cast<CUgraphExec>(exec),
+                                                    reinterpret_cast<CUgraphNode>(node), &p),
+            "cuGraphExecKernelNodeSetParams");
+      break;
+    }
+    case NodeKind::kMemcpy: {
+      cudaMemcpy3DParms p;
+      std::memcpy(&p, blob.data(), sizeof(p));
+      check(cudaGraphExecMemcpyNodeSetParams(exec, node, &p), "cudaGraphExecMemcpyNodeSetParams");
+      break;
+    }
+    case NodeKind::kMemset: {
+      cudaMemsetParams p;
+      std::memcpy(&p, blob.data(), sizeof(p));
+      check(cudaGraphExecMemsetNodeSetParams(exec, node, &p), "cudaGraphExecMemsetNodeSetParams");
+      break;
+    }
+    case NodeKind::kEmpty:
+      break;
+  }
+}
+
+cudaGraphNode_t add_node_like(cudaGraph_t graph, cudaGraphNode_t source, NodeKind kind) {
+  cudaGraphNode_t node = nullptr;
+  switch (kind) {
+    case NodeKind::kKernel: {
+      const DriverApi& d = driver();
+      if (d.cuGraphAddKernelNode == nullptr) {
+        throw std::runtime_error("grape: the CUDA driver lacks cuGraphAddKernelNode");
+      }
+      CUDA_KERNEL_NODE_PARAMS p{};
+      check(d.cuGraphKernelNodeGetParams(reinterpret_cast<CUgraphNode>(source), &p),
+            "cuGraphKernelNodeGetParams");
+      check(d.cuGraphAddKernelNode(reinterpret_cast<CUgraphNode*>(&node),
+                                   reinterpret_cast<CUgraph>(graph), nullptr, 0, &p),
+            "cuGraphAddKernelNode");
+#if CUDART_VERSION >= 13000
+      check(cudaGraphKernelNodeCopyAttributes(node, source), "cudaGraphKernelNodeCopyAttributes");
+#else  // (source, destination) before CUDA 13
+      check(cudaGraphKernelNodeCopyAttributes(source, node), "cudaGraphKernelNodeCopyAttributes");
+#endif
+      break;
+    }
+    case NodeKind::kMemcpy: {
+      cudaMemcpy3DParms p{};
+      check(cudaGraphMemcpyNodeGetParams(source, &p), "cudaGraphMemcpyNodeGetParams");
+      check(cudaGraphAddMemcpyNode(&node, graph, nullptr, 0, &p), "cudaGraphAddMemcpyNode");
+      break;
+    }
+    case NodeKind::kMemset: {
+      cudaMemsetParams p{};
+      check(cudaGraphMemsetNodeGetParams(source, &p), "cudaGraphMemsetNodeGetParams");
+      check(cudaGraphAddMemsetNode(&node, graph, nullptr, 0, &p), "cudaGraphAddMemsetNode");
+      break;
+    }
+    case NodeKind::kEmpty:
+      check(cudaGraphAddEmptyNode(&node, graph, nullptr, 0), "cudaGraphAddEmptyNode");
+      break;
+  }
+  return node;
+}
+
+void add_edge(cudaGraph_t graph, cudaGraphNode_t from, cudaGraphNode_t to) {
+#if CUDART_VERSION >= 13000
+  check(cudaGraphAddDependencies(graph, &from, &to, nullptr, 1), "cudaGraphAddDependencies");
+#else
+  check(cudaGraphAddDependencies(graph, &from, &to, 1), "cudaGraphAddDependencies");
+#endif
+}
+
+}  // namespace grape::cuda

@@ -1,0 +1,396 @@
+#include "torch/capture.h"
+
+#include <ATen/ATen.h>
+#include <ATen/cuda/CUDAGraph.h>
+#include <c10/cuda/CUDACachingAllocator.h>
+#include <c10/cuda/CUDAFunctions.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <torch/csrc/autograd/python_variable.h>
+
+#include <chrono>
+#include <optional>
+#include <string>
+#include <unordered_set>
+
+#include "torch/allocator_hook.h"
+#include "torch/python_scopes.h"
+#include "torch/side_effects.h"
+
+namespace grape {
+
+namespace {
+
+namespace allocator = c10::cuda::CUDACachingAllocator;
+
+// Note [Host constants]
+// `torch.tensor(0.0, device="cuda")` builds the value on the host and copies it from pageable
+// memory, which a capture refuses (Hugging Face builds attention-mask fill values so).
+// grape._host_constants.PinnedHostConstants, a TorchFunctionMode, builds such tensors in pinned
+// memory the graph keeps. It is entered only for signatures that need it: a signature's first
+// capture runs without it, and a capture refused for a pageable copy is tried again with it, as
+// are the signature's later captures (Note [Capture policy]). Entering it for every capture, or
+// for every signature of a function once one needed it, would change what torch.compile'd code
+// sees: Dynamo guards on the torch function mode stack, so a capture under the mode compiles the
+// function again, inside the capture, where compiling fails (a Hugging Face generate whose prompt
+// runs eagerly and whose decode steps run compiled code is such a function).
+
+class SyncDebugModeGuard {
+ public:
+  SyncDebugModeGuard() : previous_(c10::cuda::warning_state().get_sync_debug_mode()) {
+    c10::cuda::warning_state().set_sync_debug_mode(c10::cuda::SyncDebugMode::L_ERROR);
+  }
+  ~SyncDebugModeGuard() { c10::cuda::warning_state().set_sync_debug_mode(previous_); }
+  SyncDebugModeGuard(const SyncDebugModeGuard&) = delete;
+  SyncDebugModeGuard& operator=(const SyncDebugModeGuard&) = delete;
+
+ private:
+  c10::cuda::SyncDebugMode previous_;
+};
+
+// The arena's trace of a capture's allocations (Note [Planned capture layouts]), from the start of
+// the captured region until the blocks held to its end are freed; ended on every way out.
+class LayoutTrace {
+ public:
+  explicit LayoutTrace(GraphArena& arena) : arena_(arena) {}
+  ~LayoutTrace() { end(); }
+  LayoutTrace(const LayoutTrace&) = delete;
+  LayoutTrace& operator=(const LayoutTrace&) = delete;
+  void begin(const std::vector<core::LayoutPlan>& follow) {
+    arena_.begin_capture(follow);
+    begun_ = true;
+  }
+  // The plan to capture along again, if any (GraphArena::end_capture).
+  std::vector<core::LayoutPlan> end(std::vector<core::AddressRange>* survivors = nullptr) {
+    if (!begun_) return {};
+    begun_ = false;
+    return arena_.end_capture(survivors);
+  }
+
+ private:
+  GraphArena& arena_;
+  bool begun_ = false;
+};
+
+// What a capture holds around f, released on every way out in reverse order: arenas whose last
+// block died during the capture are destroyed last, once nothing captures.
+class CaptureScope {
+ public:
+  explicit CaptureScope(GraphPool& pool) : arena_(pool.arena()) {
+    // The capture stream follows the caller's stream, as torch.cuda.graph does.
+    pool.wait_for(at::cuda::getCurrentCUDAStream(pool.device()));
+    on_capture_stream_.emplace(pool.capture_stream());
+    // Memory that callers still hold is laid out around, never over (Note [Capture arena layout]).
+    pool.prune_live();
+    for (const auto& live : pool.live()) arena_.pin(live.range);
+  }
+  ~CaptureScope() { arena_.unpin_all(); }
+  CaptureScope(const CaptureScope&) = delete;
+  CaptureScope& operator=(const CaptureScope&) = delete;
+
+ private:
+  struct DestroyReleasedArenas {
+    ~DestroyReleasedArenas() { GraphArena::destroy_released(); }
+  } destroy_released_arenas_;
+  const GarbageCollectionPaused no_collection_while_capturing_;
+  GraphArena& arena_;
+  std::optional<at::cuda::CUDAStreamGuard> on_capture_stream_;
+};
+
+// Ends a capture that failed part-way and puts the allocator's pool bookkeeping back where it was.
+// Torch versions differ in how much of this CUDAGraph::reset() does itself, so we compare the
+// pool's use count with its value before the capture rather than assume either.
+void abort_capture(std::unique_ptr<ReplayGraph>& graph, GraphPool& pool, int use_count_before) {
+  cudaStream_t stream = pool.capture_stream().stream();
+  cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+  (void)cudaStreamIsCapturing(stream, &status);
+  if (status != cudaStreamCaptureStatusNone) {
+    try {
+      graph->capture_end();
+    } catch (const std::exception&) {
+    }
+    (void)cudaStreamIsCapturing(stream, &status);
+    if (status != cudaStreamCaptureStatusNone) {
+      cudaGraph_t partial = nullptr;
+      (void)cudaStreamEndCapture(stream, &partial);
+      if (partial != nullptr) (void)cudaGraphDestroy(partial);
+    }
+  }
+  (void)cudaGetLastError();  // capture errors are not sticky; clear the last one
+  graph.reset();
+  if (pool.allocator_use_count() > use_count_before) {
+    try {
+      allocator::endAllocateToPool(pool.device(), pool.id());
+    } catch (const std::exception&) {
+    }
+    pool.release_to(use_count_before);
+  }
+}
+
+std::string python_error_text(const py::error_already_set& e) {
+  std::string type = py::str(e.type().attr("__name__"));
+  std::string text = py::str(e.value());
+  auto nl = text.find('\n');
+  if (nl != std::string::npos) text = text.substr(0, nl);
+  return type + ": " + text;
+}
+
+CaptureOutcome failed(core::ReasonKind kind, std::string text, py::object error = py::none()) {
+  CaptureOutcome outcome;
+  outcome.result = core::TryResult::kFailed;
+  outcome.reason = {kind, std::move(text)};
+  outcome.error = std::move(error);
+  return outcome;
+}
+
+// Whether every block in `survivors` (allocated by a capture, still allocated after it) holds one
+// of `results` (the outputs and effects' values): then the capture may be dropped and taken
+// again. A block that outlives the capture and is no output or effect is state f kept (a cache
+// made at first sight of a shape): only this graph's kernels fill it, so a graph captured again,
+// which finds it made, would read what nothing wrote.
+bool only_results_survive(const std::vector<core::AddressRange>& survivors,
+                          const FlatCall& results) {
+  for (const auto& block : survivors) {
+    bool held = false;
+    for (const auto& t : results.tensors) {
+      held |= core::make_range(t.storage().data(), t.storage().nbytes()).overlaps(block);
+    }
+    if (!held) return false;
+  }
+  return true;
+}
+
+// What f returned and changed, flattened into `out`; the reason a replay could not repeat it, if
+// any.
+struct CapturedResults {
+  py::object result;
+  std::vector<Effect> effects;
+  py::list effect_values;
+  std::vector<GradGuard> grad_guards;
+  bool backward_ran = false;
+  bool effects_ok = true;
+  std::string effects_reason;
+};
+
+core::Reason refusal_of_results(Flattener& flattener, const CapturedResults& r,
+                                const std::vector<at::Tensor>& placeholders, FlatCall& flat,
+                                FlatCall& out) {
+  if (!r.effects_ok) return {core::ReasonKind::kResults, r.effects_reason};
+  flattener.flatten_value(
+      r.effects.empty() ? r.result
+                        : py::object(py::make_tuple(r.result, py::tuple(r.effect_values))),
+      out, &flat.records);
+  if (!out.unsupported.empty()) {
+    return {core::ReasonKind::kResults, "returns " + out.unsupported_path + ", a " + out.unsupported};
+  }
+  for (const auto& t : out.tensors) {
+    if (!t.is_cuda()) {
+      return {core::ReasonKind::kCpuTensor,
+              "returns a tensor on " + t.device().str() +
+                  " (computed once while capturing; a replay would not update it)"};
+    }
+    if (t.requires_grad() && !t.is_leaf() && !r.backward_ran) {
+      return {core::ReasonKind::kResults,
+              "an output requires grad and the function ran no backward pass (a graph cannot "
+              "join the caller's autograd graph: call backward inside the function, or run it "
+              "under torch.no_grad() or torch.inference_mode())"};
+    }
+    const int input = placeholder_of(placeholders, t.storage().unsafeGetStorageImpl());
+    if (input >= 0 && t.scalar_type() != flat.tensors[static_cast<size_t>(input)].scalar_type()) {
+      return {core::ReasonKind::kResults, "returns a view of an input with another dtype"};
+    }
+  }
+  return {};
+}
+
+// The parameters and buffers of the compiled module and of module arguments, with their
+// addresses: static state, checked before every replay.
+std::vector<std::pair<at::Tensor, const void*>> gather_static_tensors(
+    const py::object& static_module, const FlatCall& flat) {
+  std::vector<std::pair<at::Tensor, const void*>> statics;
+  auto add_module = [&](const py::object& module) {
+    for (const char* kind : {"parameters", "buffers"}) {
+      for (py::handle t : module.attr(kind)()) {
+        const at::Tensor& tensor = THPVariable_Unpack(t.ptr());
+        statics.emplace_back(tensor, tensor.data_ptr());
+      }
+    }
+  };
+  if (!static_module.is_none()) add_module(static_module);
+  for (const auto& m : flat.modules) add_module(m);
+  return statics;
+}
+
+}  // namespace
+
+CaptureOutcome capture(const CaptureContext& context, FlatCall& flat, bool pin_host_constants,
+                       const std::vector<core::LayoutPlan>& follow) {
+  GraphPool& pool = *context.pool;
+  c10::cuda::CUDAGuard device_guard(pool.device());
+
+  auto graph = std::make_unique<ReplayGraph>();
+  const int use_count_before = pool.allocator_use_count();
+  GraphArena& arena = pool.arena();
+  if (context.budget.limited()) {
+    // The arena may grow into what the resident executables leave of the budget.
+    arena.set_limit(context.budget.arena_limit(context.executables->device_bytes()));
+  }
+  install_allocator_hook();  // again, in case it was removed since the pool was made
+
+  // Gradients before f (Note [Gradients of a captured step]); put back when the capture ends.
+  std::vector<at::Tensor> grad_leaves =
+      context.training.tracked_leaves(context.static_module, flat);
+  if (!grad_leaves.empty()) context.training.prepare_backward(pool);
+  const CaptureGradients gradients(std::move(grad_leaves), pool,
+                                   at::cuda::getCurrentCUDAStream(pool.device()).stream());
+  EnteredContext stepped_optimizers(context.training.step_watch());
+  // Tensors f makes from Python values on the device come from pinned memory the graph keeps,
+  // where the signature needs it (Note [Host constants]).
+  const py::object host_constants =
+      pin_host_constants ? context.hooks.pinned_host_constants() : py::object(py::none());
+
+  std::vector<at::Tensor> placeholders;
+  std::vector<int64_t> versions;
+  std::vector<bool> chained(flat.tensors.size(), false);
+  std::vector<std::shared_ptr<InputBuffer>> buffers(flat.tensors.size());
+  CapturedResults captured_results;
+  LayoutTrace layout_trace(arena);
+  {
+    CaptureScope scope(pool);
+    cudaStream_t stream = pool.capture_stream().stream();
+    std::vector<py::object> leaves;
+    {
+      AllocationRoute to_placeholder_lane(arena, stream, /*placeholders=*/true);
+      for (size_t i = 0; i < flat.tensors.size(); ++i) {
+        const at::Tensor& t = flat.tensors[i];
+        if (context.can_alias(flat, i, &buffers[i])) {
+          // The input is an output of an earlier replay that nothing else references (chain
+          // prediction), or a buffer a predicted allocation site handed out (site prediction):
+          // it is this graph's placeholder, so calls that bring it again copy nothing.
+          chained[i] = buffers[i] == nullptr;
+          placeholders.push_back(
+              at::empty({0}, t.options()).set_(t.storage(), 0, t.sizes(), t.strides()));
+        } else {
+          try {
+            placeholders.push_back(at::empty_strided(t.sizes(), t.strides(), t.options()));
+          } catch (const c10::OutOfMemoryError& e) {
+            return failed(core::ReasonKind::kOutOfMemory,
+                          std::string("capture failed: ") + e.what_without_backtrace());
+          }
+        }
+        versions.push_back(placeholders.back()._version());
+        leaves.push_back(py::reinterpret_steal<py::object>(THPVariable_Wrap(placeholders.back())));
+      }
+    }
+    // A host synchronization inside the function raises before it reaches CUDA (which would
+    // invalidate the capture and leave the RNG in capture mode on older torch).
+    SyncDebugModeGuard raise_on_sync;
+    // The backward pass of a training step allocates from the autograd engine's device thread.
+    AllocationRoute to_arena(arena, stream, /*placeholders=*/false, /*for_all_threads=*/true);
+    // f runs on the caller's argument objects, placeholders set in them; they are put back as
+    // they were when this scope ends, and the replay sets what f rebound.
+    CaptureEffects record_state(flat.records);
+    UnflattenLog log;
+    CapturedResults& r = captured_results;
+    try {
+      graph->capture_begin(pool.id(), cudaStreamCaptureModeGlobal);
+      // From here on, what f allocates: the placeholders and what capture_begin makes (the RNG's
+      // seed and offset, which replays write from the host) are laid out already.
+      layout_trace.begin(follow);
+      py::tuple call = rebuild_arguments(flat, leaves, record_state, log);
+      {
+        std::optional<EnteredContext> pinned;
+        if (!host_constants.is_none()) pinned.emplace(host_constants);
+        r.result = call_python(context.fn, py::reinterpret_borrow<py::args>(call[0]),
+                               py::reinterpret_borrow<py::kwargs>(call[1]));
+      }
+      graph->capture_end();
+      r.effects_ok = record_state.collect(log, r.effects, r.effect_values, r.effects_reason);
+      r.backward_ran = gradients.collect(r.effects, r.effect_values, r.grad_guards);
+    } catch (py::error_already_set& e) {
+      r.result = py::none();
+      // The capture ends before any more Python runs (a failing __str__ must not leave it open).
+      abort_capture(graph, pool, use_count_before);
+      if (!e.matches(PyExc_Exception) || context.hooks.propagates(e)) throw;  // not a reason to run eagerly
+      const std::string text = python_error_text(e);
+      const bool out_of_memory = e.matches(py::module_::import("torch").attr("OutOfMemoryError"));
+      return failed(out_of_memory ? core::ReasonKind::kOutOfMemory
+                                  : core::kind_of_capture_error(text),
+                    "capture failed: " + text, e.value());
+    } catch (const c10::OutOfMemoryError& e) {
+      r.result = py::none();
+      abort_capture(graph, pool, use_count_before);
+      return failed(core::ReasonKind::kOutOfMemory,
+                    std::string("capture failed: ") + e.what_without_backtrace());
+    } catch (const std::exception& e) {
+      r.result = py::none();
+      abort_capture(graph, pool, use_count_before);
+      const std::string text = e.what();
+      return failed(core::kind_of_capture_error(text), "capture failed: " + text);
+    }
+  }
+
+  pool.hold_for_graph(use_count_before);
+  auto captured = std::make_unique<CapturedGraph>();
+  captured->pool = context.pool;
+  captured->graph = std::move(graph);  // destroyed with `captured` wherever the graph is refused
+  std::vector<core::AddressRange> survivors;
+  std::vector<core::LayoutPlan> plan = layout_trace.end(&survivors);
+  // What f returned and changed is checked before anything is built from the graph: a refused
+  // capture is neither taken again nor instantiated.
+  FlatCall out;
+  core::Reason refusal =
+      refusal_of_results(context.flattener, captured_results, placeholders, flat, out);
+  if (!refusal.empty()) return failed(refusal.kind, std::move(refusal.text));
+  if (!plan.empty() && only_results_survive(survivors, out)) {
+    // Dropped before it is instantiated: the caller captures again along the plan.
+    CaptureOutcome retake;
+    retake.result = core::TryResult::kRetake;
+    retake.plan = std::move(plan);
+    return retake;
+  }
+  try {
+    // One executable per topology: the graph joins its group (or starts one) and is read and
+    // destroyed; only the ReplayGraph stays, for PyTorch's replay prologue.
+    captured->member = context.executables->add(
+        captured->graph->release_graph(), at::cuda::getCurrentCUDAStream(pool.device()).stream());
+    captured->executables = context.executables;
+  } catch (const std::exception& e) {
+    return failed(core::ReasonKind::kInstantiation,
+                  std::string("instantiating the captured graph failed: ") + e.what());
+  }
+  CaptureOutcome outcome;
+  for (size_t i = 0; i < placeholders.size(); ++i) {
+    captured->placeholders.push_back({placeholders[i].data_ptr(), span_bytes(placeholders[i]),
+                                      placeholders[i]._version() != versions[i], chained[i],
+                                      buffers[i]});
+    outcome.alias_predictions += chained[i] || buffers[i] ? 1 : 0;
+  }
+  captured->effects = std::move(captured_results.effects);
+  pool.refresh_segments();
+  captured->classify_outputs(out, placeholders);
+  captured->output_spec = std::move(out.spec);
+  captured->static_tensors = gather_static_tensors(context.static_module, flat);
+  {
+    // Leaves that are not parameters of the modules (parameter arguments, optimizers' params).
+    std::unordered_set<const c10::TensorImpl*> known;
+    for (const auto& [tensor, ptr] : captured->static_tensors) {
+      known.insert(tensor.unsafeGetTensorImpl());
+    }
+    for (const auto& leaf : gradients.leaves()) {
+      if (known.insert(leaf.unsafeGetTensorImpl()).second) {
+        captured->static_tensors.emplace_back(leaf, leaf.data_ptr());
+      }
+    }
+  }
+  captured->grad_guards = std::move(captured_results.grad_guards);
+  captured->hyperparameters =
+      context.training.bake_optimizers(stepped_optimizers.get(), captured->static_tensors);
+  if (!host_constants.is_none()) captured->host_constants = host_constants.attr("kept");
+  outcome.result = core::TryResult::kGraph;
+  outcome.graph = std::move(captured);
+  // Dropping `placeholders`, `out` and the results frees their blocks back to the pool: later
+  // captures reuse them, and the registry protects what callers still hold.
+  return outcome;
+}
+
+}  // namespace grape

@@ -1,0 +1,101 @@
+#pragma once
+// What one capture recorded: the graph, where its inputs go, how to rebuild its outputs, and the
+// state outside the arguments that it read (module parameters, gradients, optimizer settings).
+// capture.cpp builds it, replay.cpp replays it, runtime.cpp keeps it per call signature.
+
+#include <ATen/core/Tensor.h>
+#include <pybind11/pybind11.h>
+
+#include <memory>
+#include <utility>
+#include <vector>
+
+#include "cuda/shared_executables.h"
+#include "torch/graph_pool.h"
+#include "torch/pytree.h"
+#include "torch/side_effects.h"
+#include "torch/training.h"
+
+namespace grape {
+
+namespace py = pybind11;
+
+struct InputBuffer;
+
+struct CapturedGraph {
+  struct Placeholder {
+    void* ptr = nullptr;
+    size_t bytes = 0;
+    bool mutated = false;
+    bool chained = false;                 // predicted: an earlier replay's output, used in place
+    std::shared_ptr<InputBuffer> buffer;  // predicted: a site's input buffer, used in place
+  };
+  // Where an output's storage comes from, and so what a replay returns (docs/design.md, Capture).
+  struct OutputStorage {
+    enum class Source {
+      kPool,    // the function's arena or private pool: a fresh tensor over the same memory
+      kInput,   // an input's placeholder: a view of the caller's input
+      kStatic,  // anything else (a parameter, a global tensor): the captured tensor itself
+    };
+    Source source = Source::kPool;
+    void* ptr = nullptr;  // kPool
+    size_t bytes = 0;     // kPool
+    int input = -1;       // kInput: the input whose placeholder this is
+  };
+  struct OutputTensor {
+    int storage = -1;
+    std::vector<int64_t> sizes;
+    std::vector<int64_t> strides;
+    int64_t offset = 0;  // elements from the storage's start (the placeholder's, for kInput)
+    at::ScalarType dtype = at::kFloat;
+    at::Tensor static_tensor;  // returned as is when its storage is static state
+  };
+
+  CapturedGraph() = default;
+  ~CapturedGraph();
+  CapturedGraph(const CapturedGraph&) = delete;
+  CapturedGraph& operator=(const CapturedGraph&) = delete;
+
+  std::shared_ptr<GraphPool> pool;  // outlives the graph
+  std::unique_ptr<ReplayGraph> graph;
+  // The executable that replays it, shared with the graphs of its topology.
+  std::shared_ptr<cuda::SharedExecutables> executables;
+  cuda::SharedExecutables::Member member;
+
+  std::vector<Placeholder> placeholders;
+  TreeSpec output_spec;
+  std::vector<OutputStorage> output_storages;
+  std::vector<OutputTensor> output_tensors;
+  std::vector<std::pair<at::Tensor, const void*>> static_tensors;
+  // Attributes of argument objects that f rebinds (Note [Argument objects]) and gradients that
+  // its backward pass replaces (Note [Gradients of a captured step]); when there are any, the
+  // outputs are (f's result, the effects' values).
+  std::vector<Effect> effects;
+  // Gradients the graph reads or accumulates into where they are.
+  std::vector<GradGuard> grad_guards;
+  // (param group, key, value): the optimizers' settings the graph baked in.
+  py::list hyperparameters;
+  // Pinned host tensors the graph copies to the device (Note [Host constants]).
+  py::list host_constants;
+
+  // Records where each tensor of `results` (f's flattened outputs) lives, given the capture's
+  // `placeholders` and the pool (whose segments must be fresh).
+  void classify_outputs(const FlatCall& results, const std::vector<at::Tensor>& placeholders);
+  // After a launch: f's result for the call `flat`, over the memory the graph wrote, with the
+  // effects applied to the call's argument objects.
+  py::object rebuild_outputs(FlatCall& flat) const;
+
+  // What of the static state is not as it was captured, if anything; `changed` says it in words.
+  enum class StateChange { kNone, kTensorMoved, kGradientMoved, kOptimizerSetting };
+  StateChange static_state_change(std::string& changed) const;
+};
+
+// Bytes from a tensor's first element to one past its last (its placeholder's storage size).
+size_t span_bytes(const at::Tensor& t);
+// Whether `t` is its whole storage of `bytes` bytes, laid out from the storage's start: what a
+// placeholder of `t`'s sizes and strides would be.
+bool is_whole_storage(const at::Tensor& t, size_t bytes);
+// The index of the placeholder whose storage is `impl`, or -1.
+int placeholder_of(const std::vector<at::Tensor>& placeholders, const c10::StorageImpl* impl);
+
+}  // namespace grape

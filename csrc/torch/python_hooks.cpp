@@ -1,0 +1,56 @@
+#include "torch/python_hooks.h"
+
+namespace grape {
+
+void PythonHooks::report_fallback(const std::string& signature, const core::Reason& reason,
+                                  const py::object& error) const {
+  if (hooks_.is_none()) return;  // cleared by the garbage collector
+  hooks_.attr("report_fallback")(signature, core::reason_kind_name(reason.kind), reason.text,
+                                 error);
+}
+
+bool PythonHooks::in_process_group() const {
+  return !hooks_.is_none() && hooks_.attr("in_process_group")().cast<bool>();
+}
+
+std::optional<std::pair<std::string, bool>> PythonHooks::agree(const std::string& signature,
+                                                               const std::string& reason,
+                                                               bool out_of_memory) const {
+  if (hooks_.is_none()) return std::nullopt;
+  py::object common = hooks_.attr("agree")(signature, reason, out_of_memory);
+  if (common.is_none()) return std::nullopt;
+  return common.cast<std::pair<std::string, bool>>();
+}
+
+bool PythonHooks::propagates(const py::error_already_set& error) const {
+  return !hooks_.is_none() && error.matches(hooks_.attr("propagated_errors"));
+}
+
+py::object PythonHooks::pinned_host_constants() const {
+  return hooks_.attr("pinned_host_constants")();
+}
+
+py::object PythonHooks::optimizer_set() const { return hooks_.attr("optimizer_set")(); }
+
+py::object PythonHooks::step_watch(const py::object& seen) const {
+  return hooks_.attr("step_watch")(seen);
+}
+
+py::object PythonHooks::leaves_of(const py::list& arguments, const py::object& optimizers,
+                                  const py::list& modules) const {
+  return hooks_.attr("leaves_of")(arguments, optimizers, modules);
+}
+
+void PythonHooks::prepare_backward(int device_index) const {
+  hooks_.attr("prepare_backward")(device_index);
+}
+
+py::object PythonHooks::state_tensors(const py::object& optimizers) const {
+  return hooks_.attr("state_tensors")(optimizers);
+}
+
+py::list PythonHooks::hyperparameters(const py::object& optimizers) const {
+  return hooks_.attr("hyperparameters")(optimizers);
+}
+
+}  // namespace grape

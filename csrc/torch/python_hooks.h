@@ -1,0 +1,59 @@
+#pragma once
+// The runtime's one way into Python: the hooks object (grape/_hooks.py RuntimeHooks) that
+// grape.CompiledFunction hands its Runtime at construction. Typed calls here, so no other C++
+// file names a Python module or method of grape's.
+
+#include <pybind11/pybind11.h>
+
+#include <optional>
+#include <string>
+#include <utility>
+
+#include "core/reasons.h"
+
+namespace grape {
+
+namespace py = pybind11;
+
+class PythonHooks {
+ public:
+  explicit PythonHooks(py::object hooks) : hooks_(std::move(hooks)) {}
+
+  // A signature runs eagerly (or a replay was refused) for `reason`; `error`: the exception a
+  // capture raised, or None. Warns (grape.FallbackWarning) and keeps it for grape.stats.
+  void report_fallback(const std::string& signature, const core::Reason& reason,
+                       const py::object& error) const;
+  // Whether this process is a rank of an initialized torch.distributed process group.
+  bool in_process_group() const;
+  // At a capture point: this rank's outcome (`reason` empty: captured) made common to every rank
+  // (Note [Capture points agree across ranks]): (reason, any rank out of memory), or nothing in
+  // a process of its own.
+  std::optional<std::pair<std::string, bool>> agree(const std::string& signature,
+                                                    const std::string& reason,
+                                                    bool out_of_memory) const;
+  // Whether a capture lets `error` through to the caller instead of falling back to eager (a
+  // branch the rewriter cannot predicate, a collective in a predicated body: the user's to fix).
+  bool propagates(const py::error_already_set& error) const;
+  // A new PinnedHostConstants mode (Note [Host constants]); its `kept` holds the pinned tensors.
+  py::object pinned_host_constants() const;
+
+  // Training steps (Note [Gradients of a captured step]).
+  py::object optimizer_set() const;  // a weakref.WeakSet
+  py::object step_watch(const py::object& seen) const;
+  py::object leaves_of(const py::list& arguments, const py::object& optimizers,
+                       const py::list& modules) const;
+  void prepare_backward(int device_index) const;
+  py::object state_tensors(const py::object& optimizers) const;
+  py::list hyperparameters(const py::object& optimizers) const;
+
+  int traverse(visitproc visit, void* arg) {
+    Py_VISIT(hooks_.ptr());
+    return 0;
+  }
+  void clear() { hooks_ = py::none(); }
+
+ private:
+  py::object hooks_;
+};
+
+}  // namespace grape

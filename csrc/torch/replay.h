@@ -1,0 +1,47 @@
+#pragma once
+// One replay of a captured graph for a call: plan the inputs (Note [Liveness of graph outputs] in
+// core/replay_plan.h), evacuate live outputs in the way, feed the placeholders, launch, copy
+// in-place updates back, and rebuild the outputs.
+
+#include <pybind11/pybind11.h>
+
+#include <cstddef>
+#include <string>
+
+#include "core/memory_budget.h"
+#include "torch/captured_graph.h"
+#include "torch/pytree.h"
+#include "torch/runtime_counters.h"
+
+namespace grape {
+
+namespace py = pybind11;
+
+class InputSites;
+
+// What a replay reads and counts of its compiled function.
+struct ReplayContext {
+  GraphPool& pool;
+  const core::MemoryBudget& budget;
+  InputSites* sites;  // null when alias prediction is off
+  RuntimeCounters& stats;
+  // The caller did nothing but replay since its previous launch, so an idle stream means the GPU
+  // waits for launches (Note [Executable slots]).
+  bool host_paced;
+};
+
+struct ReplayOutcome {
+  bool replayed = false;
+  py::object result;    // replayed: f's result
+  std::string refusal;  // not replayed: why this call must run eagerly (nothing was launched)
+};
+
+ReplayOutcome replay(const CapturedGraph& graph, FlatCall& flat, ReplayContext& context);
+
+// Evicts least recently used executables until the budget holds with the arena as it is now,
+// sparing `keep`'s executable.
+void enforce_memory_budget(const core::MemoryBudget& budget, const GraphPool& pool,
+                           cuda::SharedExecutables& executables,
+                           cuda::SharedExecutables::Member keep);
+
+}  // namespace grape

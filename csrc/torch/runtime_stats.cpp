@@ -1,0 +1,141 @@
+// Runtime::stats(): the counters of a compiled function as grape.stats() reports them. Every key
+// is defined, with its meaning, in grape/_stats.py's table; a test fails on a key missing there.
+#include "torch/runtime.h"
+
+#include "core/alias_sites.h"
+#include "cuda/executable_stats.h"
+
+#ifdef GRAPE_WITH_CUDA
+#include "cuda/shared_executables.h"
+#include "torch/captured_graph.h"
+#include "torch/graph_pool.h"
+#include "torch/site_predictor.h"
+#endif
+
+namespace grape {
+
+namespace {
+
+py::dict per_lane(size_t large, size_t small, size_t placeholder, size_t input) {
+  return py::dict(py::arg("large") = large, py::arg("small") = small,
+                  py::arg("placeholder") = placeholder, py::arg("input") = input);
+}
+
+py::object none_if_negative(int64_t v) {
+  return v < 0 ? py::object(py::none()) : py::object(py::int_(v));
+}
+
+py::object none_if_empty(const std::string& s) {
+  return s.empty() ? py::object(py::none()) : py::object(py::str(s));
+}
+
+}  // namespace
+
+py::dict Runtime::stats() {
+  py::dict d;
+  d["calls"] = stats_.calls;
+  d["replays"] = stats_.replays;
+  d["captures"] = stats_.captures;
+  d["warmup_calls"] = stats_.warmup_calls;
+  d["eager_calls"] = stats_.eager_calls;
+  d["recaptures"] = stats_.recaptures;
+  d["capture_failures"] = stats_.capture_failures;
+  d["capture_seconds"] = static_cast<double>(stats_.capture_ns) * 1e-9;
+  d["replay_seconds"] = static_cast<double>(stats_.replay_ns) * 1e-9;
+  d["launch_seconds"] = static_cast<double>(stats_.launch_ns) * 1e-9;
+  d["bytes_copied_in"] = stats_.bytes_copied_in;
+  d["bytes_copied_back"] = stats_.bytes_copied_back;
+  d["bytes_evacuated"] = stats_.bytes_evacuated;
+  d["inputs_moved"] = stats_.inputs_moved;
+  d["inputs_in_place"] = stats_.inputs_in_place;
+  d["evacuations"] = stats_.evacuations;
+  d["alias_prediction"] = chain_.alias_prediction;
+  d["alias_predictions"] = stats_.alias_predictions;
+  d["alias_hits"] = stats_.alias_hits;
+  d["alias_misses"] = stats_.alias_misses;
+  d["bytes_avoided"] = stats_.bytes_avoided;
+  d["chain_variants"] = stats_.chain_variants;
+  d["capture_oom_retries"] = stats_.capture_oom_retries;
+  d["replanned_captures"] = stats_.replanned_captures;
+  d["replans_diverged"] = stats_.replans_diverged;
+  int64_t pinning = 0;
+  for (const auto& [signature, entry] : cache_) pinning += entry->pin_host_constants ? 1 : 0;
+  d["pinned_host_constants"] = pinning;
+  d["last_recapture_reason"] = none_if_empty(last_recapture_reason_);
+  d["warmup_each_signature"] = warmup_.each_signature;
+  d["memory_budget"] = none_if_negative(budget_.bytes());
+  cuda::ExecutableStats ex;
+  std::string unshareable_reason;
+  core::SiteStats sites;
+#ifdef GRAPE_WITH_CUDA
+  ex = executables_->stats();
+  unshareable_reason = executables_->unshareable_reason();
+  if (sites_) sites = sites_->stats();
+#endif
+  d["shapes"] = ex.members;
+  d["topology_groups"] = ex.groups;
+  d["unshareable_groups"] = ex.unshareable;
+  d["unshareable_reason"] = unshareable_reason.empty()
+                                ? py::object(py::none())
+                                : py::str("graphs cannot share executables: " + unshareable_reason);
+  d["resident_executables"] = ex.resident;
+  d["executable_bytes"] = static_cast<int64_t>(ex.device_bytes);
+  d["cached_executable_bytes"] = static_cast<int64_t>(ex.cached_bytes);
+  d["executable_cache"] = none_if_negative(executable_cache_);
+  d["instantiations"] = ex.instantiations;
+  d["evictions"] = ex.evictions;
+  d["graphs_joined"] = ex.joins;
+  d["graphs_joined_near"] = ex.near_joins;
+  d["topology_unions"] = ex.unions;
+  d["kernels_swapped_near"] = ex.near_swaps;
+  d["union_extra_nodes"] = ex.union_extra_nodes;
+  py::dict refusals;
+  refusals["far"] = ex.near_refused_far;
+  refusals["unaligned"] = ex.near_refused_unaligned;
+  refusals["edits"] = ex.near_refused_edits;
+  refusals["no_noop"] = ex.near_refused_no_noop;
+  refusals["driver"] = ex.near_refused_driver;
+  d["near_join_refusals"] = refusals;
+  d["executable_switches"] = ex.switches;
+  d["patches_ahead"] = ex.patches_ahead;
+  d["nodes_patched"] = ex.nodes_patched;
+  d["kernels_swapped"] = ex.kernels_swapped;
+  d["patch_seconds"] = static_cast<double>(ex.patch_ns) * 1e-9;
+  d["params_bytes"] = static_cast<int64_t>(ex.params_bytes);
+  d["params_raw_bytes"] = static_cast<int64_t>(ex.params_raw_bytes);
+  d["input_sites"] = sites.sites;
+  d["site_allocations"] = sites.site_allocations;
+  d["site_buffers_busy"] = sites.site_buffers_busy;
+  d["input_buffer_bytes"] = sites.buffer_bytes;
+  int64_t graphs = 0;
+  for (const auto& kv : cache_) graphs += kv.second->graph ? 1 : 0;
+  d["graphs"] = graphs;
+  d["signatures"] = static_cast<int64_t>(cache_.size());
+  // Graph memory; zeros before the first capture.
+  d["pool_bytes"] = 0;
+  d["arena_bytes"] = 0;
+  d["arena_lane_bytes"] = per_lane(0, 0, 0, 0);
+  d["arena_lane_peak_bytes"] = per_lane(0, 0, 0, 0);
+  d["live_outputs"] = 0;
+#ifdef GRAPE_WITH_CUDA
+  if (pool_) {
+    pool_->refresh_segments();
+    pool_->prune_live();
+    const GraphArena& arena = pool_->arena();
+    d["pool_bytes"] = static_cast<int64_t>(pool_->device_bytes());
+    d["arena_bytes"] = static_cast<int64_t>(arena.mapped_bytes());
+    d["arena_lane_bytes"] =
+        per_lane(arena.mapped_bytes(ArenaLane::kLarge), arena.mapped_bytes(ArenaLane::kSmall),
+                 arena.mapped_bytes(ArenaLane::kPlaceholder), arena.mapped_bytes(ArenaLane::kInput));
+    d["arena_lane_peak_bytes"] = per_lane(arena.peak_allocated_bytes(ArenaLane::kLarge),
+                                          arena.peak_allocated_bytes(ArenaLane::kSmall),
+                                          arena.peak_allocated_bytes(ArenaLane::kPlaceholder),
+                                          arena.peak_allocated_bytes(ArenaLane::kInput));
+    d["live_outputs"] = static_cast<int64_t>(pool_->live().size());
+  }
+#endif
+  d["fallback"] = none_if_empty(global_fallback_.text);
+  return d;
+}
+
+}  // namespace grape

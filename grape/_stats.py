@@ -1,0 +1,136 @@
+"""Every key of :func:`grape.stats`, with its meaning: the one table they are defined in.
+
+The runtime's counters (csrc/torch/runtime_stats.cpp) and the keys the Python side adds must all
+be here; tests/python/test_stats_table.py fails on a key missing from this table, and on a
+docs/semantics.md table that differs from :func:`markdown_table` (``python -m grape._stats``
+prints it). The docstring of :func:`grape.stats` is made from it.
+"""
+
+from __future__ import annotations
+
+__all__ = ["KEYS", "TABLE", "docstring", "markdown_table"]
+
+# (keys, meaning): keys that are read together share a row.
+TABLE: list[tuple[tuple[str, ...], str]] = [
+    (('calls',),
+     'every call, including calls made inside another capture'),
+    (('replays',),
+     'calls answered by a graph (the capturing call included)'),
+    (('captures',),
+     'successful captures, recaptures included'),
+    (('warmup_calls',),
+     'eager calls of the warm-up phase (with `warmup_each_signature=False`, also calls whose capture at first sight failed)'),
+    (('warmup_each_signature',),
+     "the function's `warmup_each_signature` option"),
+    (('eager_calls',),
+     'calls of fallen-back signatures, refused replays, and calls without CUDA'),
+    (('recaptures',),
+     'graphs dropped because static state changed: a parameter, buffer or optimizer state tensor moved, a gradient is not where the capture found it, or an optimizer setting changed'),
+    (('last_recapture_reason',),
+     'what changed for the last recapture, else `None`'),
+    (('capture_failures',),
+     'captures that failed (the signature fell back, or with `warmup_each_signature=False` warmed up first)'),
+    (('capture_seconds',),
+     'wall time spent in successful captures'),
+    (('bytes_copied_in',),
+     'bytes copied into placeholders (copy in and move in)'),
+    (('bytes_copied_back',),
+     'bytes copied from placeholders back to mutated inputs'),
+    (('bytes_evacuated', 'evacuations'),
+     'live outputs copied out of the pool before a replay'),
+    (('inputs_moved',),
+     'inputs moved into their placeholder'),
+    (('inputs_in_place',),
+     'inputs that already were their placeholder (no copy)'),
+    (('graphs',),
+     'signatures that currently hold a captured graph'),
+    (('signatures',),
+     'signatures seen (warming up, captured, or eager)'),
+    (('pool_bytes', 'arena_bytes', 'arena_lane_bytes'),
+     "device bytes of the function's pool (its arena's mapped lanes and its private pool); of them, the arena's mapped lanes; and those per lane (`large`, `small`, `placeholder`, `input`)"),
+    (('alias_prediction',),
+     'whether alias prediction is on'),
+    (('alias_predictions',),
+     'placeholders captured in place: an earlier output (chained) or an input buffer'),
+    (('alias_hits', 'alias_misses'),
+     'predicted inputs found in place at a replay, or copied in'),
+    (('bytes_avoided',),
+     'input bytes the hits did not copy'),
+    (('chain_variants',),
+     'extra graphs captured so that a signature reads chained inputs or input buffers in place'),
+    (('input_sites',),
+     "code positions learned as allocating this function's inputs"),
+    (('site_allocations',),
+     "allocations served from the function's input buffers"),
+    (('site_buffers_busy',),
+     'allocations at a learned site served by PyTorch because its buffers were held'),
+    (('input_buffer_bytes',),
+     "device bytes of the input buffers (in the arena's `input` lane)"),
+    (('live_outputs',),
+     'handed-out storages still alive in pool memory'),
+    (('shapes',),
+     'graphs held (one per captured signature and chain variant)'),
+    (('topology_groups', 'unshareable_groups'),
+     'groups of graphs sharing executables; and of them, the groups holding a graph that cannot share'),
+    (('unshareable_reason',),
+     'why some graphs cannot share an executable, else `None`'),
+    (('graphs_joined',),
+     'graphs that joined an existing group instead of being instantiated'),
+    (('graphs_joined_near', 'topology_unions'),
+     "of those, graphs joined by alignment (of another, near topology, or into a union); and the joins that grew the group's graph into a union"),
+    (('kernels_swapped_near', 'union_extra_nodes'),
+     "kernel nodes that near joins paired with a node of another kernel; and the nodes unions hold beyond their smallest member's (which it runs as no-ops)"),
+    (('near_join_refusals',),
+     "why graphs of a new topology did not join a near group: `far` (per graph: no group's node count near its own), and per group tried, `unaligned` (no alignment order: programmatic or port edges), `edits` (too many nodes differ), `no_noop` (a copy or 2-D memset would be absent), `driver` (the driver refused its parameters)"),
+    (('resident_executables', 'executable_bytes'),
+     'executables instantiated now, and their device memory (measured at instantiation)'),
+    (('cached_executable_bytes', 'executable_cache'),
+     "of that memory, the executables beyond one per topology; and the function's `executable_cache` (`None`: no limit)"),
+    (('instantiations', 'evictions'),
+     'executables instantiated (rebuilds after eviction included), and freed for the budget'),
+    (('executable_switches', 'nodes_patched', 'kernels_swapped', 'patch_seconds'),
+     'patches of an executable to another shape, nodes written, of them kernel nodes that now run another kernel (each makes the next launch slower), and the CPU time it took'),
+    (('patches_ahead',),
+     'patches made right after a launch, for the graph that followed it the last two times'),
+    (('replay_seconds', 'launch_seconds'),
+     'host time of replays (preparing the executable, copies, launch), and of it in graph launches; where the GPU is the bottleneck, a launch also waits for room in the launch queue'),
+    (('params_bytes', 'params_raw_bytes'),
+     "host bytes of the graphs' kept parameters, compressed, and what they would take uncompressed"),
+    (('capture_oom_retries',),
+     'captures retried after running out of memory'),
+    (('replanned_captures', 'replans_diverged'),
+     'captures taken again along a planned layout of the pool, and those of them whose allocations did not all come as planned (placed first fit from there)'),
+    (('arena_lane_peak_bytes',),
+     'per lane of the arena, the most bytes allocated at once: what no layout can go below (`arena_lane_bytes` is what is mapped)'),
+    (('pinned_host_constants',),
+     'signatures whose captures make device tensors of Python values in pinned memory (a capture of theirs needed it)'),
+    (('memory_budget',),
+     "the function's budget in bytes, or `None`"),
+    (('fallback',),
+     'the reason every call runs eagerly (no CUDA), else `None`'),
+    (('name',),
+     "the function's qualified name (`Linear.forward` for a module)"),
+    (('fallbacks',),
+     'list of `{"signature", "kind", "reason", "call_site"}`, one per reported fallback; `kind` names the reason\'s kind (`host_sync`, `pageable_copy`, `cpu_tensor`, `out_of_memory`, `unsupported_argument`, `results`, `capture_error`, `instantiation`, `other_rank`, `replay_refused`, `no_cuda`)'),
+    (('entries',),
+     'per signature: `{"signature", "state": "warmup" | "graph" | "eager", "kind", "reason", "replays"}`'),
+]
+
+KEYS: tuple[str, ...] = tuple(key for keys, _ in TABLE for key in keys)
+
+
+def markdown_table() -> str:
+    """The table as docs/semantics.md shows it."""
+    lines = ["| key | meaning |", "|---|---|"]
+    for keys, meaning in TABLE:
+        lines.append("| " + ", ".join(f"`{k}`" for k in keys) + " | " + meaning.replace("|", "\\|") + " |")
+    return "\n".join(lines)
+
+
+def docstring() -> str:
+    """The keys as a list for a docstring."""
+    return "\n".join(f"    * ``{'``, ``'.join(keys)}``: {meaning}" for keys, meaning in TABLE)
+
+
+if __name__ == "__main__":
+    print(markdown_table())

@@ -1,0 +1,171 @@
+// The capture policy (Note [Capture policy]), typed reasons (Note [Typed reasons]) and the memory
+// budget, without a GPU.
+#include <gtest/gtest.h>
+
+#include <vector>
+
+#include "core/capture_policy.h"
+#include "core/memory_budget.h"
+#include "core/reasons.h"
+
+using namespace grape::core;
+
+TEST(WarmupPolicy, EachSignatureWarmsUpOnItsOwn) {
+  const WarmupPolicy policy{2, true};
+  EXPECT_TRUE(policy.warming_up(0, 5));
+  EXPECT_TRUE(policy.warming_up(1, 5));
+  EXPECT_FALSE(policy.warming_up(2, 5));
+}
+
+TEST(WarmupPolicy, OnlyTheFunctionsFirstCallsWarmUp) {
+  const WarmupPolicy policy{1, false};
+  EXPECT_TRUE(policy.warming_up(0, 0));
+  EXPECT_FALSE(policy.warming_up(0, 1));  // a new signature after the first warm-up captures
+  EXPECT_FALSE(WarmupPolicy({0, false}).warming_up(0, 0));
+}
+
+TEST(CapturePolicy, AGraphEndsTheTries) {
+  CaptureTries tries;
+  EXPECT_EQ(next_try(TryResult::kGraph, ReasonKind::kNone, tries), NextTry::kNone);
+}
+
+TEST(CapturePolicy, ARetakeFollowsThePlanOnce) {
+  CaptureTries tries;
+  EXPECT_EQ(next_try(TryResult::kRetake, ReasonKind::kNone, tries), NextTry::kAlongPlan);
+  EXPECT_TRUE(tries.along_plan);
+  EXPECT_EQ(next_try(TryResult::kRetake, ReasonKind::kNone, tries), NextTry::kNone);
+}
+
+TEST(CapturePolicy, APageableCopyIsTakenAgainPinnedOnce) {
+  CaptureTries tries;
+  EXPECT_EQ(next_try(TryResult::kFailed, ReasonKind::kPageableCopy, tries), NextTry::kPinned);
+  EXPECT_TRUE(tries.pinned);
+  EXPECT_EQ(next_try(TryResult::kFailed, ReasonKind::kPageableCopy, tries), NextTry::kNone);
+  CaptureTries already_pinned{false, true, false};
+  EXPECT_EQ(next_try(TryResult::kFailed, ReasonKind::kPageableCopy, already_pinned),
+            NextTry::kNone);
+}
+
+TEST(CapturePolicy, OutOfMemoryIsTakenAgainOnceAfterFreeing) {
+  CaptureTries tries;
+  EXPECT_EQ(next_try(TryResult::kFailed, ReasonKind::kOutOfMemory, tries),
+            NextTry::kAfterFreeingMemory);
+  EXPECT_EQ(next_try(TryResult::kFailed, ReasonKind::kOutOfMemory, tries), NextTry::kNone);
+}
+
+TEST(CapturePolicy, EachTryMayFollowItsOwnPlan) {
+  CaptureTries tries;
+  EXPECT_EQ(next_try(TryResult::kRetake, ReasonKind::kNone, tries), NextTry::kAlongPlan);
+  EXPECT_EQ(next_try(TryResult::kFailed, ReasonKind::kPageableCopy, tries), NextTry::kPinned);
+  EXPECT_FALSE(tries.along_plan);
+  EXPECT_EQ(next_try(TryResult::kRetake, ReasonKind::kNone, tries), NextTry::kAlongPlan);
+}
+
+TEST(CapturePolicy, OtherFailuresAreFinal) {
+  for (ReasonKind kind : {ReasonKind::kHostSync, ReasonKind::kCaptureError, ReasonKind::kResults,
+                          ReasonKind::kCpuTensor, ReasonKind::kInstantiation}) {
+    CaptureTries tries;
+    EXPECT_EQ(next_try(TryResult::kFailed, kind, tries), NextTry::kNone) << reason_kind_name(kind);
+  }
+}
+
+TEST(CapturePolicy, ACaptureWithoutWarmUpWarmsUpAndTriesAgain) {
+  const WarmupPolicy lazy{1, false};
+  EXPECT_EQ(after_failed_capture(lazy, 0, ReasonKind::kCaptureError),
+            AfterFailure::kWarmUpAndRetry);
+  EXPECT_EQ(after_failed_capture(lazy, 0, ReasonKind::kOtherRank), AfterFailure::kWarmUpAndRetry);
+  // A second failure, memory, and arguments no graph takes fall back.
+  EXPECT_EQ(after_failed_capture(lazy, 1, ReasonKind::kCaptureError), AfterFailure::kFallBack);
+  EXPECT_EQ(after_failed_capture(lazy, 0, ReasonKind::kOutOfMemory), AfterFailure::kFallBack);
+  EXPECT_EQ(after_failed_capture(lazy, 0, ReasonKind::kUnsupportedArgument),
+            AfterFailure::kFallBack);
+  // Warmed up already, or no warm-up at all: nothing a warm-up could mend.
+  EXPECT_EQ(after_failed_capture({1, true}, 0, ReasonKind::kCaptureError), AfterFailure::kFallBack);
+  EXPECT_EQ(after_failed_capture({0, false}, 0, ReasonKind::kCaptureError),
+            AfterFailure::kFallBack);
+}
+
+namespace {
+
+struct Graphs {
+  std::vector<bool> fit;
+  bool chainable = false;
+  mutable int fits_asked = 0;
+  GraphChoice choose(const ChainPolicy& policy) const {
+    return choose_graph(
+        policy, fit.size() - 1,
+        [&](size_t i) {
+          ++fits_asked;
+          return static_cast<bool>(fit[i]);
+        },
+        [&] { return chainable; });
+  }
+};
+
+}  // namespace
+
+TEST(ChainVariants, TheSignaturesGraphServesWhereItFits) {
+  Graphs g{{true, true}, true};
+  const GraphChoice c = g.choose({});
+  EXPECT_EQ(c.kind, GraphChoice::Kind::kUse);
+  EXPECT_EQ(c.graph, 0u);
+  EXPECT_EQ(g.fits_asked, 1);  // the replay path asks once
+}
+
+TEST(ChainVariants, AFittingVariantServes) {
+  Graphs g{{false, false, true}, true};
+  const GraphChoice c = g.choose({});
+  EXPECT_EQ(c.kind, GraphChoice::Kind::kUse);
+  EXPECT_EQ(c.graph, 2u);
+}
+
+TEST(ChainVariants, ANewVariantWhereInputsChain) {
+  Graphs g{{false, false}, true};
+  EXPECT_EQ(g.choose({}).kind, GraphChoice::Kind::kCaptureVariant);
+  g.chainable = false;
+  EXPECT_EQ(g.choose({}).kind, GraphChoice::Kind::kUse);
+}
+
+TEST(ChainVariants, AtMostThreeAndNoneAcrossRanksOrWithoutPrediction) {
+  Graphs full{std::vector<bool>(1 + ChainPolicy::kMaxChainVariants, false), true};
+  EXPECT_EQ(full.choose({}).kind, GraphChoice::Kind::kUse);
+  Graphs g{{false}, true};
+  EXPECT_EQ(g.choose({true, true}).kind, GraphChoice::Kind::kUse);
+  EXPECT_EQ(g.choose({false, false}).kind, GraphChoice::Kind::kUse);
+  EXPECT_EQ(g.choose({false, false}).graph, 0u);
+}
+
+TEST(Reasons, CaptureErrorsAreKindedByWhatPyTorchSays) {
+  EXPECT_EQ(kind_of_capture_error(
+                "RuntimeError: called a synchronizing CUDA operation"),
+            ReasonKind::kHostSync);
+  EXPECT_EQ(kind_of_capture_error("operation not permitted when stream is capturing"),
+            ReasonKind::kHostSync);
+  EXPECT_EQ(kind_of_capture_error("RuntimeError: Cannot copy between CPU and CUDA tensors during "
+                                  "CUDA graph capture unless the CPU tensor is pinned."),
+            ReasonKind::kPageableCopy);
+  EXPECT_EQ(kind_of_capture_error("ValueError: bad shape"), ReasonKind::kCaptureError);
+}
+
+TEST(Reasons, EveryKindHasItsOwnName) {
+  std::vector<std::string> names;
+  for (int k = 0; k <= static_cast<int>(ReasonKind::kReplayRefused); ++k) {
+    names.emplace_back(reason_kind_name(static_cast<ReasonKind>(k)));
+    EXPECT_NE(names.back(), "unknown");
+  }
+  for (size_t i = 0; i < names.size(); ++i) {
+    for (size_t j = i + 1; j < names.size(); ++j) EXPECT_NE(names[i], names[j]);
+  }
+}
+
+TEST(MemoryBudget, EachSideTakesWhatTheOtherLeaves) {
+  const MemoryBudget none(-1);
+  EXPECT_FALSE(none.limited());
+  EXPECT_EQ(none.arena_limit(123), SIZE_MAX);
+  EXPECT_EQ(none.executable_limit(123), SIZE_MAX);
+  const MemoryBudget budget(100);
+  EXPECT_TRUE(budget.limited());
+  EXPECT_EQ(budget.arena_limit(30), 70u);
+  EXPECT_EQ(budget.executable_limit(100), 0u);
+  EXPECT_EQ(budget.executable_limit(250), 0u);
+}
