@@ -10,9 +10,12 @@
 
 Modes: eager; ptgraph (one torch.cuda.CUDAGraph per shape, inputs copied into its static
 placeholders); grape; grape_copy (grape with alias prediction off). All in one process, same weights
-and inputs, outputs compared with eager's. Times are medians of --reps passes after warm-up passes
-(graph modes: every shape captured; grape: passes until one captures nothing, its sites learned and
-their variants captured: `warm_passes`). Counters come from one such steady pass.
+and inputs, outputs compared with eager's (`correct`). A step is one call of the workload's
+function (a decode step; an encoder call): `ms_per_step` is the median of --reps passes after
+warm-up passes (graph modes: every shape captured; grape: passes until one captures nothing, its
+sites learned and their variants captured: `warm_passes`) over the calls of a pass;
+`speedup_vs_eager` is eager's over the mode's, `ratio_to_ptgraph` the mode's over ptgraph's.
+Counters come from one such steady pass.
 
     python -m benchmarks.alias_sites            # everything
     python -m benchmarks.alias_sites --quick    # smoke run: fewer steps and batches
@@ -40,8 +43,8 @@ def grape_counters(step, before: dict, calls: int) -> dict:
                                         "captures", "site_allocations")}
     predicted = d["alias_hits"] + d["alias_misses"]
     return {
-        "bytes_copied_per_call": (d["bytes_copied_in"] + d["bytes_evacuated"] + d["bytes_copied_back"]) / calls,
-        "input_bytes_copied_per_call": d["bytes_copied_in"] / calls,
+        "bytes_copied_per_step": (d["bytes_copied_in"] + d["bytes_evacuated"] + d["bytes_copied_back"]) / calls,
+        "input_bytes_copied_per_step": d["bytes_copied_in"] / calls,
         "alias_hits_per_pass": d["alias_hits"],
         "alias_misses_per_pass": d["alias_misses"],
         "alias_hit_rate": d["alias_hits"] / predicted if predicted else None,
@@ -87,7 +90,7 @@ def run_modes(name, config, fn, run_pass, calls, reps, modes) -> dict:
     pass's outputs when keep (a tensor
     or list of tensors), else None: timed passes drop each output before the next call, as a
     serving or training loop does (grape would otherwise move held outputs out of its pool)."""
-    results, reference = {}, None
+    results = {}
     for mode in modes:
         print(f"  {mode} ...", flush=True)
         harness.clear_memory()
@@ -102,23 +105,15 @@ def run_modes(name, config, fn, run_pass, calls, reps, modes) -> dict:
             extra = grape_counters(step, before, calls) if before is not None else {}
             times = harness.time_ms(lambda: run_pass(step, False), reps)
             out = run_pass(step, True)  # outputs kept, for the comparison with eager
-        outs = out if isinstance(out, list) else [out]
-        if mode == "eager":
-            reference = outs
-        correct = None
-        if reference is not None:
-            correct = len(outs) == len(reference) and all(torch.equal(a, b) for a, b in zip(outs, reference))
-        results[mode] = {"ms_per_call": harness.median(times) / calls,
-                         "ms_per_call_runs": [t / calls for t in times],
-                         "warm_passes": passes, "setup_s": setup_s, "correct": correct, **extra}
-        step = out = outs = None  # released before the next mode
-    eager = results.get("eager", {}).get("ms_per_call")
-    for r in results.values():
-        if eager:
-            r["speedup_vs_eager"] = eager / r["ms_per_call"]
+        results[mode] = {"ms_per_step": harness.median(times) / calls,
+                         "ms_per_step_runs": [t / calls for t in times],
+                         "warm_passes": passes, "setup_s": setup_s,
+                         "outputs": out if isinstance(out, list) else [out], **extra}
+        step = out = None  # released before the next mode
+    harness.compare_with_eager(results)
     if "ptgraph" in results:
         for r in results.values():
-            r["ratio_to_ptgraph"] = r["ms_per_call"] / results["ptgraph"]["ms_per_call"]
+            r["ratio_to_ptgraph"] = r["ms_per_step"] / results["ptgraph"]["ms_per_step"]
     return {"name": name, "config": config, "modes": results}
 
 
@@ -242,12 +237,12 @@ def main(argv=None):
         for batch in args.batch:
             print(f"gpt2-cat batch {batch}:", flush=True)
             cases.append(gpt2_cat_case(batch, args.steps, args.reps, modes, tiny=args.tiny))
-            harness.print_table(cases[-1], metric="ms_per_call")
+            harness.print_table(cases[-1])
             path = harness.write_results(name, cases, args.out)
     if "wav2vec2" in chosen:
         print("wav2vec2 host batches:", flush=True)
         cases.append(wav2vec2_case(8, args.calls, args.reps, modes))
-        harness.print_table(cases[-1], metric="ms_per_call")
+        harness.print_table(cases[-1])
         path = harness.write_results(name, cases, args.out)
     if "hook" in chosen:
         cases.append(hook_overhead_case(allocations=2000 if args.quick else 20000))

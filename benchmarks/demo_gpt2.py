@@ -2,8 +2,8 @@
 
     python -m benchmarks.demo_gpt2
 
-With a GPU: GPT-2 small (random weights), 64 tokens, per-token times and the speed-up.
-Without one: says so, and runs a tiny model on the CPU, where grape falls back to eager.
+With a GPU: GPT-2 small (random weights), 64 tokens, the time per decode step (one token) and the
+speed-up. Without one: says so, and runs a tiny model on the CPU, where grape falls back to eager.
 """
 
 from __future__ import annotations
@@ -14,10 +14,12 @@ import warnings
 import torch
 
 import grape
+from benchmarks import harness
 from benchmarks.models import gpt2
 
 
-def per_token_ms(step, tok, kv, steps, reps=3):
+def ms_per_step(step, tok, kv, steps, reps=3):
+    """The best of `reps` generations' wall time per step, and the tokens generated."""
     best = float("inf")
     for _ in range(reps):
         if tok.is_cuda:
@@ -46,19 +48,22 @@ def main():
     kv = gpt2.empty_cache(cfg, 1, device, dtype=dtype)
     compiled = grape.compile(step)
     with torch.no_grad():
-        eager_ms, eager_tokens = per_token_ms(step, tok, kv, steps)
+        eager_ms, eager_tokens = ms_per_step(step, tok, kv, steps)
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always", grape.FallbackWarning)
             gpt2.generate(compiled, tok, kv, steps)  # warm-up: every shape once, eagerly
             gpt2.generate(compiled, tok, kv, steps)  # capture: one graph per shape
-            grape_ms, grape_tokens = per_token_ms(compiled, tok, kv, steps)
+            grape_ms, grape_tokens = ms_per_step(compiled, tok, kv, steps)
     for w in caught:
         print(f"  grape says: {w.message}")
-    s = grape.stats(compiled)
-    print(f"eager: {eager_ms:.3f} ms/token")
-    print(f"grape: {grape_ms:.3f} ms/token  ({eager_ms / grape_ms:.2f}x, {s['graphs']} graphs, "
+    results = {"eager": {"ms_per_step": eager_ms, "outputs": eager_tokens},
+               "grape": {"ms_per_step": grape_ms, "outputs": grape_tokens}}
+    harness.compare_with_eager(results)
+    g, s = results["grape"], grape.stats(compiled)
+    print(f"eager: {eager_ms:.3f} ms/step")
+    print(f"grape: {grape_ms:.3f} ms/step  ({g['speedup_vs_eager']:.2f}x, {s['graphs']} graphs, "
           f"pool {s['pool_bytes'] / 2**20:.1f} MiB, {s['replays']} replays, {s['eager_calls']} eager calls)")
-    print(f"tokens identical: {torch.equal(eager_tokens, grape_tokens)}")
+    print(f"tokens identical: {g['correct']}")
 
 
 if __name__ == "__main__":

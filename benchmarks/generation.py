@@ -1,8 +1,8 @@
-"""What the benchmarks of Hugging Face `generate` share (hf_gpt2, hf_gptj): timing a generation per
-new token, grape's counters, the comparison with eager, the markdown table and the plot.
+"""What the benchmarks of Hugging Face `generate` share (hf_gpt2, hf_gptj, hf_gptj_tp): timing a
+generation per new token (one decode step), grape's counters, the markdown table and the plot.
 
-A mode's result: {"ms_per_token", "ms_per_token_runs", "first_call_s", "tokens", ...}; `tokens` is
-popped by `compare_with_eager`, which adds "correct" and "speedup_vs_eager".
+A mode's result: {"ms_per_step", "ms_per_step_runs", "first_call_s", "outputs" (the tokens), ...};
+harness.compare_with_eager compares the tokens with eager's and removes them.
 """
 
 from __future__ import annotations
@@ -41,9 +41,9 @@ def measure(run: Callable[[], torch.Tensor], new_tokens: int, reps: int, steady_
     for _ in range(reps):
         tokens, seconds = harness.timed(run)
         times.append(seconds)
-    return {"ms_per_token": harness.median(times) * 1e3 / new_tokens,
-            "ms_per_token_runs": [t * 1e3 / new_tokens for t in times],
-            "first_call_s": first, "tokens": tokens}
+    return {"ms_per_step": harness.median(times) * 1e3 / new_tokens,
+            "ms_per_step_runs": [t * 1e3 / new_tokens for t in times],
+            "first_call_s": first, "outputs": tokens}
 
 
 def measure_generate(model, ids: torch.Tensor, mask: torch.Tensor, kwargs: dict, reps: int,
@@ -90,39 +90,30 @@ def decode_loop(step: Callable, config, ids: torch.Tensor, new_tokens: int) -> C
     return generate
 
 
-def compare_with_eager(results: dict) -> None:
-    """Pops every mode's tokens; adds `correct` (tokens equal eager's) and `speedup_vs_eager`."""
-    reference = results.get("eager", {}).get("tokens")
-    eager_ms = results.get("eager", {}).get("ms_per_token")
-    for r in results.values():
-        tokens = r.pop("tokens", None)
-        if reference is not None and tokens is not None:
-            r["correct"] = bool(tokens.shape == reference.shape and torch.equal(tokens, reference))
-        if eager_ms and r.get("ms_per_token"):
-            r["speedup_vs_eager"] = eager_ms / r["ms_per_token"]
-
-
-def markdown(cases: list[dict], extra: Sequence[tuple[str, str, str]] = ()) -> str:
+def markdown(cases: list[dict], extra: Sequence[tuple[str, str, str]] = (),
+             memory: bool = False) -> str:
     """One row per case and mode; `extra`: more columns after "vs eager", each (header, key of the
-    mode's result, template such as "{:.2f}x")."""
-    values = [("ms/token", "ms_per_token", "{:.3f}"), ("vs eager", "speedup_vs_eager", "{:.2f}x"),
-              *extra, ("first call (s)", "first_call_s", "{:.2f}")]
+    mode's result, template such as "{:.2f}x"); then, with `memory`, device memory and its ratio to
+    eager's. `correct`: tokens equal eager's."""
     return harness.markdown_table(cases, [
-        *(harness.value_column(*column) for column in values),
-        ("tokens equal eager", lambda r: str(r.get("correct", "-")))])
+        harness.STEP_COLUMN, harness.SPEEDUP_COLUMN,
+        *(harness.value_column(*column) for column in extra),
+        *(harness.MEMORY_COLUMNS if memory else ()),
+        harness.value_column("first call (s)", "first_call_s", "{:.2f}"), harness.CORRECT_COLUMN])
 
 
 def plot(cases: list[dict], path: Path, modes: Sequence[str], title: str) -> bool:
-    """Bars of ms per token, one group per case; a case whose config has `floor_ms_per_token`
-    gets it as a dashed line across its group. False where matplotlib is missing."""
+    """Bars of ms per step (new token), one group per case; a case whose config has
+    `floor_ms_per_step` gets it as a dashed line across its group. False where matplotlib is
+    missing."""
 
     def floors(ax, spans: list[tuple[float, float]]) -> None:
         label = "HBM-bandwidth floor"
         for (left, right), case in zip(spans, cases):
-            floor = case["config"].get("floor_ms_per_token")
+            floor = case["config"].get("floor_ms_per_step")
             if floor:
                 ax.hlines(floor, left, right, colors="black", linestyles="dashed", label=label)
                 label = None  # one legend entry for all the floors
 
-    return harness.bar_plot(path, cases, modes, [("ms_per_token", "ms per token")], title, (8, 4),
-                            mark=floors)
+    return harness.bar_plot(path, cases, modes, [("ms_per_step", "ms per step (new token)")], title,
+                            (8, 4), mark=floors)

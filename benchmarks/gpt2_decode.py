@@ -7,12 +7,16 @@
     python -m benchmarks.gpt2_decode --shapes 1024   # graph memory: prompt 1 -> 1024 tokens
 
 All modes run in one process on the same weights and inputs; each is checked against eager's
-tokens. Times are medians of --reps whole generations after a warm-up generation (and after every
-shape was captured, for the graph modes). Memory is what the mode adds on the device, read from
+tokens (`correct`; `steps_equal_to_eager`: how many leading steps agree). Times are medians of
+--reps whole generations after a warm-up generation (and after every shape was captured, for the
+graph modes): `ms_per_step`, and `speedup_vs_eager` eager's over the mode's; `first_call_s` is the
+first generation's time (torch_compile: compiling; grape: its eager warm-up, timed on the host
+without waiting for the device). Memory is what the mode adds on the device, read from
 cudaMemGetInfo, so the driver's memory for instantiated graphs counts: `gpu_mem_bytes` is what it
 keeps after the runs once PyTorch's cache of free blocks is released (eager keeps next to nothing;
 graph modes keep their graphs and pools), `gpu_mem_bytes_with_allocator_cache` the same before that
-release; eager's `gpu_mem_bytes` is its peak during a generation (it keeps nothing). `host_rss_bytes`
+release; eager's `gpu_mem_bytes` is its peak during a generation (it keeps nothing);
+`mem_ratio_to_eager` is a mode's gpu_mem_bytes over eager's. `host_rss_bytes`
 is the growth of the process's resident host memory over setup and runs.
 
 --shapes N generates N tokens from a 1-token prompt (N shapes) and compares graph memory: ptgraph
@@ -80,7 +84,7 @@ def measure(case: Case, setup, reps: int) -> dict:
     t0 = time.perf_counter()
     generate, extra = setup()
     if generate is None:
-        return {"ms_per_step": None, "tokens": None, "setup_s": time.perf_counter() - t0, **extra()}
+        return {"ms_per_step": None, "outputs": None, "setup_s": time.perf_counter() - t0, **extra()}
     allocated0 = torch.cuda.memory_allocated()
     torch.cuda.reset_peak_memory_stats()
     tokens = generate()  # warm-up (graph modes: every shape captured by now)
@@ -104,7 +108,7 @@ def measure(case: Case, setup, reps: int) -> dict:
         "peak_allocated_bytes": peak,
         "host_rss_bytes": harness.rss_bytes() - rss0,
         "setup_s": setup_s,
-        "tokens": tokens,
+        "outputs": tokens,
     }
     result.update(extra())
     return result
@@ -216,15 +220,15 @@ def setup_torch_compile(case):
     t0 = time.perf_counter()
     case.generate(compiled)  # compiles (and records) every shape
     torch.cuda.synchronize()
-    first_pass_s = time.perf_counter() - t0
-    return (lambda: case.generate(compiled)), lambda: {"first_pass_s": first_pass_s}
+    first_call_s = time.perf_counter() - t0
+    return (lambda: case.generate(compiled)), lambda: {"first_call_s": first_call_s}
 
 
 def setup_grape(case, **options):
     step = grape.compile(case.step, **options)
     t0 = time.perf_counter()
     case.generate(step)  # warm-up: every shape runs eagerly once
-    first_pass_s = time.perf_counter() - t0
+    first_call_s = time.perf_counter() - t0
     rss = harness.rss_bytes()
     case.generate(step)  # every shape is captured
     capture_host_bytes = harness.rss_bytes() - rss
@@ -241,7 +245,7 @@ def setup_grape(case, **options):
             s["bytes_evacuated"] - before["bytes_evacuated"]) + (
             s["bytes_copied_back"] - before["bytes_copied_back"])
         return {
-            "first_pass_s": first_pass_s,
+            "first_call_s": first_call_s,
             "graphs": s["graphs"],
             "pool_bytes": s["pool_bytes"],
             "arena_lane_bytes": s["arena_lane_bytes"],
@@ -324,6 +328,12 @@ def leading_equal_steps(tokens: torch.Tensor, reference: torch.Tensor) -> int:
     return int(differs[0]) if len(differs) else tokens.shape[1]
 
 
+def same_tokens(tokens: torch.Tensor, reference: torch.Tensor) -> dict:
+    """harness.compare_with_eager's check of generated tokens [batch, steps]."""
+    return {"correct": bool(torch.equal(tokens, reference)),
+            "steps_equal_to_eager": leading_equal_steps(tokens, reference)}
+
+
 def run_case(cfg, batch, steps, modes, reps, memory_case=False) -> dict:
     case = Case(cfg, batch, steps, "cuda")
     results = {}
@@ -334,29 +344,17 @@ def run_case(cfg, batch, steps, modes, reps, memory_case=False) -> dict:
         harness.clear_memory()
     if "eager" in results:
         results["eager"]["gpu_mem_bytes"] = results["eager"]["peak_allocated_bytes"]
-    reference = results["eager"]["tokens"] if "eager" in results else None
-    if reference is not None:
+        reference = results["eager"]["outputs"]
         # Eager itself may pick another token where two logits nearly tie (a reduction whose
         # order varies between runs); a second eager generation shows whether it does.
         with torch.no_grad():
             again = case.generate(case.step)
         results["eager"]["self_consistent"] = bool(torch.equal(again, reference))
         results["eager"]["steps_equal_to_its_rerun"] = leading_equal_steps(again, reference)
-    for mode, r in results.items():
-        tokens = r.pop("tokens")
-        if reference is None or tokens is None:
-            r["correct"] = None
-            continue
-        r["correct"] = bool(torch.equal(tokens, reference))
-        r["steps_equal_to_eager"] = leading_equal_steps(tokens, reference)
-    eager = results.get("eager", {}).get("ms_per_step")
+    harness.compare_with_eager(results, same_tokens)
     ideal = results.get("ideal", {}).get("ms_per_step")
     for r in results.values():
-        if r["ms_per_step"] is None:  # did not fit: not run
-            continue
-        if eager:
-            r["speedup_vs_eager"] = eager / r["ms_per_step"]
-        if ideal:
+        if r["ms_per_step"] is not None and ideal:  # None: did not fit, not run
             r["ratio_to_ideal"] = r["ms_per_step"] / ideal
     grape_r = results.get("grape")
     if grape_r and "ptgraph" in results:
@@ -365,7 +363,7 @@ def run_case(cfg, batch, steps, modes, reps, memory_case=False) -> dict:
         grape_r["mem_ratio_to_ptgraph_shared_pool"] = (
             grape_r["gpu_mem_bytes"] / results["ptgraph_shared_pool"]["gpu_mem_bytes"])
     if grape_r and "grape_all_resident" in results:
-        grape_r["time_ratio_to_all_resident"] = (
+        grape_r["ratio_to_all_resident"] = (
             grape_r["ms_per_step"] / results["grape_all_resident"]["ms_per_step"])
     if memory_case and grape_r:
         with torch.no_grad():
@@ -444,16 +442,13 @@ def while_loop_case(cfg, batch, steps, reps) -> dict:
             tokens = [run() for _ in range(2)][-1]  # grape: warm-up, then capture
             times = harness.time_ms(run, reps)
             results[mode] = {"ms_per_step": harness.median(times) / steps,
-                             "ms_per_step_runs": [t / steps for t in times], "tokens": tokens}
+                             "ms_per_step_runs": [t / steps for t in times], "outputs": tokens}
     s = grape.stats(whole)
     results["grape_while_loop"].update({"graphs": s["graphs"], "replays": s["replays"],
                                         "eager_calls": s["eager_calls"], "fallbacks": s["fallbacks"]})
-    reference = results["eager"]["tokens"]
-    for r in results.values():
-        r["correct"] = bool(torch.equal(r.pop("tokens"), reference))
-        r["speedup_vs_eager"] = results["eager"]["ms_per_step"] / r["ms_per_step"]
-    results["grape_while_loop"]["speedup_vs_step_graph"] = (
-        results["step_graph"]["ms_per_step"] / results["grape_while_loop"]["ms_per_step"])
+    harness.compare_with_eager(results, same_tokens)
+    results["grape_while_loop"]["speedup_vs_step_graph"] = harness.speedup(
+        results["step_graph"], results["grape_while_loop"])
     config = {"model": "gpt2-small" if cfg.n_layer == 12 else "gpt2-tiny", "dtype": "float16",
               "batch": batch, "steps": steps, "kv_cache": "static", "reps": reps}
     return {"name": f"b{batch}-while-loop", "config": config, "modes": results}

@@ -4,6 +4,21 @@ results file, and the markdown table and PNG plot written next to it.
 Results format (one JSON file per run, benchmarks/results/<benchmark>-<gpu>-<date>.json):
   {"benchmark", "device", "torch", "cuda", "commit", "cases": [
       {"name", "config": {...}, "modes": {"<mode>": {"ms_per_step", "gpu_mem_bytes", "correct", ...}}}]}
+
+One name per kind of figure, in every benchmark's modes:
+  ms_per_step         wall time per step (a decode step, that is one new token; a training or
+                      inference step; a call), the median over the timed runs; ms_per_step_runs
+                      each run's
+  first_call_s        wall time of the mode's first call or generation, capture or compilation in it
+  setup_s             wall time until the mode is steady (every shape captured)
+  gpu_mem_bytes       the mode's device memory (each benchmark says which); peak_allocated_bytes
+                      the allocator's peak
+  speedup_vs_<mode>   <mode>'s ms_per_step over this mode's (speedup_vs_eager, ...: higher is faster)
+  ratio_to_<bound>    this mode's ms_per_step over a bound's (ideal, ptgraph, floor: 1.0 is the bound)
+  <figure>_ratio_to_<mode>  another figure over <mode>'s (mem_ratio_to_eager: gpu_mem_bytes)
+  correct             outputs match eager's (True / False), "reference" for eager itself, None where
+                      not compared; how closely is in kind-specific fields beside it
+compare_with_eager fills in the comparison with eager.
 """
 
 from __future__ import annotations
@@ -17,7 +32,7 @@ import statistics
 import subprocess
 import time
 from pathlib import Path
-from typing import Callable, Iterable, Sequence
+from typing import Callable, Iterable, Mapping, Sequence
 
 import torch
 
@@ -203,18 +218,77 @@ def error_text(e: Exception) -> str:
     return f"{type(e).__name__}: {e}"[:500]
 
 
-def run_modes(modes: Iterable[str], run: Callable[[str], dict], metric: str) -> dict[str, dict]:
-    """Each mode's result by `run(mode)`, in order; a mode that raises gets {metric: None, "error"}.
-    Device memory is cleared after each mode."""
+def run_modes(modes: Iterable[str], run: Callable[[str], dict]) -> dict[str, dict]:
+    """Each mode's result by `run(mode)`, in order; a mode that raises gets {"ms_per_step": None,
+    "error"}. Device memory is cleared after each mode."""
     results = {}
     for mode in modes:
         print(f"  {mode} ...", flush=True)
         try:
             results[mode] = run(mode)
         except Exception as e:  # a mode that fails is reported, not fatal to the others
-            results[mode] = {metric: None, "error": error_text(e)}
+            results[mode] = {"ms_per_step": None, "error": error_text(e)}
         clear_memory()
     return results
+
+
+def speedup(reference: dict, result: dict) -> float | None:
+    """How many times faster `result` ran than `reference` (two modes' results): reference's
+    ms_per_step over result's; None where either was not timed."""
+    if reference.get("ms_per_step") and result.get("ms_per_step"):
+        return reference["ms_per_step"] / result["ms_per_step"]
+    return None
+
+
+def outputs_equal(output, reference) -> bool:
+    """Whether `output` is `reference` to the bit: tensors of one shape and equal values, lists
+    and tuples of them item by item."""
+    if isinstance(output, torch.Tensor):
+        return isinstance(reference, torch.Tensor) and bool(torch.equal(output, reference))
+    if isinstance(output, (list, tuple)):
+        return (isinstance(reference, (list, tuple)) and len(output) == len(reference)
+                and all(map(outputs_equal, output, reference)))
+    return output == reference
+
+
+def exactly_equal(output, reference) -> dict:
+    """compare_with_eager's default check: correct where the outputs are eager's to the bit."""
+    return {"correct": outputs_equal(output, reference)}
+
+
+def compare_with_eager(results: dict[str, dict],
+                       check: Callable[[object, object], dict] = exactly_equal,
+                       ratios: Mapping[str, str] | None = None) -> None:
+    """Adds to every mode's result in `results` (mode -> result) its comparison with the "eager"
+    mode's, in place:
+      speedup_vs_eager    eager's ms_per_step over the mode's, where both were timed;
+      mem_ratio_to_eager  the mode's gpu_mem_bytes over eager's, where both were measured; and
+                          likewise each {figure: name of its ratio} of `ratios`;
+      correct             from check(the mode's outputs, eager's outputs) -> {"correct": bool,
+                          kind-specific details, added too}; "reference" for eager itself; None
+                          where the mode or eager has no outputs (it failed, or was not run).
+    A result's outputs are its "outputs" entry, which is removed (results files hold no tensors).
+    Without an eager result, only `correct` is added: None."""
+    eager = results.get("eager")
+    reference = eager.get("outputs") if eager is not None else None
+    ratios = {"gpu_mem_bytes": "mem_ratio_to_eager", **(ratios or {})}
+    for mode, result in results.items():
+        output = result.pop("outputs", None)
+        if output is None or reference is None:
+            result["correct"] = None
+        elif mode == "eager":
+            result["correct"] = "reference"
+        else:
+            details = check(output, reference)
+            result.update(details, correct=bool(details["correct"]))
+        if eager is None:
+            continue
+        times = speedup(eager, result)
+        if times is not None:
+            result["speedup_vs_eager"] = times
+        for figure, name in ratios.items():
+            if eager.get(figure) and result.get(figure) is not None:
+                result[name] = result[figure] / eager[figure]
 
 
 def exit_status(cases: list[dict]) -> int:
@@ -240,17 +314,14 @@ def write_results(benchmark: str, cases: list[dict], out_dir: Path | None = None
     return path
 
 
-def print_table(case: dict, metric: str = "ms_per_step") -> None:
-    modes = case["modes"]
-    eager = modes.get("eager", {}).get(metric)
+def print_table(case: dict) -> None:
+    """A case's modes on stdout: time per step, speed-up, device memory, correctness."""
     print(f"\n{case['name']}  {json.dumps(case['config'])}")
-    print(f"{'mode':<16}{metric:>14}{'vs eager':>10}{'GPU MB':>10}  correct")
-    for name, m in modes.items():
-        value = m.get(metric)
-        speed = f"{eager / value:.2f}x" if eager and value else "-"
-        mem = f"{m['gpu_mem_bytes'] / 2**20:.1f}" if m.get("gpu_mem_bytes") is not None else "-"
-        shown = f"{value:.3f}" if value is not None else "-"
-        print(f"{name:<16}{shown:>14}{speed:>10}{mem:>10}  {m.get('correct')}")
+    print(f"{'mode':<20}{'ms_per_step':>12}{'vs eager':>10}{'GPU MB':>10}  correct")
+    for name, m in case["modes"].items():
+        print(f"{name:<20}{formatted(m.get('ms_per_step'), '{:.3f}'):>12}"
+              f"{formatted(m.get('speedup_vs_eager'), '{:.2f}x'):>10}{gpu_mebibytes(m):>10}"
+              f"  {formatted(m.get('correct'), '{}')}")
 
 
 def formatted(value, template: str) -> str:
@@ -258,9 +329,23 @@ def formatted(value, template: str) -> str:
     return template.format(value) if value is not None else "-"
 
 
+def gpu_mebibytes(result: dict) -> str:
+    """A mode's gpu_mem_bytes in MiB, for tables."""
+    nbytes = result.get("gpu_mem_bytes")
+    return formatted(nbytes / 2**20 if nbytes is not None else None, "{:.1f}")
+
+
 def value_column(header: str, key: str, template: str) -> tuple[str, Callable[[dict], str]]:
     """A column of markdown_table: the value of `key` in a mode's result, in `template`."""
     return header, lambda result: formatted(result.get(key), template)
+
+
+# Columns of markdown_table with compare_with_eager's figures, the same in every benchmark.
+STEP_COLUMN = value_column("ms/step", "ms_per_step", "{:.3f}")
+SPEEDUP_COLUMN = value_column("vs eager", "speedup_vs_eager", "{:.2f}x")
+MEMORY_COLUMNS = (("GPU MB", gpu_mebibytes),
+                  value_column("mem vs eager", "mem_ratio_to_eager", "{:.2f}x"))
+CORRECT_COLUMN = value_column("correct", "correct", "{}")
 
 
 def markdown_table(cases: list[dict], columns: Sequence[tuple[str, Callable[[dict], str]]]) -> str:

@@ -7,9 +7,10 @@ function in a plain Python loop.
     python -m benchmarks.hf_gpt2            # b1/b8, greedy and 4-beam, 128 new tokens
     python -m benchmarks.hf_gpt2 --quick    # smoke run: 16 tokens, 2 reps, no torch.compile
 
-All modes run in one process on the same weights and prompt; tokens are compared with eager's.
-`ms_per_token` is the median over --reps generations of the wall time per new token, once the
-mode is steady (grape: every shape captured; torch.compile: compiled and recorded).
+All modes run in one process on the same weights and prompt; tokens are compared with eager's
+(`correct`). `ms_per_step` is the median over --reps generations of the wall time per new token
+(one decode step), once the mode is steady (grape: every shape captured; torch.compile: compiled
+and recorded); `speedup_vs_eager` is eager's over the mode's.
 `first_call_s` is the wall time of the mode's first generation, capture or compilation included.
 `ptgraph` (plain torch.cuda.graph) has no way into an unchanged `generate` with a dynamic cache:
 the cache's tensors change address and shape at every step, so the mode is reported as skipped.
@@ -113,7 +114,8 @@ def forward_alone(base, batch: int, new_tokens: int, reps: int) -> dict:
     for _ in harness.progress(range(2), "grape forward"):  # warm-up, capture
         grape_pass()
     grape_runs = [grape_pass() for _ in range(reps)]
-    result = {"grape_ms_per_step": harness.median(grape_runs), "grape_runs": grape_runs,
+    result = {"grape_ms_per_step": harness.median(grape_runs),
+              "grape_ms_per_step_runs": grape_runs,
               **harness.grape_stats(model, ("graphs", "replays", "fallbacks"))}
 
     plain = copy.deepcopy(base)
@@ -135,7 +137,7 @@ def forward_alone(base, batch: int, new_tokens: int, reps: int) -> dict:
         return result
     ms_per_step(lambda: [graph.replay() for graph in graphs])
     ideal_runs = [ms_per_step(lambda: [graph.replay() for graph in graphs]) for _ in range(reps)]
-    result.update(ideal_ms_per_step=harness.median(ideal_runs), ideal_runs=ideal_runs)
+    result.update(ideal_ms_per_step=harness.median(ideal_runs), ideal_ms_per_step_runs=ideal_runs)
     result["ratio_to_ideal"] = result["grape_ms_per_step"] / result["ideal_ms_per_step"]
     return result
 
@@ -154,14 +156,15 @@ def run_case(base, name, batch, beams, new_tokens, reps, modes) -> dict:
     case = {"inputs": (ids, torch.ones_like(ids)), "kwargs": generation.generate_kwargs(beams, new_tokens),
             "reps": reps}
     runnable = [m for m in modes if not (m == "grape_step" and beams > 1)]  # grape_step: greedy only
-    results = harness.run_modes(runnable, lambda mode: SETUPS[mode](base, case), "ms_per_token")
-    results["ptgraph"] = {"ms_per_token": None, "skipped": (
+    results = harness.run_modes(runnable, lambda mode: SETUPS[mode](base, case))
+    results["ptgraph"] = {"ms_per_step": None, "skipped": (
         "an unchanged generate() with a dynamic cache cannot replay plain CUDA graphs: the "
         "cache's tensors change shape and address at every step")}
-    generation.compare_with_eager(results)
+    harness.compare_with_eager(results)
     grape_r, compiled = results.get("grape", {}), results.get("static_compile", {})
-    if grape_r.get("ms_per_token") and compiled.get("ms_per_token"):
-        grape_r["speedup_vs_static_compile"] = compiled["ms_per_token"] / grape_r["ms_per_token"]
+    speedup = harness.speedup(compiled, grape_r)
+    if speedup is not None:
+        grape_r["speedup_vs_static_compile"] = speedup
         grape_r["first_call_ratio_to_static_compile"] = (
             grape_r["first_call_s"] / compiled["first_call_s"])
     config = {"model": "gpt2-small" if base.config.n_layer == 12 else "gpt2-tiny",
@@ -195,7 +198,7 @@ def main(argv=None):
             batch, beams = CASES[case_name]
             print(f"{case_name}:", flush=True)
             cases.append(run_case(base, case_name, batch, beams, args.new_tokens, args.reps, modes))
-            harness.print_table(cases[-1], "ms_per_token")
+            harness.print_table(cases[-1])
             path = harness.write_results(name, cases, args.out)
     harness.write_table_and_plot(
         path, generation.markdown(cases),

@@ -17,21 +17,22 @@ launches the same kernels, so no graph of that step runs faster.
     python -m benchmarks.hf_gptj --tiny --quick   # smoke run: a 2-layer GPT-J, fits anywhere
     python -m benchmarks.hf_gptj --modes eager,grape_step,grape_inductor
 
-All modes run in one process on the same weights and prompt; tokens are compared with eager's.
+All modes run in one process on the same weights and prompt; tokens are compared with eager's
+(`correct`).
 The model (12 GB) is never copied: each grape mode compiles its forward in place and gives the
 original back when it is done, so modes may run in any order.
-`ms_per_token` is the median over --reps generations of the wall time per new token, once the
-mode is steady (every shape captured); `first_call_s` is the wall time of the mode's first
-generation, captures included.
-The floor: `weight_bytes_per_token` (every parameter but the input embedding table, of which a
+`ms_per_step` is the median over --reps generations of the wall time per new token (one decode
+step), once the mode is steady (every shape captured); `speedup_vs_eager` is eager's over the
+mode's; `first_call_s` is the wall time of the mode's first generation, captures included.
+The floor: `weight_bytes_per_step` (every parameter but the input embedding table, of which a
 token reads one row; GPT-J's lm_head is a matrix of its own, read whole) over
 `hbm_bandwidth_gbps`, measured by a device-to-device copy of 2 GiB (bytes read plus written, the
 median of 20). The KV cache is left out (under 80 MB at 160 tokens, which the dynamic cache reads
 and writes again at each step: about 1% of the weights' bytes). `ratio_to_floor` is a mode's
-ms_per_token over `floor_ms_per_token`; the target is grape within 1.3x of it.
+ms_per_step over `floor_ms_per_step`; the target is grape within 1.3x of it.
 Memory: `peak_allocated_bytes` is torch's allocator peak during the mode (weights included);
 grape's arena and executables are device memory that allocator does not see, so `gpu_mem_bytes`
-adds `arena_bytes` and `executable_bytes` to it.
+adds `arena_bytes` and `executable_bytes` to it; `mem_ratio_to_eager` is it over eager's.
 Writes JSON and a markdown table to benchmarks/results/ (a PNG plot too where matplotlib exists).
 """
 
@@ -111,7 +112,7 @@ def hbm_bandwidth_gbps(nbytes: int = 2 * 2**30, reps: int = 20) -> float:
     return 2 * nbytes / (ms * 1e-3) / 1e9
 
 
-def weight_bytes_per_token(model) -> int:
+def weight_bytes_per_step(model) -> int:
     """Bytes of the parameters one decode step reads: all of them but the input embedding table
     (a token reads one row of it), unless it is tied to the lm_head (GPT-J's is not)."""
     wte = model.get_input_embeddings().weight
@@ -120,9 +121,9 @@ def weight_bytes_per_token(model) -> int:
 
 
 def floor(model, bandwidth_gbps: float) -> dict:
-    nbytes = weight_bytes_per_token(model)
-    return {"weight_bytes_per_token": nbytes, "hbm_bandwidth_gbps": bandwidth_gbps,
-            "floor_ms_per_token": nbytes / (bandwidth_gbps * 1e9) * 1e3}
+    nbytes = weight_bytes_per_step(model)
+    return {"weight_bytes_per_step": nbytes, "hbm_bandwidth_gbps": bandwidth_gbps,
+            "floor_ms_per_step": nbytes / (bandwidth_gbps * 1e9) * 1e3}
 
 
 def prompt(vocab_size: int, device="cuda") -> torch.Tensor:
@@ -242,11 +243,11 @@ def run_case(model, name, ids, new_tokens, reps, modes, config) -> dict:
                               + (r.get("executable_bytes") or 0))
         return r
 
-    results = harness.run_modes(modes, run_mode, "ms_per_token")
-    generation.compare_with_eager(results)
+    results = harness.run_modes(modes, run_mode)
+    harness.compare_with_eager(results)
     for r in results.values():
-        if r.get("ms_per_token"):
-            r["ratio_to_floor"] = r["ms_per_token"] / config["floor_ms_per_token"]
+        if r.get("ms_per_step"):
+            r["ratio_to_floor"] = r["ms_per_step"] / config["floor_ms_per_step"]
     config = dict(config, new_tokens=new_tokens, reps=reps)
     return {"name": name, "config": config, "modes": results}
 
@@ -271,22 +272,23 @@ def main(argv=None):
                   "prompt": PROMPT, "parameters": params,
                   "parameter_bytes": sum(p.numel() * p.element_size() for p in model.parameters()),
                   "initializer_range": initializer_range, **floor(model, bandwidth)}
-        print(f"b1-greedy: {params / 1e9:.2f}B parameters; floor {config['floor_ms_per_token']:.3f} "
-              f"ms/token ({config['weight_bytes_per_token'] / 1e9:.2f} GB at {bandwidth:.0f} GB/s)",
+        print(f"b1-greedy: {params / 1e9:.2f}B parameters; floor {config['floor_ms_per_step']:.3f} "
+              f"ms/step ({config['weight_bytes_per_step'] / 1e9:.2f} GB at {bandwidth:.0f} GB/s)",
               flush=True)
         cases = [run_case(model, "b1-greedy", ids, args.new_tokens, args.reps, modes, config)]
-        harness.print_table(cases[-1], "ms_per_token")
+        harness.print_table(cases[-1])
     name = "hf_gptj" + ("-tiny" if args.tiny else "") + ("-quick" if args.quick else "")
     path = harness.write_results(name, cases, args.out)
     c = cases[0]["config"]
     title = f"HF {'GPT-J tiny' if args.tiny else 'GPT-J 6B'} generate, fp16, batch 1, greedy"
     preface = (f"{title}: {c['prompt']}-token prompt, {c['new_tokens']} new tokens. "
-               f"HBM-bandwidth floor {c['floor_ms_per_token']:.3f} ms/token: "
-               f"{c['weight_bytes_per_token'] / 1e9:.2f} GB of weights read per token at "
+               f"HBM-bandwidth floor {c['floor_ms_per_step']:.3f} ms/step: "
+               f"{c['weight_bytes_per_step'] / 1e9:.2f} GB of weights read per step at "
                f"{c['hbm_bandwidth_gbps']:.0f} GB/s (a device-to-device copy).\n\n")
     table = generation.markdown(cases, extra=[("vs floor", "ratio_to_floor", "{:.2f}x"),
                                               ("step kernels ms", "step_kernel_ms", "{:.3f}"),
-                                              ("of which matmul", "step_matmul_kernel_ms", "{:.3f}")])
+                                              ("of which matmul", "step_matmul_kernel_ms", "{:.3f}")],
+                                memory=True)
     harness.write_table_and_plot(path, preface + table,
                                  lambda png: generation.plot(cases, png, AVAILABLE_MODES, title))
     return cases

@@ -29,13 +29,14 @@ model (the same seed) and keeps its shard only.
 NCCL's NVLink multicast (NVLS) stays off: NCCL_NVLS_ENABLE=0 is set at import (recorded in the
 JSON's config).
 
-`ms_per_token` is the median over --reps generations of the wall time per new token, once the mode
-is steady (every shape captured), as in hf_gptj; `first_call_s` is the wall time of the mode's
-first generation, captures included. Every rank times its own generations: the results are rank
-0's, and `ranks` lists each rank's ms_per_token and grape's fallbacks there. Modes begin together
-on every rank (a barrier). `speedup_vs_tp1` is tp1's ms_per_token over the split case's, mode by
-mode. Memory: `peak_allocated_bytes` is rank 0's allocator peak during the mode (its shard
-included); `gpu_mem_bytes` adds grape's arena and executables, as in hf_gptj.
+`ms_per_step` is the median over --reps generations of the wall time per new token (one decode
+step), once the mode is steady (every shape captured), as in hf_gptj; `first_call_s` is the wall
+time of the mode's first generation, captures included; tokens are compared with eager's
+(`correct`). Every rank times its own generations: the results are rank 0's, and `ranks` lists
+each rank's ms_per_step and grape's fallbacks there. Modes begin together on every rank (a
+barrier). `speedup_vs_tp1` is tp1's ms_per_step over the split case's, mode by mode. Memory:
+`peak_allocated_bytes` is rank 0's allocator peak during the mode (its shard included);
+`gpu_mem_bytes` adds grape's arena and executables, as in hf_gptj (`mem_ratio_to_eager`).
 Writes JSON and a markdown table to benchmarks/results/ (a PNG plot too where matplotlib exists).
 """
 
@@ -197,9 +198,9 @@ SETUPS = {"eager": setup_eager, "grape": setup_grape}
 
 
 def record_ranks(results: dict) -> None:
-    """Adds `ranks` to every mode's result: each rank's ms_per_token, grape's fallbacks there, and
+    """Adds `ranks` to every mode's result: each rank's ms_per_step, grape's fallbacks there, and
     its error if its mode failed (gathered from all ranks; every rank must call it)."""
-    mine = {mode: {key: r[key] for key in ("ms_per_token", "fallbacks", "error") if key in r}
+    mine = {mode: {key: r[key] for key in ("ms_per_step", "fallbacks", "error") if key in r}
             for mode, r in results.items()}
     gathered = [None] * dist.get_world_size()
     dist.all_gather_object(gathered, mine)
@@ -222,10 +223,10 @@ def run_case(model, name: str, ids: torch.Tensor, args, modes: list[str], config
                                   + (r.get("executable_bytes") or 0))
         return r
 
-    results = harness.run_modes(modes, run_mode, "ms_per_token")
+    results = harness.run_modes(modes, run_mode)
     if config["world_size"] > 1:
         record_ranks(results)
-    generation.compare_with_eager(results)
+    harness.compare_with_eager(results)
     config = dict(config, new_tokens=args.new_tokens, reps=args.reps)
     if config["world_size"] > 1:
         config["target_speedup_vs_eager"] = TARGET_SPEEDUP
@@ -245,9 +246,9 @@ def compare_with_tp1(cases: list[dict]) -> None:
         if case is tp1:
             continue
         for mode, r in case["modes"].items():
-            reference = tp1["modes"].get(mode, {}).get("ms_per_token")
-            if reference and r.get("ms_per_token"):
-                r["speedup_vs_tp1"] = reference / r["ms_per_token"]
+            speedup = harness.speedup(tp1["modes"].get(mode, {}), r)
+            if speedup is not None:
+                r["speedup_vs_tp1"] = speedup
 
 
 def print_targets(cases: list[dict]) -> None:
@@ -319,7 +320,7 @@ def main(argv=None):
         cases.append(run_case(model, "tp1", ids, args, modes, config))
     compare_with_tp1(cases)
     for case in cases:
-        harness.print_table(case, "ms_per_token")
+        harness.print_table(case)
     print()
     print_targets(cases)
     name = "hf_gptj_tp" + ("-tiny" if args.tiny else "") + ("-quick" if args.quick else "")
@@ -331,7 +332,7 @@ def main(argv=None):
     preface = (f"{title}: {c['prompt']}-token prompt, {c['new_tokens']} new tokens, on "
                f"{args.device} ({nccl}NCCL_NVLS_ENABLE={c['NCCL_NVLS_ENABLE']}). Split: {SPLIT}. "
                "tp1: the unsplit model on rank 0's device.\n\n")
-    table = generation.markdown(cases, extra=[("vs tp1", "speedup_vs_tp1", "{:.2f}x")])
+    table = generation.markdown(cases, extra=[("vs tp1", "speedup_vs_tp1", "{:.2f}x")], memory=True)
     harness.write_table_and_plot(path, preface + table,
                                  lambda png: generation.plot(cases, png, MODES, title))
     return cases

@@ -28,11 +28,14 @@ call, so where a shape comes once an epoch, as most do here, epoch 1 is grape's 
 shape and epoch 2 its capture of every shape. Reported: `first_epoch_s` and `second_epoch_s` (wall
 time; the cost of reaching the steady state is in these two, `first_two_epochs_s`), then --reps
 more epochs, each timed: `ms_per_step` = median epoch time / batches, the steady state (every
-shape captured, as in later epochs of a training run). For grape, `epoch_counters` gives the
-warm-ups, captures and replays of each of the first two epochs and `steady_counters` those of the
-timed epochs (`steady_state`: every call there a replay). `grape_warmup_once` is grape with
-warmup_each_signature=False: only the first call warms up, and each shape is captured at its first
-call, so its epoch 1 includes the capture of every shape (and its epoch 2 is already steady).
+shape captured, as in later epochs of a training run); `speedup_vs_eager` is eager's over the
+mode's, and `first_epoch_ratio_to_eager`, `second_epoch_ratio_to_eager` and
+`first_two_epochs_ratio_to_eager` the mode's epochs over eager's. For grape, `epoch_counters`
+gives the warm-ups, captures and replays of each of the first two epochs and `steady_counters`
+those of the timed epochs (`steady_state`: every call there a replay). `grape_warmup_once` is
+grape with warmup_each_signature=False: only the first call warms up, and each shape is captured
+at its first call, so its epoch 1 includes the capture of every shape (and its epoch 2 is already
+steady).
 `ptgraph` (inference only) is the plain CUDA-graph baseline: one torch.cuda.CUDAGraph per shape,
 warmed up and captured at the shape's first call, all in one memory pool, the batch copied into
 the graph's static input; its steady state is what replaying graphs can give, the bound of any
@@ -178,8 +181,8 @@ def skip_the_unpadded_mask_while_capturing() -> bool:
     Releases up to at least 5.17 ask `is_tracing(padding_mask)` before skipping the mask, and a
     stream capture counts as tracing, so a captured forward builds a dense all-true mask with no
     padding mask at all. SDPA's fused kernels refuse it (its last stride is 0) and the math kernel
-    runs in float32: in a wav2vec2-base training step (batch 8, 4 s) the capture then held 258 MiB
-    more at its peak than the eager step, and spent more time. Later releases skip the mask
+    runs in float32: a captured wav2vec2-base training step then held more memory at its peak
+    than the eager step, and spent more time. Later releases skip the mask
     whenever there is no padding mask; this applies that rule to the installed one."""
     try:
         import transformers.masking_utils as masking
@@ -488,76 +491,60 @@ def run_infer(mode: str, base, data: dict, reps: int, ctc: str) -> tuple[dict, t
     return r, (logits, ids)
 
 
-def compare_train(results: dict, outputs: dict) -> None:
-    if "eager" not in outputs:
-        return
-    reference = outputs["eager"][0, :LOSS_STEPS_COMPARED]
-    results["eager"]["correct"] = "reference"
-    for mode, losses in outputs.items():
-        if mode == "eager":
-            continue
-        got = losses[0, :LOSS_STEPS_COMPARED]
-        rel = ((got - reference).abs() / reference.abs().clamp_min(1e-6)).max().item()
-        finite = bool(torch.isfinite(got).all() and torch.isfinite(reference).all())
-        r = results[mode]
-        means, reference_means = losses.mean(1), outputs["eager"].mean(1)
-        epoch_rel = ((means - reference_means).abs() / reference_means.abs().clamp_min(1e-6)).tolist()
-        r["loss_steps_compared"] = len(got)
-        r["max_rel_loss_diff"] = rel
-        r["losses_match"] = finite and rel <= LOSS_RTOL
-        r["max_rel_epoch_loss_diff"] = epoch_rel
-        r["epoch_losses_match"] = bool(torch.isfinite(means).all()) and max(epoch_rel) <= LOSS_RTOL
-        r["losses_bit_identical"] = bool(torch.equal(losses, outputs["eager"]))
-        r["correct"] = r["losses_match"] and r["epoch_losses_match"]
+def check_train(losses: torch.Tensor, reference: torch.Tensor) -> dict:
+    """harness.compare_with_eager's check of a training run's losses (epochs x batches) against
+    eager's: within LOSS_RTOL over epoch 1's first steps and in every epoch's mean."""
+    got, want = losses[0, :LOSS_STEPS_COMPARED], reference[0, :LOSS_STEPS_COMPARED]
+    rel = ((got - want).abs() / want.abs().clamp_min(1e-6)).max().item()
+    finite = bool(torch.isfinite(got).all() and torch.isfinite(want).all())
+    means, reference_means = losses.mean(1), reference.mean(1)
+    epoch_rel = ((means - reference_means).abs() / reference_means.abs().clamp_min(1e-6)).tolist()
+    r = {"loss_steps_compared": len(got), "max_rel_loss_diff": rel,
+         "losses_match": finite and rel <= LOSS_RTOL, "max_rel_epoch_loss_diff": epoch_rel,
+         "epoch_losses_match": bool(torch.isfinite(means).all()) and max(epoch_rel) <= LOSS_RTOL,
+         "losses_bit_identical": bool(torch.equal(losses, reference))}
+    r["correct"] = r["losses_match"] and r["epoch_losses_match"]
+    return r
 
 
-def compare_infer(results: dict, outputs: dict) -> None:
-    if "eager" not in outputs:
-        return
-    ref_logits, ref_ids = outputs["eager"]
-    results["eager"]["correct"] = "reference"
-    for mode, (logits, ids) in outputs.items():
-        if mode == "eager":
-            continue
-        diff = max((a - b).abs().max().item() for a, b in zip(logits, ref_logits))
-        equal = sum(int((a == b).sum()) for a, b in zip(ids, ref_ids))
-        total = sum(b.numel() for b in ref_ids)
-        r = results[mode]
-        r["batches_compared"] = len(ref_ids)
-        r["max_abs_logit_diff"] = diff
-        r["ids_equal_fraction"] = equal / total
-        r["logits_bit_identical"] = all(torch.equal(a, b) for a, b in zip(logits, ref_logits))
-        r["correct"] = diff <= INFER_ATOL and equal / total >= INFER_IDS_EQUAL
+def check_infer(outputs: tuple, reference: tuple) -> dict:
+    """harness.compare_with_eager's check of every batch's (logits, ids) against eager's: logits
+    within INFER_ATOL, at least INFER_IDS_EQUAL of the ids equal."""
+    (logits, ids), (ref_logits, ref_ids) = outputs, reference
+    diff = max((a - b).abs().max().item() for a, b in zip(logits, ref_logits))
+    equal = sum(int((a == b).sum()) for a, b in zip(ids, ref_ids))
+    total = sum(b.numel() for b in ref_ids)
+    return {"batches_compared": len(ref_ids), "max_abs_logit_diff": diff,
+            "ids_equal_fraction": equal / total,
+            "logits_bit_identical": all(torch.equal(a, b) for a, b in zip(logits, ref_logits)),
+            "correct": diff <= INFER_ATOL and equal / total >= INFER_IDS_EQUAL}
 
 
-RUNNERS = {"infer": (run_infer, compare_infer), "train": (run_train, compare_train)}
+RUNNERS = {"infer": (run_infer, check_infer), "train": (run_train, check_train)}
+# Figures compared with eager's besides time and gpu_mem_bytes: {figure: its ratio's name}.
+RATIOS_TO_EAGER = {"first_epoch_s": "first_epoch_ratio_to_eager",
+                   "second_epoch_s": "second_epoch_ratio_to_eager",
+                   "first_two_epochs_s": "first_two_epochs_ratio_to_eager",
+                   "first_epochs_gpu_mem_bytes": "first_epochs_mem_ratio_to_eager",
+                   "held_bytes": "held_ratio_to_eager"}
 
 
 def run_case(name: str, base, data: dict, modes: list[str], reps: int, ctc: str, config: dict) -> dict:
-    run, compare = RUNNERS[name]
-    outputs = {}  # what compare() checks against eager's, for each mode that ran
+    run, check = RUNNERS[name]
 
     def run_mode(mode: str) -> dict:
-        result, outputs[mode] = run(mode, base, data, reps, ctc)
+        result, outputs = run(mode, base, data, reps, ctc)
+        result["outputs"] = outputs  # what check() compares with eager's
         return result
 
-    results = harness.run_modes([m for m in modes if m in CASE_MODES[name]], run_mode, "ms_per_step")
-    compare(results, outputs)
-    eager = results.get("eager", {})
+    results = harness.run_modes([m for m in modes if m in CASE_MODES[name]], run_mode)
+    harness.compare_with_eager(results, check, RATIOS_TO_EAGER)
+    plain = results.get("ptgraph", {}).get("ms_per_step")
     for mode, r in results.items():
-        if mode == "eager" or not r.get("ms_per_step") or not eager.get("ms_per_step"):
+        if mode == "eager" or r.get("speedup_vs_eager") is None:
             continue
-        r["speedup_vs_eager"] = eager["ms_per_step"] / r["ms_per_step"]
-        for key in ("first_epoch_s", "second_epoch_s", "first_two_epochs_s"):
-            if r.get(key) and eager.get(key):
-                r[key[:-2] + "_ratio_to_eager"] = r[key] / eager[key]
-        r["mem_ratio_to_eager"] = r["gpu_mem_bytes"] / eager["gpu_mem_bytes"]
-        r["first_epochs_mem_ratio_to_eager"] = (r["first_epochs_gpu_mem_bytes"]
-                                                / eager["first_epochs_gpu_mem_bytes"])
-        r["held_ratio_to_eager"] = r["held_bytes"] / eager["held_bytes"]
         r["meets_targets"] = bool(r["speedup_vs_eager"] >= TARGET_SPEEDUP
-                                  and r["mem_ratio_to_eager"] <= TARGET_MEM_RATIO)
-        plain = results.get("ptgraph", {}).get("ms_per_step")
+                                  and r.get("mem_ratio_to_eager", math.inf) <= TARGET_MEM_RATIO)
         if plain and mode != "ptgraph":
             r["ratio_to_ptgraph"] = r["ms_per_step"] / plain  # 1.0: all that graphs can give
     config = dict(config, grape_warmup=WARMUP, targets={"speedup_vs_eager": TARGET_SPEEDUP,
@@ -589,23 +576,16 @@ def print_mode_targets(mode: str, g: dict) -> None:
 # ---------------------------------------------------------------------------------------- output
 
 def markdown(cases) -> str:
-    def gpu_mb(r):
-        mem = r.get("gpu_mem_bytes")
-        return harness.formatted(mem / 2**20 if mem is not None else None, "{:.0f}")
-
     def fallbacks(r):
         listed = r.get("fallbacks")
         return str(len(listed)) if listed is not None else "-"
 
     return harness.markdown_table(cases, [
-        harness.value_column("ms/step", "ms_per_step", "{:.2f}"),
-        harness.value_column("vs eager", "speedup_vs_eager", "{:.2f}x"),
+        harness.STEP_COLUMN, harness.SPEEDUP_COLUMN,
         harness.value_column("epoch 1 (s)", "first_epoch_s", "{:.1f}"),
         harness.value_column("epoch 2 (s)", "second_epoch_s", "{:.1f}"),
         harness.value_column("epochs 1-2 vs eager", "first_two_epochs_ratio_to_eager", "{:.2f}x"),
-        ("GPU MB", gpu_mb),
-        harness.value_column("mem vs eager", "mem_ratio_to_eager", "{:.2f}x"),
-        ("correct", lambda r: str(r.get("correct", "-"))),
+        *harness.MEMORY_COLUMNS, harness.CORRECT_COLUMN,
         ("graphs", lambda r: str(r.get("graphs", "-"))),
         ("fallbacks", fallbacks)])
 
@@ -669,7 +649,7 @@ def main(argv=None):
                           ctc_note=ctc_note, loss_rtol=LOSS_RTOL)
         results.append(run_case(case_name, base, data, modes, args.reps, ctc, config))
         data.pop("inputs_fp16", None)
-        harness.print_table(results[-1], "ms_per_step")
+        harness.print_table(results[-1])
         print_targets(results[-1])
         path = harness.write_results(name, results, args.out)
     title = f"HF {common['model']} (CTC), batch {BATCH}, {common['distinct_shapes']} shapes"

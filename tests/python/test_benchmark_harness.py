@@ -2,6 +2,9 @@
 
 import json
 
+import pytest
+import torch
+
 from benchmarks import harness
 
 
@@ -11,7 +14,7 @@ def test_a_failing_mode_is_recorded_and_the_others_still_run():
             raise RuntimeError("capture failed: " + "x" * 1000)
         return {"ms_per_step": 1.5}
 
-    results = harness.run_modes(["eager", "grape", "ptgraph"], run, "ms_per_step")
+    results = harness.run_modes(["eager", "grape", "ptgraph"], run)
     assert list(results) == ["eager", "grape", "ptgraph"]
     assert results["eager"] == {"ms_per_step": 1.5} and results["ptgraph"] == {"ms_per_step": 1.5}
     failed = results["grape"]
@@ -55,3 +58,122 @@ def test_results_name_the_benchmark_and_hold_every_case(tmp_path):
     written = json.loads(path.read_text())
     assert written["benchmark"] == "unit" and written["cases"] == cases
     assert {"device", "torch", "cuda", "commit"} <= set(written)
+
+
+def tokens(*values):
+    return torch.tensor([values])
+
+
+def test_speedup_is_the_reference_time_over_the_modes():
+    assert harness.speedup({"ms_per_step": 3.0}, {"ms_per_step": 1.5}) == 2.0
+    assert harness.speedup({"ms_per_step": 1.0}, {"ms_per_step": 4.0}) == 0.25
+    assert harness.speedup({"ms_per_step": None}, {"ms_per_step": 1.0}) is None
+    assert harness.speedup({"ms_per_step": 1.0}, {"ms_per_step": None, "error": "E: x"}) is None
+    assert harness.speedup({}, {"ms_per_step": 1.0}) is None
+
+
+def test_compare_with_eager_adds_speedup_and_correctness_to_every_mode():
+    results = {"eager": {"ms_per_step": 2.0, "outputs": tokens(1, 2, 3)},
+               "grape": {"ms_per_step": 0.5, "outputs": tokens(1, 2, 3)},
+               "ptgraph": {"ms_per_step": 4.0, "outputs": tokens(1, 2, 4)}}
+    harness.compare_with_eager(results)
+    assert results == {
+        "eager": {"ms_per_step": 2.0, "correct": "reference", "speedup_vs_eager": 1.0},
+        "grape": {"ms_per_step": 0.5, "correct": True, "speedup_vs_eager": 4.0},
+        "ptgraph": {"ms_per_step": 4.0, "correct": False, "speedup_vs_eager": 0.5}}
+    json.dumps(results)  # no tensors left for the results file
+    assert harness.exit_status([{"name": "b1", "modes": results}]) == 1  # ptgraph differs
+
+
+def test_outputs_equal_eagers_only_to_the_bit_and_in_every_part():
+    def correct(output, reference):
+        results = {"eager": {"outputs": reference}, "grape": {"outputs": output}}
+        harness.compare_with_eager(results)
+        return results["grape"]["correct"]
+
+    assert correct((tokens(1, 2), [tokens(3)]), (tokens(1, 2), [tokens(3)]))
+    assert not correct(tokens(1, 2), tokens(1, 2, 3))  # shorter: a shape of its own
+    assert not correct(tokens(1, 2).view(2), tokens(1, 2))
+    assert not correct(torch.tensor([1.0, 2.0]), torch.tensor([1.0, 2.0 + 1e-6]))
+    assert not correct([tokens(1)], [tokens(1), tokens(2)])  # fewer outputs
+    assert not correct((tokens(1), tokens(2)), (tokens(1), tokens(3)))
+    assert not correct(tokens(1), [tokens(1)])
+
+
+def test_a_check_gives_correct_and_details_and_is_never_asked_about_eager():
+    asked = []
+
+    def within(output, reference):
+        asked.append(output)
+        diff = (output - reference).abs().max()
+        return {"max_abs_diff": diff.item(), "correct": diff <= 0.1}  # a tensor, made a bool
+
+    results = {"eager": {"outputs": torch.tensor([1.0, 2.0])},
+               "grape": {"outputs": torch.tensor([1.0, 2.0625])},
+               "grape_copy": {"outputs": torch.tensor([1.5, 2.0])}}
+    harness.compare_with_eager(results, within)
+    assert len(asked) == 2
+    assert results["eager"] == {"correct": "reference"}
+    assert results["grape"] == {"max_abs_diff": 0.0625, "correct": True}
+    assert results["grape_copy"] == {"max_abs_diff": 0.5, "correct": False}
+    assert all(type(r["correct"]) is bool for mode, r in results.items() if mode != "eager")
+
+
+def test_a_check_without_correct_is_an_error():
+    results = {"eager": {"outputs": tokens(1)}, "grape": {"outputs": tokens(1)}}
+    with pytest.raises(KeyError):
+        harness.compare_with_eager(results, lambda output, reference: {"steps_equal": 1})
+
+
+def test_without_eager_nothing_is_compared():
+    results = {"grape": {"ms_per_step": 0.5, "gpu_mem_bytes": 10, "outputs": tokens(1)}}
+    harness.compare_with_eager(results)
+    assert results == {"grape": {"ms_per_step": 0.5, "gpu_mem_bytes": 10, "correct": None}}
+    assert harness.exit_status([{"name": "b1", "modes": results}]) == 0
+
+
+def test_a_failed_or_untimed_mode_or_eager_is_not_compared():
+    failed = {"ms_per_step": None, "error": "RuntimeError: x"}
+    results = {"eager": dict(failed), "grape": {"ms_per_step": 0.5, "outputs": tokens(1)}}
+    harness.compare_with_eager(results)
+    assert results["eager"] == dict(failed, correct=None)
+    assert results["grape"] == {"ms_per_step": 0.5, "correct": None}
+
+    results = {"eager": {"ms_per_step": 2.0, "outputs": tokens(1)}, "grape": dict(failed),
+               "ptgraph": {"ms_per_step": None, "skipped": "no way in"}}
+    harness.compare_with_eager(results)
+    assert results["grape"] == dict(failed, correct=None)
+    assert results["ptgraph"] == {"ms_per_step": None, "skipped": "no way in", "correct": None}
+
+
+def test_memory_and_other_figures_are_compared_with_eagers_where_both_were_measured():
+    results = {"eager": {"ms_per_step": 2.0, "gpu_mem_bytes": 400, "first_epoch_s": 10.0,
+                         "held_bytes": 0},
+               "grape": {"ms_per_step": 1.0, "gpu_mem_bytes": 500, "first_epoch_s": 15.0,
+                         "held_bytes": 7},
+               "ptgraph": {"ms_per_step": 1.0, "gpu_mem_bytes": None}}
+    harness.compare_with_eager(results, ratios={"first_epoch_s": "first_epoch_ratio_to_eager",
+                                                "held_bytes": "held_ratio_to_eager"})
+    grape, eager = results["grape"], results["eager"]
+    assert grape["mem_ratio_to_eager"] == 1.25 and grape["first_epoch_ratio_to_eager"] == 1.5
+    assert eager["mem_ratio_to_eager"] == 1.0 and eager["first_epoch_ratio_to_eager"] == 1.0
+    assert "held_ratio_to_eager" not in grape  # eager's is 0: no ratio to it
+    assert "mem_ratio_to_eager" not in results["ptgraph"]
+
+
+def test_tables_show_the_comparison_with_eager(capsys):
+    modes = {"eager": {"ms_per_step": 2.0, "outputs": tokens(1), "gpu_mem_bytes": 2**20},
+             "grape": {"ms_per_step": 0.5, "outputs": tokens(1), "gpu_mem_bytes": 3 * 2**20},
+             "ptgraph": {"ms_per_step": None, "error": "E: x"}}
+    harness.compare_with_eager(modes)
+    case = {"name": "b1", "config": {}, "modes": modes}
+    harness.print_table(case)
+    rows = capsys.readouterr().out.splitlines()[-3:]
+    assert rows[0].split() == ["eager", "2.000", "1.00x", "1.0", "reference"]
+    assert rows[1].split() == ["grape", "0.500", "4.00x", "3.0", "True"]
+    assert rows[2].split() == ["ptgraph", "-", "-", "-", "-"]
+    table = harness.markdown_table([case], [harness.STEP_COLUMN, harness.SPEEDUP_COLUMN,
+                                            *harness.MEMORY_COLUMNS, harness.CORRECT_COLUMN])
+    assert table.splitlines()[0] == "| case | mode | ms/step | vs eager | GPU MB | mem vs eager | correct |"
+    assert table.splitlines()[3] == "| b1 | grape | 0.500 | 4.00x | 3.0 | 3.00x | True |"
+    assert table.splitlines()[4] == "| b1 | ptgraph | - | - | - | - | - |"
