@@ -34,7 +34,7 @@ test-python: build
 test: test-cpp test-python
 
 # On the GPU machine: build, the whole suite with GPU tests, and a benchmark smoke run.
-# Logs and results go to $(OUT) when it is set (the device tool's output folder).
+# Logs and results go to $(OUT) when it is set.
 gpu-check:
 	bash tools/gpu_check.sh
 
