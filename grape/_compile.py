@@ -140,8 +140,8 @@ def compile(fn: Optional[Callable] = None, *, warmup: int = 1, warmup_each_signa
     (docs/design.md, "Near topologies"). ``"topology"``: only graphs of one topology share.
     False: one executable per graph (more device memory, no patching).
     ``executable_cache``: bytes of device memory for executables beyond one per
-    topology, so that the shapes holding one replay without patching (about 4 KB per kernel of a
-    graph; default 256 MiB); a shape gets one only where it replays while the GPU waits for the
+    topology, so that the shapes holding one replay without patching (an executable's memory grows
+    with its kernel count, docs/results.md; default 256 MiB); a shape gets one only where it replays while the GPU waits for the
     host (elsewhere patching overlaps queued work); 0: one executable per topology, the least
     memory; None: no limit.
     ``memory_budget``: bytes of device memory for the function's graph memory (its

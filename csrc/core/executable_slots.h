@@ -3,16 +3,15 @@
 // ~~~~~~~~~~~~~~~~~~~~~~~
 // A topology group (Note [Shared executables]) may keep more than one executable ("slots"), each
 // holding one shape's parameters. A shape with a slot of its own replays without patching; the
-// others are patched into a slot. Patching costs CPU time per changed node (GPT-J: ~640 nodes,
-// ~1.4 ms a token) that delays the next launch whenever the host, not the GPU, is the bottleneck,
+// others are patched into a slot. Patching costs CPU time per changed node that delays the next
+// launch whenever the host, not the GPU, is the bottleneck,
 // and patching the executable that is still running may have to wait for it. So:
 //   - a shape gets a slot of its own while the function's executable cache has room, and, in
 //     grape's runtime (SharedExecutables::SlotGrowth::kWhenGpuWaits), only where the host is the
 //     bottleneck: for a launch that follows launches only, on a stream with no work queued, as
 //     nearly all recent such launches found it. Then the GPU waits for the host and patching
 //     would delay the launch. Where work is queued, patching overlaps it and a slot would only
-//     take memory (wav2vec2 inference and training over 189 lengths, calls back to back: the same
-//     time with one executable per group as with 256 MiB of slots, H100);
+//     take memory;
 //   - once it is full, a shape without a slot is patched into the most recently used slot other
 //     than the last launched one. Replacing the most recently used (not the least) keeps a cyclic
 //     order of shapes (a generation's growing lengths, an epoch's batches) from evicting each slot
@@ -20,9 +19,8 @@
 //     alternates between two slots, so the one just launched is never patched under a replay.
 //   - a slot whose shape was removed is used before any other, and before a new slot.
 //   - among the slots a shape may be patched into, the one whose shape runs the most of the same
-//     kernels wins: a patch that changes a node's kernel makes the next launch slower by about
-//     1 us per such node (H200, CUDA 13, a graph of 600 small kernels: 0.01 ms for 1 node, 0.64
-//     ms for all 600), where one that changes arguments only costs nothing at launch. Union
+//     kernels wins: a patch that changes a node's kernel makes the next launch slower for each
+//     such node, where one that changes arguments only costs nothing at launch. Union
 //     members differ in kernels (Note [Near topologies]).
 // This file decides; csrc/cuda/shared_executables.cpp instantiates and patches.
 
