@@ -32,6 +32,12 @@ TABLE: list[tuple[tuple[str, ...], str]] = [
      'captures that failed (the signature fell back, or with `warmup_each_signature=False` warmed up first)'),
     (('capture_seconds',),
      'wall time spent in successful captures'),
+    (('warmup_seconds',),
+     'wall time of warm-up calls'),
+    (('graph_read_seconds', 'join_seconds', 'instantiate_seconds'),
+     "of the captures' time, reading captured graphs node by node, joining groups of shared executables (executable updates, alignment, unions), and instantiating executables (also rebuilds after eviction, outside captures)"),
+    (('chain_variant_seconds',),
+     "of `capture_seconds`, chain variants' captures"),
     (('bytes_copied_in',),
      'bytes copied into placeholders (copy in and move in)'),
     (('bytes_copied_back',),
@@ -113,7 +119,7 @@ TABLE: list[tuple[tuple[str, ...], str]] = [
     (('fallbacks',),
      'list of `{"signature", "kind", "reason", "call_site"}`, one per reported fallback; `kind` names the reason\'s kind (`host_sync`, `pageable_copy`, `cpu_tensor`, `out_of_memory`, `unsupported_argument`, `results`, `capture_error`, `instantiation`, `other_rank`, `replay_refused`, `no_cuda`)'),
     (('entries',),
-     'per signature: `{"signature", "state": "warmup" | "graph" | "eager", "kind", "reason", "replays"}`'),
+     'per signature: `{"signature", "state": "warmup" | "graph" | "eager", "kind", "reason", "replays", "seconds"}`; `seconds` is what the signature cost on its way to replays: `warmup`, `capture` (every try, failed ones and chain variants included), and of it `read`, `join`, `instantiate` and `variants`'),
 ]
 
 KEYS: tuple[str, ...] = tuple(key for keys, _ in TABLE for key in keys)

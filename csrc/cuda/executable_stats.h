@@ -33,6 +33,11 @@ struct ExecutableStats {
   int64_t nodes_patched = 0;
   int64_t kernels_swapped = 0;  // ... of them, kernel nodes patched to run another kernel
   int64_t patch_ns = 0;
+  // Host time of add(): reading a captured graph node by node, joining a group (executable
+  // updates, alignment, unions), and instantiating executables (add's and later rebuilds).
+  int64_t read_ns = 0;
+  int64_t join_ns = 0;
+  int64_t instantiate_ns = 0;
   size_t device_bytes = 0;      // resident executables: their nodes' share of the driver memory
                                 // that instantiations were measured to take
   size_t cached_bytes = 0;      // ... of them, the executables beyond one per group

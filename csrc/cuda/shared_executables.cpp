@@ -2,11 +2,11 @@
 
 #include <algorithm>
 #include <atomic>
-#include <chrono>
 #include <optional>
 #include <stdexcept>
 #include <utility>
 
+#include "core/clock.h"
 #include "core/executable_slots.h"
 #include "core/param_codec.h"
 #include "core/topology_union.h"
@@ -99,6 +99,12 @@ SharedExecutables::~SharedExecutables() {
 }
 
 size_t SharedExecutables::instantiate(Group& group, cudaStream_t stream) {
+  const auto start = core::Clock::now();
+  struct Charge {  // on every way out
+    int64_t& ns;
+    core::Clock::time_point start;
+    ~Charge() { ns += core::elapsed_ns(start); }
+  } charge_time{counters_.instantiate_ns, start};
   size_t free_before = 0, free_after = 0, total = 0;
   (void)cudaMemGetInfo(&free_before, &total);
   Executable made;
@@ -206,7 +212,18 @@ bool SharedExecutables::grows(const Group& group, cudaStream_t stream, bool host
 SharedExecutables::Member SharedExecutables::add(cudaGraph_t graph, cudaStream_t stream) {
   GraphOwner owner{graph};
   const bool share = sharing_ != Sharing::kNone;
+  const auto read_start = core::Clock::now();
   GraphContents contents = read_graph(graph, share);
+  counters_.read_ns += core::elapsed_ns(read_start);
+  // The rest of add() is joining, but for the instantiations it makes (timed on their own).
+  struct ChargeJoin {
+    ExecutableStats& counters;
+    core::Clock::time_point start = core::Clock::now();
+    int64_t instantiating_before = counters.instantiate_ns;
+    ~ChargeJoin() {
+      counters.join_ns += core::elapsed_ns(start) - (counters.instantiate_ns - instantiating_before);
+    }
+  } charge_join{counters_};
   const bool shareable = share && contents.readable;
   if (share && !contents.readable) unshareable_reason_ = contents.why_not;
 
@@ -463,7 +480,7 @@ void SharedExecutables::launched(Member member) {
 }
 
 void SharedExecutables::patch(Group& group, size_t slot, uint32_t shape) {
-  const auto start = std::chrono::steady_clock::now();
+  const auto start = core::Clock::now();
   std::vector<uint32_t> changed;
   const uint32_t from = group.slots[slot].shape;
   if (from == core::ExecutableSlot::kNoShape) {
@@ -483,9 +500,7 @@ void SharedExecutables::patch(Group& group, size_t slot, uint32_t shape) {
   group.slots[slot].shape = shape;
   ++counters_.switches;
   counters_.nodes_patched += static_cast<int64_t>(changed.size());
-  counters_.patch_ns += std::chrono::duration_cast<std::chrono::nanoseconds>(
-                            std::chrono::steady_clock::now() - start)
-                            .count();
+  counters_.patch_ns += core::elapsed_ns(start);
 }
 
 int SharedExecutables::evict_to(size_t bytes, Member keep) {

@@ -7,7 +7,6 @@
 #include <c10/cuda/CUDAGuard.h>
 #include <torch/csrc/autograd/python_variable.h>
 
-#include <chrono>
 #include <optional>
 #include <string>
 #include <unordered_set>

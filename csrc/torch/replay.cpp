@@ -5,16 +5,18 @@
 #include <c10/cuda/CUDAStream.h>
 
 #include <algorithm>
-#include <chrono>
 #include <vector>
 
 #include "core/replay_plan.h"
 #include "cuda/batched_copy.h"
+#include "core/clock.h"
 #include "torch/site_predictor.h"
 
 namespace grape {
 
 namespace {
+
+using core::elapsed_ns;
 
 ReplayOutcome refused(std::string why) {
   ReplayOutcome outcome;
@@ -34,7 +36,7 @@ void enforce_memory_budget(const core::MemoryBudget& budget, const GraphPool& po
 }
 
 ReplayOutcome replay(const CapturedGraph& g, FlatCall& flat, ReplayContext& context) {
-  const auto replay_start = std::chrono::steady_clock::now();
+  const auto replay_start = core::Clock::now();
   GraphPool& pool = context.pool;
   RuntimeCounters& stats = context.stats;
   const size_t n = flat.tensors.size();
@@ -145,7 +147,7 @@ ReplayOutcome replay(const CapturedGraph& g, FlatCall& flat, ReplayContext& cont
   }
 
   // 3. Replay, then write in-place updates back to inputs that do not live in their placeholder.
-  const auto launch_start = std::chrono::steady_clock::now();
+  const auto launch_start = core::Clock::now();
   g.graph->launch(exec);
   stats.launch_ns += elapsed_ns(launch_start);
   for (size_t i = 0; i < n; ++i) {

@@ -1,8 +1,8 @@
 #include "torch/runtime.h"
 
+#include "core/clock.h"
 #include <torch/csrc/autograd/python_variable.h>
 
-#include <chrono>
 #include <utility>
 
 #include "torch/python_scopes.h"
@@ -207,8 +207,16 @@ py::object Runtime::warm_up(Entry& entry, const py::args& args, const py::kwargs
   ++entry.warmup_runs;
   ++function_warmup_runs_;
   ++stats_.warmup_calls;
-  EnteredContext watch(training_.step_watch());  // optimizers it steps become capturable
-  return run_eager(args, kwargs);
+  const auto start = core::Clock::now();
+  py::object result;
+  {
+    EnteredContext watch(training_.step_watch());  // optimizers it steps become capturable
+    result = run_eager(args, kwargs);
+  }
+  const int64_t ns = core::elapsed_ns(start);
+  entry.costs.warmup_ns += ns;
+  stats_.warmup_ns += ns;
+  return result;
 }
 
 core::Reason Runtime::refusal_of_arguments(const py::args& args, const py::kwargs& kwargs,
@@ -237,7 +245,7 @@ std::optional<py::object> Runtime::capture_entry(Entry& entry, FlatCall& flat,
                                                  const py::kwargs& kwargs) {
   CaptureOutcome outcome;
   if (argument_refusal.empty()) {
-    outcome = capture_with_retry(flat, entry.pin_host_constants);
+    outcome = capture_with_retry(entry, flat, /*variant=*/false);
     if (outcome.graph) {
       entry.graph = std::move(outcome.graph);
     } else {
@@ -276,16 +284,37 @@ CaptureContext Runtime::capture_context(FlatCall& flat) {
       }};
 }
 
-CaptureOutcome Runtime::capture_with_retry(FlatCall& flat, bool& pin_host_constants) {
+CaptureOutcome Runtime::capture_with_retry(Entry& entry, FlatCall& flat, bool variant) {
   last_was_replay_ = false;
   const CaptureContext context = capture_context(flat);
   core::CaptureTries tries;
-  tries.pinned = pin_host_constants;
+  tries.pinned = entry.pin_host_constants;
   std::vector<core::LayoutPlan> plan;
+  // Every try's time is the signature's cost, failed ones included.
+  struct ChargeEntry {
+    Entry& entry;
+    const cuda::SharedExecutables& executables;
+    bool variant;
+    core::Clock::time_point start = core::Clock::now();
+    cuda::ExecutableStats before = executables.stats();
+    ~ChargeEntry() {
+      const int64_t ns = core::elapsed_ns(start);
+      const cuda::ExecutableStats after = executables.stats();
+      entry.costs.capture_ns += ns;
+      entry.costs.read_ns += after.read_ns - before.read_ns;
+      entry.costs.join_ns += after.join_ns - before.join_ns;
+      entry.costs.instantiate_ns += after.instantiate_ns - before.instantiate_ns;
+      if (variant) entry.costs.variant_ns += ns;
+    }
+  } charge_entry{entry, *executables_, variant};
   while (true) {
-    const auto start = std::chrono::steady_clock::now();
+    const auto start = core::Clock::now();
     CaptureOutcome outcome = capture(context, flat, tries.pinned, plan);
-    if (outcome.result != core::TryResult::kFailed) stats_.capture_ns += elapsed_ns(start);
+    if (outcome.result != core::TryResult::kFailed) {
+      const int64_t ns = core::elapsed_ns(start);
+      stats_.capture_ns += ns;
+      if (variant) stats_.chain_variant_ns += ns;
+    }
     if (outcome.result == core::TryResult::kGraph) {
       ++stats_.captures;
       stats_.alias_predictions += outcome.alias_predictions;
@@ -304,7 +333,7 @@ CaptureOutcome Runtime::capture_with_retry(FlatCall& flat, bool& pin_host_consta
         plan = std::move(outcome.plan);
         break;
       case core::NextTry::kPinned:
-        pin_host_constants = true;
+        entry.pin_host_constants = true;
         plan.clear();
         break;
       case core::NextTry::kAfterFreeingMemory:
@@ -455,7 +484,7 @@ CapturedGraph& Runtime::select_graph(Entry& entry, FlatCall& flat, const py::arg
   }
   // Capture a variant that reads these outputs in place.
   flattener_.flatten_call(args, kwargs, flat, /*with_spec=*/true, /*with_paths=*/false);
-  CaptureOutcome outcome = capture_with_retry(flat, entry.pin_host_constants);
+  CaptureOutcome outcome = capture_with_retry(entry, flat, /*variant=*/true);
   if (!outcome.graph) {
     ++stats_.capture_failures;
     return *entry.graph;
@@ -477,6 +506,12 @@ py::list Runtime::entries() const {
     d["reason"] = e.fallback.text;
     d["kind"] = core::reason_kind_name(e.fallback.kind);
     d["replays"] = e.replays;
+    const Entry::Costs& c = e.costs;
+    d["seconds"] = py::dict(py::arg("warmup") = c.warmup_ns * 1e-9,
+                            py::arg("capture") = c.capture_ns * 1e-9,
+                            py::arg("read") = c.read_ns * 1e-9, py::arg("join") = c.join_ns * 1e-9,
+                            py::arg("instantiate") = c.instantiate_ns * 1e-9,
+                            py::arg("variants") = c.variant_ns * 1e-9);
     list.append(d);
   }
   return list;

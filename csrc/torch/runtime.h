@@ -37,6 +37,17 @@ struct InputBuffer;
 struct Entry {
   std::string description;
   int warmup_runs = 0;
+  // What this signature cost on its way to replays (grape.stats entries' "seconds"): its warm-up
+  // calls, its captures (failed tries and chain variants included), and of those, reading the
+  // graphs, joining executables and instantiating them, and the chain variants.
+  struct Costs {
+    int64_t warmup_ns = 0;
+    int64_t capture_ns = 0;
+    int64_t read_ns = 0;
+    int64_t join_ns = 0;
+    int64_t instantiate_ns = 0;
+    int64_t variant_ns = 0;
+  } costs;
   std::unique_ptr<CapturedGraph> graph;
   // Graphs of the same signature whose placeholders are other graphs' outputs (Note [Chain
   // variants]).
@@ -97,9 +108,10 @@ class Runtime {
   std::optional<py::object> capture_entry(Entry& entry, FlatCall& flat,
                                           const core::Reason& argument_refusal,
                                           const py::args& args, const py::kwargs& kwargs);
-  // Captures `flat` with the tries the capture policy allows; the outcome is a graph or the last
-  // failure. `pin_host_constants`: the signature's flag, which a refused pageable copy sets.
-  CaptureOutcome capture_with_retry(FlatCall& flat, bool& pin_host_constants);
+  // Captures `flat` for `entry` with the tries the capture policy allows; the outcome is a graph
+  // or the last failure. A refused pageable copy sets the entry's pin_host_constants; the time
+  // goes to its costs (`variant`: a chain variant's capture).
+  CaptureOutcome capture_with_retry(Entry& entry, FlatCall& flat, bool variant);
   CaptureContext capture_context(FlatCall& flat);
   // At a capture point: this rank's outcome made common to every rank (Note [Capture points
   // agree across ranks]). Where another rank failed, drops this rank's graph and takes the common

@@ -2,7 +2,6 @@
 // The counters of one compiled function. grape/_stats.py's table defines every key that
 // grape.stats() reports, these among them, with its meaning.
 
-#include <chrono>
 #include <cstdint>
 
 namespace grape {
@@ -16,6 +15,8 @@ struct RuntimeCounters {
   int64_t recaptures = 0;   // graphs dropped because static state moved
   int64_t capture_failures = 0;
   int64_t capture_ns = 0;
+  int64_t warmup_ns = 0;         // wall time of warm-up calls
+  int64_t chain_variant_ns = 0;  // of capture_ns, in chain-variant captures
   int64_t bytes_copied_in = 0;
   int64_t bytes_copied_back = 0;
   int64_t bytes_evacuated = 0;
@@ -35,11 +36,5 @@ struct RuntimeCounters {
   int64_t replay_ns = 0;  // host time of replays: preparing the executable, copies, launch
   int64_t launch_ns = 0;  // ... of it, in graph launches (the driver's share)
 };
-
-inline int64_t elapsed_ns(std::chrono::steady_clock::time_point since) {
-  return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() -
-                                                              since)
-      .count();
-}
 
 }  // namespace grape

@@ -41,6 +41,8 @@ py::dict Runtime::stats() {
   d["recaptures"] = stats_.recaptures;
   d["capture_failures"] = stats_.capture_failures;
   d["capture_seconds"] = static_cast<double>(stats_.capture_ns) * 1e-9;
+  d["warmup_seconds"] = static_cast<double>(stats_.warmup_ns) * 1e-9;
+  d["chain_variant_seconds"] = static_cast<double>(stats_.chain_variant_ns) * 1e-9;
   d["replay_seconds"] = static_cast<double>(stats_.replay_ns) * 1e-9;
   d["launch_seconds"] = static_cast<double>(stats_.launch_ns) * 1e-9;
   d["bytes_copied_in"] = stats_.bytes_copied_in;
@@ -101,6 +103,9 @@ py::dict Runtime::stats() {
   d["nodes_patched"] = ex.nodes_patched;
   d["kernels_swapped"] = ex.kernels_swapped;
   d["patch_seconds"] = static_cast<double>(ex.patch_ns) * 1e-9;
+  d["graph_read_seconds"] = static_cast<double>(ex.read_ns) * 1e-9;
+  d["join_seconds"] = static_cast<double>(ex.join_ns) * 1e-9;
+  d["instantiate_seconds"] = static_cast<double>(ex.instantiate_ns) * 1e-9;
   d["params_bytes"] = static_cast<int64_t>(ex.params_bytes);
   d["params_raw_bytes"] = static_cast<int64_t>(ex.params_raw_bytes);
   d["input_sites"] = sites.sites;

@@ -1,0 +1,15 @@
+#pragma once
+// Host wall time for the counters that grape.stats() reports as seconds.
+
+#include <chrono>
+#include <cstdint>
+
+namespace grape::core {
+
+using Clock = std::chrono::steady_clock;
+
+inline int64_t elapsed_ns(Clock::time_point since) {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - since).count();
+}
+
+}  // namespace grape::core
