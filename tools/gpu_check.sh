@@ -34,6 +34,7 @@ step bench-smoke env GRAPE_RESULTS_DIR="$out" python3 -m benchmarks.gpt2_decode 
 step bench-smoke-shapes env GRAPE_RESULTS_DIR="$out" python3 -m benchmarks.gpt2_decode --quick --shapes 64 --batch 1
 step bench-smoke-sites env GRAPE_RESULTS_DIR="$out" python3 -m benchmarks.alias_sites --quick
 step bench-smoke-hf-gpt2 env GRAPE_RESULTS_DIR="$out" python3 -m benchmarks.hf_gpt2 --tiny --quick --cases b1-greedy,b1-beam4
+step bench-smoke-time-to-speed env GRAPE_RESULTS_DIR="$out" python3 -m benchmarks.time_to_speed --tiny --quick
 step bench-smoke-hf-gptj env GRAPE_RESULTS_DIR="$out" python3 -m benchmarks.hf_gptj --tiny --quick \
   --modes eager,grape,grape_compact,grape_all_resident,grape_step,grape_inductor
 step bench-smoke-hf-wav2vec2 env GRAPE_RESULTS_DIR="$out" python3 -m benchmarks.hf_wav2vec2 --tiny --quick

@@ -1,0 +1,344 @@
+"""Time to speed: what a user of Hugging Face `generate` meets first, the way to steady state and
+not only the steady state. Each case's model (random weights, seeded) runs its own, unchanged
+`generate` --reps times (5) with one prompt (8 tokens), then 2 times with a longer prompt (32
+tokens), greedy, the same number of new tokens every call. Cases: `gpt2-b1`, `gpt2-b8` (GPT-2
+small, fp16, batch 1 and 8) and `tinyllama-b1` (a Llama of TinyLlama-1.1B's shape: 22 layers,
+hidden 2048, intermediate 5632, 32 heads, 4 KV heads, vocab 32000; bf16, batch 1). Modes: eager
+(the dynamic cache); static_compile (HF's static cache, which HF's generate compiles with
+torch.compile by itself); grape (grape.compile(model), the dynamic cache). Each mode has a fresh
+copy of the case's weights.
+
+    python -m benchmarks.time_to_speed                  # the three cases, 128 new tokens
+    python -m benchmarks.time_to_speed --quick          # gpt2-b1 only, 16 new tokens
+    python -m benchmarks.time_to_speed --tiny --quick   # smoke run: 2-layer models of width 64
+    python -m benchmarks.time_to_speed --tiny --quick --device cpu --modes eager,grape
+                                                        # the script itself, anywhere (grape runs
+                                                        # eagerly on the CPU, HF compiles nothing)
+
+A mode's figures (lists "per call" and cumulative_ms have one entry per call: the --reps calls
+with the prompt, then the longer prompt's):
+  calls_ms                wall ms of each call with the prompt (synchronized), capture or
+                          compilation included; longer_prompt_calls_ms: the longer prompt's calls
+  cumulative_ms           wall ms of all calls up to each
+  first_call_ms, steady_ms  the first call's and the last with the prompt's; ms_per_step: steady_ms
+                          per new token, so speedup_vs_eager is eager's over the mode's when steady
+  calls_to_steady         grape: the first call from which no call with the prompt warms up, runs
+                          eagerly or captures (every forward replays), None where the last one
+                          does; other modes, which have no such counters: the first call from
+                          which every call with the prompt is within 1.25x of the fastest of them
+                          (None where the last one is not)
+  correct                 every call's tokens equal eager's same call's (calls_equal, call by call)
+  eager_steady_ms, first_call_vs_eager_steady (call 1 over eager's steady_ms),
+  second_call_speedup_vs_eager (eager's call 2 over the mode's), cumulative_2_vs_eager (calls 1 and
+                          2 over eager's): every mode but eager
+  grape:  captures_per_call (chain variants included), replays_per_call, warmup_calls_per_call,
+          eager_calls_per_call (changes of grape.stats' counters in each call);
+          longer_prompt_captures; breakdown_ms_per_call: {"warmup", "capture", of the capture time
+          "graph_read", "join", "instantiate" (also rebuilds after eviction) and "chain_variant",
+          "patch"} (grape.stats' <name>_seconds, in ms); graphs and fallbacks at the end
+  static_compile:  compiles_per_call (graphs torch.compile compiled in each call), compiled_by_hf
+Before a case's modes, a throwaway copy of its model generates once with each prompt (config
+`process_warmup_ms`): the process's first-use costs (CUDA context, cuBLAS handles, kernels loaded
+lazily) would otherwise fall on whichever mode runs first. Inductor's caches are left as they are,
+so a second run on one machine compiles from them.
+Writes JSON and a markdown table to benchmarks/results/ (a PNG plot of cumulative time against
+calls too where matplotlib exists).
+"""
+
+from __future__ import annotations
+
+import copy
+import itertools
+import operator
+import sys
+import warnings
+from pathlib import Path
+from typing import Callable, Sequence
+
+import torch
+
+import grape
+from benchmarks import generation, harness
+
+MODES = ["eager", "static_compile", "grape"]
+CASES = {"gpt2-b1": ("gpt2", 1), "gpt2-b8": ("gpt2", 8), "tinyllama-b1": ("tinyllama", 1)}
+QUICK_CASES = "gpt2-b1"
+PROMPT, LONGER_PROMPT, LONGER_CALLS = 8, 32, 2
+# grape.stats counters and times (seconds) read around each call; .get: older builds lack some.
+COUNTERS = ("captures", "replays", "warmup_calls", "eager_calls")
+BREAKDOWN = ("warmup_seconds", "capture_seconds", "graph_read_seconds", "join_seconds",
+             "instantiate_seconds", "chain_variant_seconds", "patch_seconds")
+# Not steady: warming up, running eagerly, capturing.
+UNSTEADY = ("warmup_calls", "eager_calls", "captures")
+MODEL_NAMES = {"gpt2": ("gpt2-small", "gpt2-tiny"),  # (full, --tiny)
+               "tinyllama": ("tinyllama-1.1b-shape", "llama-tiny")}
+STEADY_TOLERANCE = 1.25  # modes without counters: steady within this of their fastest call
+NEEDS = ("time_to_speed needs a CUDA device (--device cpu --tiny checks the script itself, "
+         "without one)")
+
+
+def model_config(family: str, tiny: bool):
+    """A case's config and dtype: GPT-2 small (fp16) or TinyLlama-1.1B's shape (bf16); `tiny`:
+    2 layers of width 64."""
+    import transformers
+
+    if family == "gpt2":
+        shape = dict(n_layer=2, n_embd=64, n_head=4) if tiny else {}  # GPT2Config(): GPT-2 small
+        return transformers.GPT2Config(**shape, pad_token_id=50256), torch.float16
+    shape = (dict(num_hidden_layers=2, hidden_size=64, intermediate_size=176, num_attention_heads=4,
+                  num_key_value_heads=2) if tiny else
+             dict(num_hidden_layers=22, hidden_size=2048, intermediate_size=5632,
+                  num_attention_heads=32, num_key_value_heads=4))
+    return transformers.LlamaConfig(**shape, vocab_size=32000, pad_token_id=2), torch.bfloat16
+
+
+def build_model(family: str, tiny: bool, device: str):
+    """Random weights, seeded, made in their dtype where they live."""
+    import transformers
+
+    config, dtype = model_config(family, tiny)
+    torch.manual_seed(0)
+    with torch.device(device):
+        model = transformers.AutoModelForCausalLM.from_config(config, dtype=dtype)
+    return model.eval()
+
+
+def prompts(vocab_size: int, batch: int, calls: int, device: str) -> list[tuple]:
+    """(ids, attention mask) of each call: `calls` times the prompt, then the longer prompt's."""
+    g = torch.Generator(device="cpu").manual_seed(1)
+    short, longer = (torch.randint(0, vocab_size, (batch, n), generator=g).to(device)
+                     for n in (PROMPT, LONGER_PROMPT))
+    return ([(short, torch.ones_like(short))] * calls
+            + [(longer, torch.ones_like(longer))] * LONGER_CALLS)
+
+
+def timed_calls(model, inputs: Sequence[tuple], kwargs: dict, counters: Callable[[], dict],
+                desc: str) -> tuple[list[float], list, list[dict]]:
+    """model.generate once per (ids, mask) of `inputs`: each call's wall ms, its tokens, and how
+    much each value of `counters()` (read before and after each call) changed in it."""
+    ms, outputs, changes = [], [], []
+    before = counters()
+    for ids, mask in harness.progress(inputs, desc):
+        tokens, seconds = harness.timed(lambda: model.generate(ids, attention_mask=mask, **kwargs))
+        after = counters()
+        ms.append(seconds * 1e3)
+        outputs.append(tokens)
+        changes.append({key: value - before.get(key, 0) for key, value in after.items()})
+        before = after
+    return ms, outputs, changes
+
+
+def no_counters() -> dict:
+    return {}
+
+
+def dynamo_graphs() -> dict:
+    from torch._dynamo.utils import counters
+
+    return {"compiles": counters["stats"]["unique_graphs"]}
+
+
+def grape_counters(model) -> dict:
+    stats = grape.stats(model)
+    return {key: stats.get(key, 0) for key in COUNTERS + BREAKDOWN}
+
+
+# Pure helpers, from the per-call figures (tests/python/test_time_to_speed.py).
+
+def per_call(changes: Sequence[dict], key: str, scale: float = 1) -> list:
+    """`key`'s change in each call (0 where it is missing), times `scale`."""
+    return [change.get(key, 0) * scale for change in changes]
+
+
+def steady_from(unsteady: Sequence[bool]) -> int | None:
+    """The first call (from 1) from which no call is unsteady; None where the last one is."""
+    return next((call + 1 for call in range(len(unsteady)) if not any(unsteady[call:])), None)
+
+
+def steady_by_counters(changes: Sequence[dict]) -> int | None:
+    """The first call from which no call warms up, runs eagerly or captures."""
+    return steady_from([any(change.get(key, 0) for key in UNSTEADY) for change in changes])
+
+
+def steady_by_time(ms: Sequence[float], tolerance: float = STEADY_TOLERANCE) -> int | None:
+    """The first call from which every call takes at most `tolerance` times the fastest."""
+    return steady_from([t > tolerance * min(ms) for t in ms])
+
+
+def call_times(ms: Sequence[float], calls: int, new_tokens: int) -> dict:
+    """A mode's times from every call's wall ms: `calls` with the prompt, then the longer's."""
+    same = list(ms[:calls])
+    return {"ms_per_step": same[-1] / new_tokens, "calls_ms": same,
+            "longer_prompt_calls_ms": list(ms[calls:]),
+            "cumulative_ms": list(itertools.accumulate(ms)),
+            "first_call_ms": same[0], "steady_ms": same[-1]}
+
+
+def grape_figures(changes: Sequence[dict], calls: int) -> dict:
+    """grape's counters and times per call, from the change of grape.stats in each call."""
+    figures = {"calls_to_steady": steady_by_counters(changes[:calls])}
+    figures.update({f"{key}_per_call": per_call(changes, key) for key in COUNTERS})
+    figures["longer_prompt_captures"] = sum(per_call(changes[calls:], "captures"))
+    figures["breakdown_ms_per_call"] = {key.removesuffix("_seconds"): per_call(changes, key, 1e3)
+                                        for key in BREAKDOWN}
+    return figures
+
+
+def against_eager(mode_ms: Sequence[float], eager_ms: Sequence[float]) -> dict:
+    """A mode's calls with the prompt against eager's (calls_ms of each)."""
+    return {"eager_steady_ms": eager_ms[-1],
+            "first_call_vs_eager_steady": mode_ms[0] / eager_ms[-1],
+            "second_call_speedup_vs_eager": eager_ms[1] / mode_ms[1],
+            "cumulative_2_vs_eager": (mode_ms[0] + mode_ms[1]) / (eager_ms[0] + eager_ms[1])}
+
+
+def calls_equal(outputs: Sequence, reference: Sequence) -> dict:
+    """compare_with_eager's check: each call's tokens against eager's same call's."""
+    equal = [harness.outputs_equal(o, r) for o, r in zip(outputs, reference)]
+    return {"correct": len(outputs) == len(reference) and all(equal), "calls_equal": equal}
+
+
+def run_mode(mode: str, base, case: dict) -> dict:
+    model, kwargs, counters = copy.deepcopy(base), case["kwargs"], no_counters
+    if mode == "static_compile":
+        torch._dynamo.reset()
+        kwargs, counters = dict(kwargs, cache_implementation="static"), dynamo_graphs
+    elif mode == "grape":
+        model = grape.compile(model)
+        counters = lambda: grape_counters(model)  # noqa: E731
+    ms, outputs, changes = timed_calls(model, case["inputs"], kwargs, counters, mode)
+    calls = case["calls"]
+    result = {**call_times(ms, calls, kwargs["max_new_tokens"]), "outputs": outputs}
+    if mode == "grape":
+        result.update(**grape_figures(changes, calls),
+                      **harness.grape_stats(model, ("graphs", "fallbacks")))
+    else:
+        result["calls_to_steady"] = steady_by_time(result["calls_ms"])
+    if mode == "static_compile":
+        # HF compiles the decoding forward by itself when the cache is static (its auto-compile).
+        result.update(compiles_per_call=per_call(changes, "compiles"),
+                      compiled_by_hf=hasattr(model, "_compiled_call"))
+    return result
+
+
+def run_case(base, model: str, name: str, batch: int, calls: int, new_tokens: int,
+             modes: Sequence[str], device: str) -> dict:
+    inputs = prompts(base.config.vocab_size, batch, calls, device)
+    case = {"inputs": inputs, "kwargs": generation.generate_kwargs(1, new_tokens), "calls": calls}
+    warmup, _, _ = timed_calls(copy.deepcopy(base), [inputs[0], inputs[-1]], case["kwargs"],
+                               no_counters, "process warm-up")
+    harness.clear_memory()
+    results = harness.run_modes(modes, lambda mode: run_mode(mode, base, case))
+    harness.compare_with_eager(results, calls_equal)
+    eager_ms = results.get("eager", {}).get("calls_ms")
+    for mode, result in results.items():
+        if mode != "eager" and eager_ms and result.get("calls_ms"):
+            result.update(against_eager(result["calls_ms"], eager_ms))
+    config = {"model": model, "dtype": str(base.dtype).removeprefix("torch."),
+              "layers": base.config.num_hidden_layers, "hidden": base.config.hidden_size,
+              "batch": batch, "prompt": PROMPT, "longer_prompt": LONGER_PROMPT,
+              "new_tokens": new_tokens, "calls": calls, "longer_prompt_calls": LONGER_CALLS,
+              "process_warmup_ms": warmup, "device": device}
+    return {"name": name, "config": config, "modes": results}
+
+
+def list_column(header: str, key: str, pick: Callable[[list], object],
+                template: str) -> tuple[str, Callable[[dict], str]]:
+    """A column of harness.markdown_table: pick(a mode's list under `key`) in `template`."""
+    return header, lambda result: harness.formatted(
+        pick(result[key]) if result.get(key) else None, template)
+
+
+def joined(values: Sequence, template: str = "{}") -> str:
+    return " ".join(template.format(v) for v in values)
+
+
+def markdown(cases: list[dict]) -> str:
+    """One row per case and mode: each call's ms, cumulative ms after 2 and after all calls with
+    the prompt, the longer prompt's calls, calls to steady, grape's captures per call (those of
+    the longer prompt's after "/"), correct."""
+    calls = cases[0]["config"]["calls"]
+    return harness.markdown_table(cases, [
+        *(list_column(f"call {i + 1} ms", "calls_ms", operator.itemgetter(i), "{:.1f}")
+          for i in range(calls)),
+        list_column("cum. 2 ms", "cumulative_ms", operator.itemgetter(1), "{:.1f}"),
+        list_column(f"cum. {calls} ms", "cumulative_ms", operator.itemgetter(calls - 1), "{:.1f}"),
+        list_column("longer prompt ms", "longer_prompt_calls_ms",
+                    lambda ms: joined(ms, "{:.1f}"), "{}"),
+        harness.value_column("calls to steady", "calls_to_steady", "{}"),
+        list_column("captures per call", "captures_per_call",
+                    lambda n: f"{joined(n[:calls])} / {joined(n[calls:])}", "{}"),
+        harness.CORRECT_COLUMN])
+
+
+def plot(cases: list[dict], path: Path, modes: Sequence[str], title: str) -> bool:
+    """Cumulative wall time against calls, one line per mode, one panel per case; a dashed line
+    where the longer prompt's calls begin. False where matplotlib is missing."""
+    try:
+        import matplotlib
+    except ImportError:
+        return False
+    matplotlib.use("Agg")  # files only: no display needed
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, len(cases), figsize=(4.5 * len(cases), 4), squeeze=False)
+    for ax, case in zip(axes[0], cases):
+        for mode in modes:
+            cumulative = case["modes"].get(mode, {}).get("cumulative_ms")
+            if cumulative:
+                ax.plot(range(1, len(cumulative) + 1), [ms / 1e3 for ms in cumulative],
+                        marker="o", label=mode)
+        ax.axvline(case["config"]["calls"] + 0.5, color="gray", linestyle="dashed",
+                   label="longer prompt from here")
+        ax.set_title(case["name"])
+        ax.set_xlabel("call")
+        ax.set_ylabel("cumulative wall time (s)")
+        ax.legend()
+    fig.suptitle(title)
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+    return True
+
+
+def main(argv=None):
+    parser = harness.argument_parser(
+        __doc__, MODES, "smoke run: 16 new tokens, only gpt2-b1 unless --cases names others",
+        tiny_help="2-layer models of width 64 instead of GPT-2 small and the 1.1B Llama")
+    parser.add_argument("--cases", default=None,
+                        help=f"comma-separated, from: {', '.join(CASES)} (default all; --quick: "
+                             f"{QUICK_CASES})")
+    parser.add_argument("--new-tokens", type=int, default=None, help="default 128, --quick 16")
+    parser.add_argument("--device", choices=("cuda", "cpu"), default="cuda",
+                        help="cpu: a check of the script itself, with --tiny")
+    args, modes = harness.parse(parser, argv, MODES, None)
+    if args.device == "cuda" and not torch.cuda.is_available():
+        raise SystemExit(NEEDS)
+    if args.reps < 2:
+        parser.error("--reps (here: calls with the prompt) must be at least 2")
+    names = (args.cases or (QUICK_CASES if args.quick else ",".join(CASES))).split(",")
+    if set(names) - set(CASES):
+        parser.error(f"unknown cases {sorted(set(names) - set(CASES))}; choose from {list(CASES)}")
+    new_tokens = args.new_tokens or (16 if args.quick else 128)
+    warnings.simplefilter("ignore", grape.FallbackWarning)  # they are in the JSON
+    name = "time_to_speed" + ("-quick" if args.quick else "")
+    cases, family, base = [], None, None
+    with torch.no_grad():
+        for case_name in names:
+            if CASES[case_name][0] != family:
+                family, base = CASES[case_name][0], None  # one model at a time
+                harness.clear_memory()
+                base = build_model(family, args.tiny, args.device)
+            print(f"{case_name}:", flush=True)
+            cases.append(run_case(base, MODEL_NAMES[family][args.tiny], case_name,
+                                  CASES[case_name][1], args.reps, new_tokens, modes, args.device))
+            print(markdown(cases[-1:]), flush=True)
+            path = harness.write_results(name, cases, args.out)
+    harness.write_table_and_plot(
+        path, markdown(cases),
+        lambda png: plot(cases, png, MODES, "HF generate: cumulative wall time per call"))
+    return cases
+
+
+if __name__ == "__main__":
+    sys.exit(harness.exit_status(main()))

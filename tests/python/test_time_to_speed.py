@@ -1,0 +1,150 @@
+"""benchmarks/time_to_speed.py's figures from per-call counters and times, and a CPU run of the
+whole script on 2-layer models (grape runs eagerly there); runs on any machine."""
+
+import json
+
+import pytest
+import torch
+
+from benchmarks import harness
+from benchmarks import time_to_speed as tts
+
+WARMUP, CAPTURE, REPLAY = ({"warmup_calls": 16, "replays": 0}, {"captures": 16, "replays": 16},
+                           {"replays": 16})
+
+
+def test_grape_is_steady_from_the_call_after_which_nothing_warms_up_runs_eagerly_or_captures():
+    assert tts.steady_by_counters([WARMUP, CAPTURE, REPLAY, REPLAY, REPLAY]) == 3
+    assert tts.steady_by_counters([REPLAY] * 5) == 1
+    # a chain variant captured at call 4: steady only from call 5
+    assert tts.steady_by_counters([WARMUP, CAPTURE, REPLAY, {"captures": 1}, REPLAY]) == 5
+    assert tts.steady_by_counters([WARMUP, CAPTURE, REPLAY, REPLAY, {"captures": 2}]) is None
+    assert tts.steady_by_counters([{"eager_calls": 16}] * 5) is None  # fallen back (no CUDA)
+    assert tts.steady_by_counters([WARMUP, REPLAY, {"eager_calls": 1}, REPLAY, REPLAY]) == 4
+
+
+def test_other_modes_are_steady_from_the_first_call_within_the_tolerance_of_the_fastest():
+    assert tts.steady_by_time([20000.0, 500.0, 300.0, 310.0, 370.0]) == 3  # 500 > 1.25 x 300
+    assert tts.steady_by_time([300.0, 330.0, 300.0, 310.0, 320.0]) == 1
+    assert tts.steady_by_time([300.0, 300.0, 300.0, 300.0, 400.0]) is None  # the last is slow
+    assert tts.steady_by_time([300.0, 400.0, 300.0, 300.0, 300.0]) == 3
+    assert tts.steady_by_time([300.0, 700.0], tolerance=3.0) == 1
+
+
+def test_call_times_split_the_prompts_calls_from_the_longer_prompts_and_accumulate_all():
+    ms = [10.0, 4.0, 2.0, 2.0, 2.5, 6.0, 3.0]
+    r = tts.call_times(ms, calls=5, new_tokens=10)
+    assert r["calls_ms"] == [10.0, 4.0, 2.0, 2.0, 2.5]
+    assert r["longer_prompt_calls_ms"] == [6.0, 3.0]
+    assert r["cumulative_ms"] == [10.0, 14.0, 16.0, 18.0, 20.5, 26.5, 29.5]
+    assert r["first_call_ms"] == 10.0 and r["steady_ms"] == 2.5
+    assert r["ms_per_step"] == 0.25  # the steady call per new token
+
+
+def test_grape_figures_are_the_changes_of_its_counters_per_call():
+    changes = [dict(WARMUP, warmup_seconds=0.5), dict(CAPTURE, capture_seconds=1.25,
+                                                      instantiate_seconds=0.25),
+               REPLAY, REPLAY, REPLAY, {"warmup_calls": 3, "captures": 0},
+               {"captures": 3, "replays": 16, "capture_seconds": 0.125}]
+    f = tts.grape_figures(changes, calls=5)
+    assert f["calls_to_steady"] == 3  # the longer prompt's calls do not count
+    assert f["captures_per_call"] == [0, 16, 0, 0, 0, 0, 3]
+    assert f["warmup_calls_per_call"] == [16, 0, 0, 0, 0, 3, 0]
+    assert f["eager_calls_per_call"] == [0] * 7
+    assert f["replays_per_call"] == [0, 16, 16, 16, 16, 0, 16]
+    assert f["longer_prompt_captures"] == 3
+    breakdown = f["breakdown_ms_per_call"]
+    assert set(breakdown) == {"warmup", "capture", "graph_read", "join", "instantiate",
+                              "chain_variant", "patch"}
+    assert breakdown["warmup"] == [500.0] + [0] * 6
+    assert breakdown["capture"] == [0, 1250.0, 0, 0, 0, 0, 125.0]
+    assert breakdown["instantiate"] == [0, 250.0, 0, 0, 0, 0, 0]
+    assert breakdown["patch"] == [0] * 7  # a build without the key: 0
+    json.dumps(f)
+
+
+def test_a_mode_against_eager():
+    r = tts.against_eager([3000.0, 200.0, 100.0, 100.0, 100.0], [500.0, 400.0, 400.0, 400.0, 250.0])
+    assert r == {"eager_steady_ms": 250.0, "first_call_vs_eager_steady": 12.0,
+                 "second_call_speedup_vs_eager": 2.0, "cumulative_2_vs_eager": 3200.0 / 900.0}
+
+
+def test_correct_is_every_calls_tokens_equal_eagers_same_calls():
+    t = torch.tensor
+
+    def compared(outputs):
+        results = {"eager": {"ms_per_step": 1.0, "outputs": [t([[1, 2]]), t([[3, 4]])]},
+                   "grape": {"ms_per_step": 0.5, "outputs": outputs}}
+        harness.compare_with_eager(results, tts.calls_equal)
+        return results
+
+    same = compared([t([[1, 2]]), t([[3, 4]])])
+    assert same["grape"]["correct"] is True and same["grape"]["calls_equal"] == [True, True]
+    differs = compared([t([[1, 2]]), t([[3, 5]])])
+    assert differs["grape"]["correct"] is False and differs["grape"]["calls_equal"] == [True, False]
+    assert harness.exit_status([{"name": "gpt2-b1", "modes": differs}]) == 1
+    assert compared([t([[1, 2]])])["grape"]["correct"] is False  # a call missing
+
+
+def test_timed_calls_time_each_call_and_count_what_changed_in_it():
+    class Model:
+        calls = 0
+
+        def generate(self, ids, attention_mask, **kwargs):
+            assert kwargs == {"max_new_tokens": 2}
+            self.calls += 1
+            return ids + self.calls
+
+    model = Model()
+    ids = torch.zeros(1, 3, dtype=torch.long)
+    inputs = [(ids, torch.ones_like(ids))] * 3
+    ms, outputs, changes = tts.timed_calls(model, inputs, {"max_new_tokens": 2},
+                                           lambda: {"calls": model.calls * 2}, "test")
+    assert len(ms) == 3 and all(m >= 0 for m in ms)
+    assert [int(o[0, 0]) for o in outputs] == [1, 2, 3]
+    assert changes == [{"calls": 2}] * 3
+
+
+def test_the_markdown_table_has_a_row_per_case_and_mode():
+    grape = {"calls_ms": [30.0, 20.0, 10.0, 10.0, 10.0],
+             "cumulative_ms": [30.0, 50.0, 60.0, 70.0, 80.0, 95.0, 105.0],
+             "longer_prompt_calls_ms": [15.0, 10.0], "calls_to_steady": 3,
+             "captures_per_call": [0, 16, 0, 0, 0, 0, 3], "correct": True}
+    cases = [{"name": "gpt2-b1", "config": {"calls": 5},
+              "modes": {"grape": grape, "static_compile": {"ms_per_step": None, "error": "E: x"}}}]
+    lines = tts.markdown(cases).splitlines()
+    assert lines[0] == ("| case | mode | call 1 ms | call 2 ms | call 3 ms | call 4 ms | "
+                        "call 5 ms | cum. 2 ms | cum. 5 ms | longer prompt ms | calls to steady | "
+                        "captures per call | correct |")
+    assert lines[2] == ("| gpt2-b1 | grape | 30.0 | 20.0 | 10.0 | 10.0 | 10.0 | 50.0 | 80.0 | "
+                        "15.0 10.0 | 3 | 0 16 0 0 0 / 0 3 | True |")
+    assert lines[3] == "| gpt2-b1 | static_compile |" + " - |" * 11
+
+
+def test_the_script_runs_on_the_cpu_and_writes_every_figure(tmp_path):
+    pytest.importorskip("transformers")
+    cases = tts.main(["--tiny", "--quick", "--device", "cpu", "--modes", "eager,grape",
+                      "--out", str(tmp_path)])
+    assert harness.exit_status(cases) == 0
+    [written] = tmp_path.glob("time_to_speed-quick-*.json")
+    results = json.loads(written.read_text())
+    assert {"device", "torch", "cuda", "commit"} <= set(results)
+    [case] = results["cases"]
+    assert case["name"] == "gpt2-b1" and case["config"]["new_tokens"] == 16
+    eager, grape = case["modes"]["eager"], case["modes"]["grape"]
+    assert eager["correct"] == "reference" and grape["correct"] is True
+    for mode in (eager, grape):
+        assert len(mode["calls_ms"]) == 5 and len(mode["longer_prompt_calls_ms"]) == 2
+        assert len(mode["cumulative_ms"]) == 7
+        assert mode["steady_ms"] == mode["calls_ms"][-1]
+    assert len(grape["captures_per_call"]) == 7
+    assert all(len(v) == 7 for v in grape["breakdown_ms_per_call"].values())
+    assert {"first_call_vs_eager_steady", "second_call_speedup_vs_eager", "cumulative_2_vs_eager",
+            "longer_prompt_captures", "calls_to_steady"} <= set(grape)
+    assert written.with_suffix(".md").exists()
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the message of a machine without CUDA")
+def test_without_cuda_the_script_says_so():
+    with pytest.raises(SystemExit, match="needs a CUDA device"):
+        tts.main(["--tiny", "--quick"])
