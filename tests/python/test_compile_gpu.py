@@ -567,7 +567,10 @@ def test_host_constants_are_pinned_for_the_signatures_that_make_them():
     graphs = dynamo_graphs()
     replay_rows(compiled_step, step, (1, 8, 16) * 3)
     s = grape.stats(compiled_step)
-    assert s["fallbacks"] == [] and s["captures"] == 3 and s["capture_failures"] == 0
+    # One capture per signature, and a chain variant where a predicted allocation site brought
+    # the input (run alone, this test makes one; after the rest of the suite, none).
+    assert s["fallbacks"] == [] and s["captures"] - s["chain_variants"] == 3
+    assert s["capture_failures"] == 0
     assert s["pinned_host_constants"] == 1
     assert dynamo_graphs() - graphs == 1
 
