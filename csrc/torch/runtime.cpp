@@ -12,7 +12,6 @@
 #include <c10/cuda/CUDAFunctions.h>
 
 #include "cuda/shared_executables.h"
-#include "torch/allocator_hook.h"
 #include "torch/capture.h"
 #include "torch/capture_state.h"
 #include "torch/captured_graph.h"
@@ -406,66 +405,6 @@ GraphPool& Runtime::pool_for(int device) {
     if (sites_) sites_->attach(pool_);
   }
   return *pool_;
-}
-
-namespace {
-
-// Whether input `i` is its whole storage, laid out as a placeholder would be, and the only input
-// that uses that storage: what an input must be to serve as its own placeholder.
-bool is_sole_whole_input(const FlatCall& flat, size_t i) {
-  const at::Tensor& t = flat.tensors[i];
-  const size_t bytes = span_bytes(t);
-  if (bytes == 0 || !is_whole_storage(t, bytes)) return false;
-  const c10::StorageImpl* impl = t.storage().unsafeGetStorageImpl();
-  for (size_t j = 0; j < flat.tensors.size(); ++j) {
-    if (j != i && flat.tensors[j].storage().unsafeGetStorageImpl() == impl) return false;
-  }
-  return true;
-}
-
-// Whether input `i` can be its own placeholder by chain prediction: a live output of this pool's
-// arena that is a sole whole input.
-bool is_chainable(const GraphPool& pool, const FlatCall& flat, size_t i) {
-  const c10::StorageImpl* impl = flat.tensors[i].storage().unsafeGetStorageImpl();
-  if (pool.find_live(impl) == nullptr || !pool.arena().contains(impl->data())) return false;
-  return is_sole_whole_input(flat, i);
-}
-
-}  // namespace
-
-bool Runtime::can_alias(const FlatCall& flat, size_t i,
-                        std::shared_ptr<InputBuffer>* buffer) const {
-  if (!chain_.alias_prediction || !pool_) return false;
-  if (is_chainable(*pool_, flat, i)) return true;
-  auto found = sites_->buffer_of(flat.tensors[i]);
-  if (!found || !is_sole_whole_input(flat, i)) return false;
-  if (buffer != nullptr) *buffer = std::move(found);
-  return true;
-}
-
-void Runtime::learn_sites(const FlatCall& flat, bool warm_up) {
-  if (!sites_->learning() || flat.tensors.empty()) return;
-  install_allocator_hook();  // it records the allocations (already there once a capture ran)
-  std::vector<bool> explained(flat.tensors.size());
-  for (size_t i = 0; i < flat.tensors.size(); ++i) explained[i] = can_alias(flat, i, nullptr);
-  if (sites_->learn(flat.tensors, explained, warm_up) && !sites_->attached()) {
-    for (const auto& t : flat.tensors) {
-      if (t.is_cuda()) {
-        pool_for(t.device().index());  // the buffers live in its arena
-        break;
-      }
-    }
-  }
-}
-
-bool Runtime::fits(const CapturedGraph& g, const FlatCall& flat) const {
-  for (size_t i = 0; i < flat.tensors.size(); ++i) {
-    const at::Tensor& t = flat.tensors[i];
-    const auto& ph = g.placeholders[i];
-    if (t.data_ptr() == ph.ptr && is_whole_storage(t, ph.bytes)) continue;  // in place
-    if (ph.chained || ph.buffer || can_alias(flat, i, nullptr)) return false;
-  }
-  return true;
 }
 
 CapturedGraph& Runtime::select_graph(Entry& entry, FlatCall& flat, const py::args& args,
