@@ -1,9 +1,9 @@
 #pragma once
 // Note [Allocation-site prediction]
 // ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
-// Chain prediction (torch/alias_prediction.cpp) covers inputs that are an earlier replay's
-// outputs. Inputs that the caller's own code builds between calls
-// (`ids = torch.cat([ids, tok], 1)`, `x = batch.to("cuda")`) are fresh allocations of PyTorch's caching allocator, so each replay would
+// Chain prediction (torch/alias_prediction.cpp) covers inputs that are an earlier replay's outputs.
+// Inputs that the caller's own code builds between calls (`ids = torch.cat([ids, tok], 1)`,
+// `x = batch.to("cuda")`) are fresh allocations of PyTorch's caching allocator, so each replay would
 // copy them into the graph's placeholder. The seeds' observation: the Python code position that
 // made an input's memory once makes the next call's input too. So:
 //   1. Learning. While a compiled function has inputs whose origin it does not know, the allocator

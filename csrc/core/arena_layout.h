@@ -21,18 +21,18 @@
 //
 // Note [Planned capture layouts]
 // ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
-// First fit places each allocation as it comes, not knowing when it will be freed. A training
-// step defeats it: the forward pass saves activations that the backward frees in reverse order
-// among gradients of other sizes, and the extent ends far above the most bytes ever live at once
-// (docs/results.md, "Figures behind design rules", gives wav2vec2's). Once a capture has run, though, its whole
-// sequence is known: every allocation's size and when it was freed (a trace). Placed offline,
-// largest first, each at the lowest offset free throughout its lifetime (greedy by size, as
-// TensorFlow Lite's arena planner does), the same sequence needs about its live peak. A graph cannot be moved
-// once captured (its kernels hold its addresses), so grape's runtime captures again, along the plan,
-// a graph whose first-fit layout grew the arena well beyond what its plan needs. Following a plan,
-// an allocation takes its planned offset if it comes as traced (the same aligned size, in order)
-// and the range is free; from the first one that does not, placement is first fit again, so a
-// plan can cost memory but never correctness.
+// First fit places each allocation as it comes, not knowing when it will be freed. A training step
+// defeats it: the forward pass saves activations that the backward frees in reverse order among
+// gradients of other sizes, and the extent ends far above the most bytes ever live at once
+// (docs/results.md, "Figures behind design rules", gives wav2vec2's). Once a capture has run,
+// though, its whole sequence is known: every allocation's size and when it was freed (a trace).
+// Placed offline, largest first, each at the lowest offset free throughout its lifetime (greedy by
+// size, as TensorFlow Lite's arena planner does), the same sequence needs about its live peak. A
+// graph cannot be moved once captured (its kernels hold its addresses), so grape's runtime captures
+// again, along the plan, a graph whose first-fit layout grew the arena well beyond what its plan
+// needs. Following a plan, an allocation takes its planned offset if it comes as traced (the same
+// aligned size, in order) and the range is free; from the first one that does not, placement is
+// first fit again, so a plan can cost memory but never correctness.
 
 #include <cstddef>
 #include <cstdint>
