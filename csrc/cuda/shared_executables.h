@@ -106,7 +106,11 @@ class SharedExecutables {
   void set_device_limit(size_t bytes) { device_limit_ = bytes; }
   void set_cache_bytes(size_t bytes) { cache_bytes_ = bytes; }
   size_t device_bytes() const { return device_bytes_; }
+  // Every counter, the groups' figures summed (a walk over the groups).
   ExecutableStats stats() const;
+  // The running counters alone, without the groups' figures: cheap enough to read around a
+  // capture.
+  const ExecutableStats& counters() const { return counters_; }
   // Why the last graph that could not share was given an executable of its own ("" if none).
   const std::string& unshareable_reason() const { return unshareable_reason_; }
 

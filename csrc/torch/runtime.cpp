@@ -1,10 +1,10 @@
 #include "torch/runtime.h"
 
-#include "core/clock.h"
 #include <torch/csrc/autograd/python_variable.h>
 
 #include <utility>
 
+#include "core/clock.h"
 #include "torch/python_scopes.h"
 
 #ifdef GRAPE_WITH_CUDA
@@ -74,16 +74,11 @@ py::object Runtime::run_eager(const py::args& args, const py::kwargs& kwargs) {
   return call_python(fn_, args, kwargs);
 }
 
-void Runtime::report(const std::string& description, const core::Reason& reason,
-                     const py::object& error) {
-  hooks_.report_fallback(description, reason, error);
-}
-
 void Runtime::set_fallback(Entry& entry, core::Reason reason, const py::object& error) {
   entry.fallback = std::move(reason);
   entry.graph.reset();
   entry.chain_variants.clear();
-  report(entry.description, entry.fallback, error);
+  hooks_.report_fallback(entry.description, entry.fallback, error);
 }
 
 bool Runtime::warming_up(const Entry& entry) const {
@@ -113,11 +108,13 @@ py::object Runtime::call(py::args args, py::kwargs kwargs) {
   if (!checked_cuda_) {
     checked_cuda_ = true;
 #ifdef GRAPE_WITH_CUDA
-    if (c10::cuda::device_count() == 0) global_fallback_ = {core::ReasonKind::kNoCuda, "CUDA is not available"};
+    if (c10::cuda::device_count() == 0) {
+      global_fallback_ = {core::ReasonKind::kNoCuda, "CUDA is not available"};
+    }
 #else
     global_fallback_ = {core::ReasonKind::kNoCuda, "grape was built without CUDA"};
 #endif
-    if (!global_fallback_.empty()) report("", global_fallback_, py::none());
+    if (!global_fallback_.empty()) hooks_.report_fallback("", global_fallback_, py::none());
   }
   if (!global_fallback_.empty()) {
     ++stats_.eager_calls;
@@ -295,10 +292,10 @@ CaptureOutcome Runtime::capture_with_retry(Entry& entry, FlatCall& flat, bool va
     const cuda::SharedExecutables& executables;
     bool variant;
     core::Clock::time_point start = core::Clock::now();
-    cuda::ExecutableStats before = executables.stats();
+    cuda::ExecutableStats before = executables.counters();
     ~ChargeEntry() {
       const int64_t ns = core::elapsed_ns(start);
-      const cuda::ExecutableStats after = executables.stats();
+      const cuda::ExecutableStats& after = executables.counters();
       entry.costs.capture_ns += ns;
       entry.costs.read_ns += after.read_ns - before.read_ns;
       entry.costs.join_ns += after.join_ns - before.join_ns;
@@ -353,7 +350,7 @@ CaptureOutcome Runtime::capture_with_retry(Entry& entry, FlatCall& flat, bool va
   }
 }
 
-void Runtime::agree_across_ranks(const Entry& entry, CaptureOutcome& outcome) {
+void Runtime::agree_across_ranks(Entry& entry, CaptureOutcome& outcome) {
   // Note [Capture points agree across ranks]
   // Under torch.distributed, a rank that replays a graph holding a collective while another runs
   // the call eagerly (or captures) can leave the collective waiting forever: NCCL registers a
@@ -376,7 +373,7 @@ void Runtime::agree_across_ranks(const Entry& entry, CaptureOutcome& outcome) {
                                       : (own ? outcome.reason.kind : core::ReasonKind::kOtherRank),
                     common_reason};
   outcome.error = py::none();
-  const_cast<Entry&>(entry).graph.reset();  // never launched
+  entry.graph.reset();  // never launched
 }
 
 py::object Runtime::replay_or_run_eagerly(Entry& entry, CapturedGraph& graph, FlatCall& flat,
@@ -391,10 +388,10 @@ py::object Runtime::replay_or_run_eagerly(Entry& entry, CapturedGraph& graph, Fl
   ++stats_.eager_calls;
   if (!entry.reported_refusal) {
     entry.reported_refusal = true;
-    report(entry.description,
-           {core::ReasonKind::kReplayRefused,
-            "replay refused, this call ran eagerly: " + outcome.refusal},
-           py::none());
+    hooks_.report_fallback(entry.description,
+                           {core::ReasonKind::kReplayRefused,
+                            "replay refused, this call ran eagerly: " + outcome.refusal},
+                           py::none());
   }
   return run_eager(args, kwargs);
 }

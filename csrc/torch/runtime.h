@@ -96,8 +96,6 @@ class Runtime {
   // An eager call that warms `entry` up.
   py::object warm_up(Entry& entry, const py::args& args, const py::kwargs& kwargs);
   bool warming_up(const Entry& entry) const;
-  void report(const std::string& description, const core::Reason& reason,
-              const py::object& error);
   void set_fallback(Entry& entry, core::Reason reason, const py::object& error);
   // Why no graph can take these arguments (unsupported types, several devices), or none.
   core::Reason refusal_of_arguments(const py::args& args, const py::kwargs& kwargs,
@@ -116,7 +114,7 @@ class Runtime {
   // At a capture point: this rank's outcome made common to every rank (Note [Capture points
   // agree across ranks]). Where another rank failed, drops this rank's graph and takes the common
   // reason.
-  void agree_across_ranks(const Entry& entry, CaptureOutcome& outcome);
+  void agree_across_ranks(Entry& entry, CaptureOutcome& outcome);
   // Replays `graph` for `entry`'s call, or runs it eagerly where the replay is refused.
   py::object replay_or_run_eagerly(Entry& entry, CapturedGraph& graph, FlatCall& flat,
                                    const py::args& args, const py::kwargs& kwargs);
