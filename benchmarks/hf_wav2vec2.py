@@ -32,10 +32,10 @@ shape captured, as in later epochs of a training run); `speedup_vs_eager` is eag
 mode's, and `first_epoch_ratio_to_eager`, `second_epoch_ratio_to_eager` and
 `first_two_epochs_ratio_to_eager` the mode's epochs over eager's. For grape, `epoch_counters`
 gives the warm-ups, captures and replays of each of the first two epochs and `steady_counters`
-those of the timed epochs (`steady_state`: every call there a replay). `grape_warmup_once` is
-grape with warmup_each_signature=False: only the first call warms up, and each shape is captured
-at its first call, so its epoch 1 includes the capture of every shape (and its epoch 2 is already
-steady).
+those of the timed epochs (`steady_state`: every call there a replay). grape warms up only the
+first call and captures each shape at its first call, so its epoch 1 includes the capture of every
+shape (and its epoch 2 is already steady); `grape_warmup_each` (warmup_each_signature=True) warms
+up each shape once first, so its captures come in epoch 2.
 `ptgraph` (inference only) is the plain CUDA-graph baseline: one torch.cuda.CUDAGraph per shape,
 warmed up and captured at the shape's first call, all in one memory pool, the batch copied into
 the graph's static input; its steady state is what replaying graphs can give, the bound of any
@@ -115,12 +115,13 @@ import torch.nn.functional as F
 import grape
 from benchmarks import harness
 
-MODES = ["eager", "grape", "grape_warmup_once", "ptgraph"]
-# grape.compile options of each grape mode. grape_warmup_once warms up only the function's first
-# call and captures every later new shape at its first call (warmup_each_signature=False), so
-# epoch 1 holds the captures; with cudnn.benchmark on, a new shape's autotuning may make its
-# first capture fail, and that shape warms up then.
-GRAPE_MODES = {"grape": {}, "grape_warmup_once": {"warmup_each_signature": False},
+MODES = ["eager", "grape", "grape_warmup_each", "ptgraph"]
+# grape.compile options of each grape mode. grape warms up only the function's first call and
+# captures every later new shape at its first call, so epoch 1 holds the captures; with
+# cudnn.benchmark on, a new shape's autotuning may make its first capture fail, and that shape
+# warms up then (after two such failures, every new shape does). grape_warmup_each warms up each
+# new shape once before capturing it (warmup_each_signature=True).
+GRAPE_MODES = {"grape": {}, "grape_warmup_each": {"warmup_each_signature": True},
                "grape_topology": {"share_executables": "topology"},
                "grape_min_memory": {"executable_cache": 0}}
 # Run only when named: grape_topology (no unions) and grape_min_memory (one executable per group,

@@ -20,7 +20,8 @@ with the prompt, then the longer prompt's):
   calls_ms                wall ms of each call with the prompt (synchronized), capture or
                           compilation included; longer_prompt_calls_ms: the longer prompt's calls
   cumulative_ms           wall ms of all calls up to each
-  first_call_ms, steady_ms  the first call's and the last with the prompt's; ms_per_step: steady_ms
+  first_call_ms, steady_ms  the first call's, and the median of the last STEADY_CALLS (3) with the
+                          prompt (one call's noise, of eager's too, moves no ratio); ms_per_step: steady_ms
                           per new token, so speedup_vs_eager is eager's over the mode's when steady
   calls_to_steady         grape: the first call from which no call with the prompt warms up, runs
                           eagerly or captures (every forward replays), None where the last one
@@ -29,7 +30,7 @@ with the prompt, then the longer prompt's):
                           (None where the last one is not)
   correct                 every call's tokens equal eager's same call's (calls_equal, call by call)
   eager_steady_ms, first_call_vs_eager_steady (call 1 over eager's steady_ms),
-  second_call_speedup_vs_eager (eager's call 2 over the mode's), cumulative_2_vs_eager (calls 1 and
+  second_call_speedup_vs_eager (eager's steady_ms over the mode's call 2), cumulative_2_vs_eager (calls 1 and
                           2 over eager's): every mode but eager
   grape:  captures_per_call (chain variants included), replays_per_call, warmup_calls_per_call,
           eager_calls_per_call (changes of grape.stats' counters in each call);
@@ -37,10 +38,15 @@ with the prompt, then the longer prompt's):
           "graph_read", "join", "instantiate" (also rebuilds after eviction) and "chain_variant",
           "patch"} (grape.stats' <name>_seconds, in ms); graphs and fallbacks at the end
   static_compile:  compiles_per_call (graphs torch.compile compiled in each call), compiled_by_hf
-Before a case's modes, a throwaway copy of its model generates once with each prompt (config
-`process_warmup_ms`): the process's first-use costs (CUDA context, cuBLAS handles, kernels loaded
-lazily) would otherwise fall on whichever mode runs first. Inductor's caches are left as they are,
-so a second run on one machine compiles from them.
+Before a case's modes, throwaway copies of its model generate once with each prompt, eagerly and
+(where grape is among the modes) through a throwaway grape.compile (config `process_warmup_ms`,
+per path): the process's first-use costs (CUDA context, cuBLAS handles, kernels loaded lazily,
+and the per-shape plans of cuDNN's attention, which eager pays at the first call of each length
+too, and which a captured forward needs apart from eager's because Hugging Face builds the
+attention mask when it cannot look at it on the host) would otherwise fall on whichever mode runs
+first. Only the throwaway function's graphs are gone; the library's caches are the process's.
+`--cold` skips it: run one mode per process to see what a fresh process pays. Inductor's caches
+are left as they are, so a second run on one machine compiles from them.
 Writes JSON and a markdown table to benchmarks/results/ (a PNG plot of cumulative time against
 calls too where matplotlib exists).
 """
@@ -50,6 +56,7 @@ from __future__ import annotations
 import copy
 import itertools
 import operator
+import statistics
 import sys
 import warnings
 from pathlib import Path
@@ -73,6 +80,7 @@ UNSTEADY = ("warmup_calls", "eager_calls", "captures")
 MODEL_NAMES = {"gpt2": ("gpt2-small", "gpt2-tiny"),  # (full, --tiny)
                "tinyllama": ("tinyllama-1.1b-shape", "llama-tiny")}
 STEADY_TOLERANCE = 1.25  # modes without counters: steady within this of their fastest call
+STEADY_CALLS = 3  # steady_ms: the median of the last calls with the prompt
 NEEDS = ("time_to_speed needs a CUDA device (--device cpu --tiny checks the script itself, "
          "without one)")
 
@@ -168,10 +176,11 @@ def steady_by_time(ms: Sequence[float], tolerance: float = STEADY_TOLERANCE) -> 
 def call_times(ms: Sequence[float], calls: int, new_tokens: int) -> dict:
     """A mode's times from every call's wall ms: `calls` with the prompt, then the longer's."""
     same = list(ms[:calls])
-    return {"ms_per_step": same[-1] / new_tokens, "calls_ms": same,
+    steady = statistics.median(same[-min(STEADY_CALLS, calls - 1):])
+    return {"ms_per_step": steady / new_tokens, "calls_ms": same,
             "longer_prompt_calls_ms": list(ms[calls:]),
             "cumulative_ms": list(itertools.accumulate(ms)),
-            "first_call_ms": same[0], "steady_ms": same[-1]}
+            "first_call_ms": same[0], "steady_ms": steady}
 
 
 def grape_figures(changes: Sequence[dict], calls: int) -> dict:
@@ -184,11 +193,12 @@ def grape_figures(changes: Sequence[dict], calls: int) -> dict:
     return figures
 
 
-def against_eager(mode_ms: Sequence[float], eager_ms: Sequence[float]) -> dict:
-    """A mode's calls with the prompt against eager's (calls_ms of each)."""
-    return {"eager_steady_ms": eager_ms[-1],
-            "first_call_vs_eager_steady": mode_ms[0] / eager_ms[-1],
-            "second_call_speedup_vs_eager": eager_ms[1] / mode_ms[1],
+def against_eager(mode_ms: Sequence[float], eager_ms: Sequence[float],
+                  eager_steady_ms: float) -> dict:
+    """A mode's calls with the prompt against eager's (calls_ms of each, and eager's steady_ms)."""
+    return {"eager_steady_ms": eager_steady_ms,
+            "first_call_vs_eager_steady": mode_ms[0] / eager_steady_ms,
+            "second_call_speedup_vs_eager": eager_steady_ms / mode_ms[1],
             "cumulative_2_vs_eager": (mode_ms[0] + mode_ms[1]) / (eager_ms[0] + eager_ms[1])}
 
 
@@ -222,23 +232,30 @@ def run_mode(mode: str, base, case: dict) -> dict:
 
 
 def run_case(base, model: str, name: str, batch: int, calls: int, new_tokens: int,
-             modes: Sequence[str], device: str) -> dict:
+             modes: Sequence[str], device: str, cold: bool = False) -> dict:
     inputs = prompts(base.config.vocab_size, batch, calls, device)
     case = {"inputs": inputs, "kwargs": generation.generate_kwargs(1, new_tokens), "calls": calls}
-    warmup, _, _ = timed_calls(copy.deepcopy(base), [inputs[0], inputs[-1]], case["kwargs"],
-                               no_counters, "process warm-up")
-    harness.clear_memory()
+    warmup = {}
+    for path in ([] if cold else ["eager"] + (["grape"] if "grape" in modes else [])):
+        throwaway = copy.deepcopy(base)
+        if path == "grape":
+            grape.compile(throwaway)
+        warmup[path], _, _ = timed_calls(throwaway, [inputs[0], inputs[-1]], case["kwargs"],
+                                         no_counters, f"process warm-up ({path})")
+        del throwaway
+        harness.clear_memory()
     results = harness.run_modes(modes, lambda mode: run_mode(mode, base, case))
     harness.compare_with_eager(results, calls_equal)
     eager_ms = results.get("eager", {}).get("calls_ms")
     for mode, result in results.items():
         if mode != "eager" and eager_ms and result.get("calls_ms"):
-            result.update(against_eager(result["calls_ms"], eager_ms))
+            result.update(against_eager(result["calls_ms"], eager_ms,
+                                        results["eager"]["steady_ms"]))
     config = {"model": model, "dtype": str(base.dtype).removeprefix("torch."),
               "layers": base.config.num_hidden_layers, "hidden": base.config.hidden_size,
               "batch": batch, "prompt": PROMPT, "longer_prompt": LONGER_PROMPT,
               "new_tokens": new_tokens, "calls": calls, "longer_prompt_calls": LONGER_CALLS,
-              "process_warmup_ms": warmup, "device": device}
+              "process_warmup_ms": warmup, "cold": cold, "device": device}
     return {"name": name, "config": config, "modes": results}
 
 
@@ -309,6 +326,9 @@ def main(argv=None):
                         help=f"comma-separated, from: {', '.join(CASES)} (default all; --quick: "
                              f"{QUICK_CASES})")
     parser.add_argument("--new-tokens", type=int, default=None, help="default 128, --quick 16")
+    parser.add_argument("--cold", action="store_true",
+                        help="no process warm-up: the first mode pays the process's first-use "
+                             "costs (run one mode per process)")
     parser.add_argument("--device", choices=("cuda", "cpu"), default="cuda",
                         help="cpu: a check of the script itself, with --tiny")
     args, modes = harness.parse(parser, argv, MODES, None)
@@ -321,7 +341,7 @@ def main(argv=None):
         parser.error(f"unknown cases {sorted(set(names) - set(CASES))}; choose from {list(CASES)}")
     new_tokens = args.new_tokens or (16 if args.quick else 128)
     warnings.simplefilter("ignore", grape.FallbackWarning)  # they are in the JSON
-    name = "time_to_speed" + ("-quick" if args.quick else "")
+    name = "time_to_speed" + ("-quick" if args.quick else "") + ("-cold" if args.cold else "")
     cases, family, base = [], None, None
     with torch.no_grad():
         for case_name in names:
@@ -331,7 +351,8 @@ def main(argv=None):
                 base = build_model(family, args.tiny, args.device)
             print(f"{case_name}:", flush=True)
             cases.append(run_case(base, MODEL_NAMES[family][args.tiny], case_name,
-                                  CASES[case_name][1], args.reps, new_tokens, modes, args.device))
+                                  CASES[case_name][1], args.reps, new_tokens, modes, args.device,
+                                  args.cold))
             print(markdown(cases[-1:]), flush=True)
             path = harness.write_results(name, cases, args.out)
     harness.write_table_and_plot(

@@ -31,7 +31,7 @@ class CompiledFunction(_C.Runtime):
     with that signature replays it. All graphs share one memory pool.
     """
 
-    def __init__(self, fn: Callable, *, warmup: int = 1, warmup_each_signature: bool = True,
+    def __init__(self, fn: Callable, *, warmup: int = 1, warmup_each_signature: bool = False,
                  module: Optional[torch.nn.Module] = None,
                  name: Optional[str] = None, alias_prediction: bool = True, rewrite: bool = True,
                  on_unsupported: str = "error", share_executables: Union[bool, str] = True,
@@ -95,7 +95,7 @@ def _check_bytes(name: str, nbytes):
 _UNSET = object()
 
 
-def compile(fn: Optional[Callable] = None, *, warmup: int = 1, warmup_each_signature: bool = True,
+def compile(fn: Optional[Callable] = None, *, warmup: int = 1, warmup_each_signature: bool = False,
             alias_prediction: bool = True,
             rewrite: bool = True, on_unsupported: str = "error",
             share_executables: Union[bool, str] = True,
@@ -109,13 +109,15 @@ def compile(fn: Optional[Callable] = None, *, warmup: int = 1, warmup_each_signa
       are static: they are never copied; if one is moved (``.to()``, ``.data = ...``) the graphs
       that read it are captured again.
 
-    ``warmup``: eager calls of a new signature before it is captured (lazy initialization, such as
-    cuBLAS handles, must not happen inside a capture). ``warmup_each_signature=False``: only the
-    function's first ``warmup`` calls run eagerly, and a later new signature is captured at its
-    first call, so that a pass over new shapes (an epoch) captures them rather than warming them
-    up; a signature whose capture then fails (other than for want of memory) runs that call
+    ``warmup``: eager calls of the function before its first capture (lazy initialization, such
+    as cuBLAS handles or an optimizer's state, must not happen inside a capture). A later new
+    signature is captured at its first call, so a new shape replays from its next call on. A
+    signature whose capture at first sight fails (other than for want of memory) runs that call
     eagerly, as its warm-up, and is captured again at its next call (a second failure falls back
-    to eager, with the reason).
+    to eager, with the reason); after two such failures the function warms up each new signature
+    first, as ``warmup_each_signature=True`` does from the start: ``warmup`` eager calls of every
+    signature before its capture (for shapes that need lazy initialization of their own, such as
+    cuDNN's autotuning under ``torch.backends.cudnn.benchmark``).
 
     ``alias_prediction``: when an argument is an output of an earlier replay that nothing else
     references (a KV cache or a token fed back), capture the next graph to read it in place, so a

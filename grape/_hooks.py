@@ -145,8 +145,8 @@ class RuntimeHooks:
     def step_watch(self, seen: weakref.WeakSet) -> _training.StepWatch:
         return _training.StepWatch(seen)
 
-    def leaves_of(self, arguments, optimizers, modules) -> list:
-        return _training.leaves_of(arguments, optimizers, modules)
+    def leaves_of(self, arguments, optimizers, parameters) -> list:
+        return _training.leaves_of(arguments, optimizers, parameters)
 
     def prepare_backward(self, device_index: int) -> None:
         _training.prepare_backward(torch.device("cuda", device_index))

@@ -68,9 +68,10 @@ class StepWatch:
         self._handle.remove()
 
 
-def leaves_of(arguments, optimizers, modules) -> list[torch.Tensor]:
+def leaves_of(arguments, optimizers, parameters) -> list[torch.Tensor]:
     """The tensors whose ``.grad`` a captured step may set: the tensor arguments that require
-    grad, then the parameters that require grad of the optimizers and the modules, each once."""
+    grad, then the parameters that require grad of the optimizers, then ``parameters`` (the
+    modules', which the runtime reads from them), each once."""
     leaves, ids = [], set()
 
     def add(p):
@@ -84,9 +85,8 @@ def leaves_of(arguments, optimizers, modules) -> list[torch.Tensor]:
         for group in optimizer.param_groups:
             for p in group["params"]:
                 add(p)
-    for module in modules:
-        for p in module.parameters():
-            add(p)
+    for p in parameters:
+        add(p)
     return leaves
 
 

@@ -3,8 +3,9 @@
 // ~~~~~~~~~~~~~~~~~~~~~
 // The decisions around a capture that need no torch, kept here so that they are tested without a
 // GPU (tests/cpp/test_capture_policy.cpp); csrc/torch/runtime.cpp carries them out.
-//   - When a signature warms up: `warmup` eager calls of each signature before its capture, or
-//     (warmup_each_signature off) only the function's first `warmup` calls.
+//   - When a signature warms up: only the function's first `warmup` calls run eagerly, and a later
+//     signature is captured at first sight; or (warmup_each_signature on, or once two captures at
+//     first sight failed and were mended by a warm-up) `warmup` eager calls of each signature.
 //   - Tries of one capture: a capture that grew the arena well beyond its planned layout is taken
 //     again along the plan (Note [Planned capture layouts]); one refused for a pageable copy is
 //     taken again with host constants pinned (Note [Host constants]); one that ran out of memory
@@ -13,7 +14,8 @@
 //     as its warm-up, and is captured again at its next call, unless memory ran out (a warm-up
 //     does not help) or no graph can take its arguments; otherwise it falls back to eager.
 //   - Which graph serves a call: a signature's graph, or one of its chain variants (graphs of the
-//     same signature whose placeholders are other graphs' outputs, Note [Chain variants]).
+//     same signature whose placeholders are other graphs' outputs, made for a signature called
+//     twice in a row, Note [Chain variants]).
 
 #include <cstddef>
 
@@ -22,13 +24,23 @@
 namespace grape::core {
 
 struct WarmupPolicy {
+  // First-sight captures that failed and were mended by a warm-up, after which the function warms
+  // up each new signature: its shapes need lazy initialization of their own (cuDNN's autotuning
+  // under torch.backends.cudnn.benchmark), and a failed capture costs about an eager call more
+  // than a warm-up.
+  static constexpr int kFirstSightFailuresToWarmEach = 2;
   int warmup = 1;
-  bool each_signature = true;
+  bool each_signature = false;
+  int first_sight_failures = 0;
   // Whether a call of a signature without a graph, warmed up `signature_runs` times, is a warm-up
   // call; `function_runs`: warm-up calls of the whole function so far.
   bool warming_up(int signature_runs, int function_runs) const {
     return each_signature ? signature_runs < warmup
                           : function_runs < warmup && signature_runs < warmup;
+  }
+  // A capture at first sight failed and its signature warms up (after_failed_capture).
+  void failed_at_first_sight() {
+    if (++first_sight_failures >= kFirstSightFailuresToWarmEach) each_signature = true;
   }
 };
 
@@ -61,12 +73,20 @@ AfterFailure after_failed_capture(const WarmupPolicy& policy, int signature_warm
 
 // Note [Chain variants]
 // A signature first captured with the caller's tensors copies its inputs at every replay, even
-// where a later call brings outputs of earlier replays that a graph could read in place. Such a
-// call gets a chain variant: a capture of the same signature whose placeholders are those outputs.
-// A loop over one shape settles on two variants that feed each other (each lays out its output
-// around the other's input). At most kMaxChainVariants per signature; none under torch.distributed,
-// where a capture one rank alone takes would leave the ranks' capture points apart (Note [Capture
-// points agree across ranks]).
+// where a later call brings outputs of earlier replays, or buffers of predicted allocation sites
+// (Note [Allocation-site prediction]), that a graph could read in place. Such a call gets a chain
+// variant: a capture of the same signature whose placeholders are those tensors.
+// A variant lays out its own outputs anew, so where another graph reads the signature's outputs in
+// place, that graph would no longer fit, would need a variant in turn, and so on down the chain.
+// Where signatures follow one another (a generation's growing shapes) a signature's upstream graph
+// can change once (the prompt's, captured a call after its warm-up): the inputs it now produces
+// elsewhere are copied into the placeholders instead, rather than every signature being captured
+// twice. So a variant is made only where no other graph reads this signature's outputs in place,
+// or where the signature's call follows its own previous call: a loop over one shape whose outputs feed its next call (a decode step over a
+// static cache), which settles on two variants that feed each other (each lays out its output
+// around the other's input). At most kMaxChainVariants per signature; none under
+// torch.distributed, where a capture one rank alone takes would leave the ranks' capture points
+// apart (Note [Capture points agree across ranks]).
 struct GraphChoice {
   enum class Kind { kUse, kCaptureVariant };
   Kind kind = Kind::kUse;
@@ -82,15 +102,20 @@ struct ChainPolicy {
 // Which graph serves a call, of a signature with `variants` chain variants. `fits(i)`: graph i
 // (0: the signature's, i > 0: variant i - 1) finds every input it reads in place where it is and
 // copies none that a capture could chain; `chainable()`: some input could be read in place by a
-// new capture. Both are asked lazily, in the order a replay needs them.
-template <class Fits, class Chainable>
+// new capture; `may_move_outputs()`: a variant may lay out this signature's outputs anew (no other
+// graph reads them in place, or the function's previous call had this signature too). Each is
+// asked lazily, in the order a replay needs it.
+template <class Fits, class Chainable, class MayMoveOutputs>
 GraphChoice choose_graph(const ChainPolicy& policy, size_t variants, Fits fits,
-                         Chainable chainable) {
+                         Chainable chainable, MayMoveOutputs may_move_outputs) {
   if (!policy.alias_prediction || fits(size_t{0})) return {};
   for (size_t i = 1; i <= variants; ++i) {
     if (fits(i)) return {GraphChoice::Kind::kUse, i};
   }
-  if (policy.ranks_agree || variants >= ChainPolicy::kMaxChainVariants || !chainable()) return {};
+  if (policy.ranks_agree || variants >= ChainPolicy::kMaxChainVariants || !chainable() ||
+      !may_move_outputs()) {
+    return {};
+  }
   return {GraphChoice::Kind::kCaptureVariant, 0};
 }
 

@@ -28,6 +28,10 @@ struct DriverApi {
   GRAPE_DRIVER_MEMBER(cuKernelGetName)
   GRAPE_DRIVER_MEMBER(cuGetErrorString)
 #undef GRAPE_DRIVER_MEMBER
+  // CUDA 13.2, newer than the toolkits we build with, hence spelled out: a kernel's parameter
+  // count, so that reading its layout need not probe past the last parameter.
+  CUresult (*cuFuncGetParamCount)(CUfunction, size_t*) = nullptr;
+  CUresult (*cuKernelGetParamCount)(CUkernel, size_t*) = nullptr;
 };
 
 // Loaded on first use; members the driver lacks stay null. Never throws.

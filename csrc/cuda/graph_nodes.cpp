@@ -65,17 +65,28 @@ const ParamLayout* layout_of(const CUDA_KERNEL_NODE_PARAMS& p) {
   if (found != cache->end()) return found->second.get();
   const DriverApi& d = driver();
   auto layout = std::make_unique<ParamLayout>();
-  constexpr size_t kMaxParams = 4096;  // CUDA's limit is 32 KB of parameters
-  for (size_t i = 0;; ++i) {
-    size_t offset = 0, size = 0;
-    CUresult status = CUDA_ERROR_NOT_SUPPORTED;
-    if (p.func != nullptr && d.cuFuncGetParamInfo != nullptr) {
-      status = d.cuFuncGetParamInfo(p.func, i, &offset, &size);
-    } else if (p.func == nullptr && p.kern != nullptr && d.cuKernelGetParamInfo != nullptr) {
-      status = d.cuKernelGetParamInfo(p.kern, i, &offset, &size);
+  auto info = [&](size_t i, size_t* offset, size_t* size) {
+    if (p.func != nullptr) {
+      return d.cuFuncGetParamInfo != nullptr ? d.cuFuncGetParamInfo(p.func, i, offset, size)
+                                             : CUDA_ERROR_NOT_SUPPORTED;
     }
-    if (status == CUDA_ERROR_INVALID_VALUE && i > 0) break;  // past the last parameter
-    if (status == CUDA_ERROR_INVALID_VALUE && i == 0) break;  // no parameters
+    return p.kern != nullptr && d.cuKernelGetParamInfo != nullptr
+               ? d.cuKernelGetParamInfo(p.kern, i, offset, size)
+               : CUDA_ERROR_NOT_SUPPORTED;
+  };
+  // The count where the driver tells it; otherwise parameters are asked for until the driver
+  // answers that there are no more (CUDA_ERROR_INVALID_VALUE), once per kernel.
+  size_t count = 0;
+  const bool counted =
+      p.func != nullptr
+          ? d.cuFuncGetParamCount != nullptr && d.cuFuncGetParamCount(p.func, &count) == CUDA_SUCCESS
+          : p.kern != nullptr && d.cuKernelGetParamCount != nullptr &&
+                d.cuKernelGetParamCount(p.kern, &count) == CUDA_SUCCESS;
+  constexpr size_t kMaxParams = 4096;  // CUDA's limit is 32 KB of parameters
+  for (size_t i = 0; !counted || i < count; ++i) {
+    size_t offset = 0, size = 0;
+    const CUresult status = info(i, &offset, &size);
+    if (!counted && status == CUDA_ERROR_INVALID_VALUE) break;  // past the last parameter
     if (status != CUDA_SUCCESS || i >= kMaxParams) {
       layout.reset();
       break;
@@ -230,16 +241,13 @@ GraphContents read_graph(cudaGraph_t graph, bool with_params) {
             cudaSuccess) {
           key = mix(key, static_cast<uint64_t>(value.priority));
         }
-        // Node updates neither check nor change these: graphs joined by alignment must agree.
+        // Node updates neither check nor change these: graphs joined by alignment must agree. (A
+        // captured programmatic launch is no node attribute but a programmatic edge, read with
+        // the edges below: asking a node for it fails.)
         value = {};
         if (cudaGraphKernelNodeGetAttribute(node, cudaLaunchAttributeCooperative, &value) ==
             cudaSuccess) {
           key = mix(key, static_cast<uint64_t>(value.cooperative));
-        }
-        value = {};
-        if (cudaGraphKernelNodeGetAttribute(
-                node, cudaLaunchAttributeProgrammaticStreamSerialization, &value) == cudaSuccess) {
-          key = mix(key, static_cast<uint64_t>(value.programmaticStreamSerializationAllowed));
         }
         value = {};
         if (cudaGraphKernelNodeGetAttribute(node, cudaLaunchAttributeMemSyncDomain, &value) ==

@@ -46,6 +46,25 @@ bool Runtime::can_alias(const FlatCall& flat, size_t i,
   return true;
 }
 
+bool Runtime::site_buffer_held(const CapturedGraph& g, const FlatCall& flat) const {
+  for (size_t i = 0; i < flat.tensors.size(); ++i) {
+    const auto& ph = g.placeholders[i];
+    const at::Tensor& t = flat.tensors[i];
+    const bool in_place = t.data_ptr() == ph.ptr && is_whole_storage(t, ph.bytes);
+    if (ph.buffer && !in_place && ph.buffer->in_use.load()) return true;
+  }
+  return false;
+}
+
+bool Runtime::may_move_outputs(const Entry& entry, bool repeated, const FlatCall& flat) const {
+  if (repeated || site_buffer_held(*entry.graph, flat)) return true;
+  if (*entry.graph->outputs_read_in_place) return false;
+  for (const auto& variant : entry.chain_variants) {
+    if (*variant->outputs_read_in_place) return false;
+  }
+  return true;
+}
+
 void Runtime::learn_sites(const FlatCall& flat, bool warm_up) {
   if (!sites_->learning() || flat.tensors.empty()) return;
   install_allocator_hook();  // it records the allocations (already there once a capture ran)

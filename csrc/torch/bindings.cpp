@@ -4,6 +4,7 @@
 #include <torch/csrc/autograd/python_variable.h>
 
 #include "core/replay_plan.h"
+#include "torch/module_tensors.h"
 #include "torch/pytree.h"
 #include "torch/side_effects.h"
 #include "torch/runtime.h"
@@ -105,6 +106,15 @@ PYBIND11_MODULE(_C, m) {
       [](const at::Tensor& leaf) { return grape::held_by_leaf_only(leaf.grad()); },
       py::arg("leaf"), "Whether nothing but leaf.grad holds the leaf's gradient.");
 #endif
+
+  // The parameters and buffers a capture reads of a module (tests).
+  m.def(
+      "_module_tensors",
+      [](py::handle module) {
+        grape::ModuleTensors t = grape::module_tensors(module);
+        return py::make_tuple(std::move(t.parameters), std::move(t.buffers));
+      },
+      py::arg("module"), "(parameters, buffers) of a module, as a capture reads them.");
 
   // The signature words and tensors of a call, as the runtime computes them (for tests).
   m.def(

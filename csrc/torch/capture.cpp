@@ -12,6 +12,7 @@
 #include <unordered_set>
 
 #include "torch/allocator_hook.h"
+#include "torch/module_tensors.h"
 #include "torch/python_scopes.h"
 #include "torch/side_effects.h"
 
@@ -207,11 +208,9 @@ std::vector<std::pair<at::Tensor, const void*>> gather_static_tensors(
     const py::object& static_module, const FlatCall& flat) {
   std::vector<std::pair<at::Tensor, const void*>> statics;
   auto add_module = [&](const py::object& module) {
-    for (const char* kind : {"parameters", "buffers"}) {
-      for (py::handle t : module.attr(kind)()) {
-        const at::Tensor& tensor = THPVariable_Unpack(t.ptr());
-        statics.emplace_back(tensor, tensor.data_ptr());
-      }
+    const ModuleTensors tensors = module_tensors(module);
+    for (const auto* kind : {&tensors.parameters, &tensors.buffers}) {
+      for (const at::Tensor& tensor : *kind) statics.emplace_back(tensor, tensor.data_ptr());
     }
   };
   if (!static_module.is_none()) add_module(static_module);
@@ -363,6 +362,11 @@ CaptureOutcome capture(const CaptureContext& context, FlatCall& flat, bool pin_h
                                       placeholders[i]._version() != versions[i], chained[i],
                                       buffers[i]});
     outcome.alias_predictions += chained[i] || buffers[i] ? 1 : 0;
+    // The graph that made a chained input now has its outputs read in place (Note [Chain
+    // variants]).
+    const GraphPool::LiveStorage* live =
+        chained[i] ? pool.find_live(flat.tensors[i].storage().unsafeGetStorageImpl()) : nullptr;
+    if (live != nullptr && live->read_in_place) *live->read_in_place = true;
   }
   captured->effects = std::move(captured_results.effects);
   pool.refresh_segments();

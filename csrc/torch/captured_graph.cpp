@@ -79,7 +79,7 @@ py::object CapturedGraph::rebuild_outputs(FlatCall& flat) const {
   for (size_t s = 0; s < output_storages.size(); ++s) {
     const auto& slot = output_storages[s];
     if (slot.source == OutputStorage::Source::kPool) {
-      storages[s] = pool->hand_out(slot.ptr, slot.bytes);
+      storages[s] = pool->hand_out(slot.ptr, slot.bytes, outputs_read_in_place);
     } else if (slot.source == OutputStorage::Source::kInput) {
       storages[s] = flat.tensors[static_cast<size_t>(slot.input)].storage();
     }

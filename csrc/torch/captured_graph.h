@@ -63,6 +63,10 @@ struct CapturedGraph {
   cuda::SharedExecutables::Member member;
 
   std::vector<Placeholder> placeholders;
+  // Set once a later capture reads an output of this graph in place (chain prediction): a variant
+  // of its signature, laying out its outputs anew, would break that chain (Note [Chain variants]).
+  // Shared with the outputs handed out, which outlive nothing they point to.
+  std::shared_ptr<bool> outputs_read_in_place = std::make_shared<bool>(false);
   TreeSpec output_spec;
   std::vector<OutputStorage> output_storages;
   std::vector<OutputTensor> output_tensors;

@@ -177,10 +177,11 @@ c10::DataPtr GraphPool::pool_data_ptr(void* ptr) {
                       c10::Device(c10::DeviceType::CUDA, device_));
 }
 
-c10::Storage GraphPool::hand_out(void* ptr, size_t bytes) {
+c10::Storage GraphPool::hand_out(void* ptr, size_t bytes, std::shared_ptr<bool> read_in_place) {
   c10::Storage storage(c10::Storage::use_byte_size_t(), bytes, pool_data_ptr(ptr),
                        /*allocator=*/nullptr, /*resizable=*/false);
-  live_.push_back({storage.getWeakStorageImpl(), core::make_range(ptr, bytes)});
+  live_.push_back(
+      {storage.getWeakStorageImpl(), core::make_range(ptr, bytes), std::move(read_in_place)});
   return storage;
 }
 
@@ -196,7 +197,7 @@ void GraphPool::move_into(c10::StorageImpl* storage, void* ptr) {
   }
   live_.push_back({c10::weak_intrusive_ptr<c10::StorageImpl>(
                        c10::intrusive_ptr<c10::StorageImpl>::reclaim_copy(storage)),
-                   range});
+                   range, nullptr});
 }
 
 size_t GraphPool::evacuate(const std::vector<c10::StorageImpl*>& storages, cudaStream_t stream) {

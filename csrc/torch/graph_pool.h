@@ -90,10 +90,12 @@ class GraphPool : public std::enable_shared_from_this<GraphPool> {
   struct LiveStorage {
     c10::weak_intrusive_ptr<c10::StorageImpl> storage;
     core::AddressRange range;
+    std::shared_ptr<bool> read_in_place;  // of the graph whose replay made it, if any
   };
 
-  // A new storage over pool memory for a caller; registered live.
-  c10::Storage hand_out(void* ptr, size_t bytes);
+  // A new storage over pool memory for a caller; registered live. `read_in_place`: the flag of the
+  // graph that made it (CapturedGraph::outputs_read_in_place).
+  c10::Storage hand_out(void* ptr, size_t bytes, std::shared_ptr<bool> read_in_place);
   // Points a live or new storage at pool memory `ptr` (its size unchanged) and registers it there.
   void move_into(c10::StorageImpl* storage, void* ptr);
   // Points each storage at a copy of its bytes outside the pool (one batched copy on `stream`)

@@ -37,8 +37,8 @@ py::object PythonHooks::step_watch(const py::object& seen) const {
 }
 
 py::object PythonHooks::leaves_of(const py::list& arguments, const py::object& optimizers,
-                                  const py::list& modules) const {
-  return hooks_.attr("leaves_of")(arguments, optimizers, modules);
+                                  const py::list& parameters) const {
+  return hooks_.attr("leaves_of")(arguments, optimizers, parameters);
 }
 
 void PythonHooks::prepare_backward(int device_index) const {

@@ -41,7 +41,7 @@ class PythonHooks {
   py::object optimizer_set() const;  // a weakref.WeakSet
   py::object step_watch(const py::object& seen) const;
   py::object leaves_of(const py::list& arguments, const py::object& optimizers,
-                       const py::list& modules) const;
+                       const py::list& parameters) const;
   void prepare_backward(int device_index) const;
   py::object state_tensors(const py::object& optimizers) const;
   py::list hyperparameters(const py::object& optimizers) const;

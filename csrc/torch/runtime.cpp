@@ -142,6 +142,8 @@ py::object Runtime::call(py::args args, py::kwargs kwargs) {
     it = cache_.emplace(flat.signature, std::move(entry)).first;
   }
   Entry& entry = *it->second;
+  const bool repeated = previous_entry_ == &entry;
+  previous_entry_ = &entry;
   if (sites_) {
     sites_->begin_call();
     if (entry.fallback.empty()) learn_sites(flat, /*warm_up=*/warming_up(entry));
@@ -151,8 +153,8 @@ py::object Runtime::call(py::args args, py::kwargs kwargs) {
     return run_eager(args, kwargs);
   }
   if (entry.graph && !drop_if_state_changed(entry)) {
-    return replay_or_run_eagerly(entry, select_graph(entry, flat, args, kwargs), flat, args,
-                                 kwargs);
+    return replay_or_run_eagerly(entry, select_graph(entry, repeated, flat, args, kwargs), flat,
+                                 args, kwargs);
   }
 
   // Arguments no graph can take: the signature runs eagerly. Under torch.distributed that is
@@ -258,6 +260,7 @@ std::optional<py::object> Runtime::capture_entry(Entry& entry, FlatCall& flat,
   if (core::after_failed_capture(warmup_, entry.warmup_runs, failure) ==
       core::AfterFailure::kWarmUpAndRetry) {
     // This call is its warm-up; the next one captures again, and falls back if that fails too.
+    warmup_.failed_at_first_sight();
     outcome.error = py::none();
     return warm_up(entry, args, kwargs);
   }
@@ -404,8 +407,8 @@ GraphPool& Runtime::pool_for(int device) {
   return *pool_;
 }
 
-CapturedGraph& Runtime::select_graph(Entry& entry, FlatCall& flat, const py::args& args,
-                                     const py::kwargs& kwargs) {
+CapturedGraph& Runtime::select_graph(Entry& entry, bool repeated, FlatCall& flat,
+                                     const py::args& args, const py::kwargs& kwargs) {
   const core::GraphChoice choice = core::choose_graph(
       chain_, entry.chain_variants.size(),
       [&](size_t i) { return fits(i == 0 ? *entry.graph : *entry.chain_variants[i - 1], flat); },
@@ -414,7 +417,8 @@ CapturedGraph& Runtime::select_graph(Entry& entry, FlatCall& flat, const py::arg
           if (can_alias(flat, i, nullptr)) return true;
         }
         return false;
-      });
+      },
+      [&] { return may_move_outputs(entry, repeated, flat); });
   if (choice.kind == core::GraphChoice::Kind::kUse) {
     return choice.graph == 0 ? *entry.graph : *entry.chain_variants[choice.graph - 1];
   }
@@ -459,6 +463,7 @@ void Runtime::reset() {
     for (auto& variant : kv.second->chain_variants) retire(std::move(variant));
   }
   cache_.clear();
+  previous_entry_ = nullptr;
   function_warmup_runs_ = 0;
   checked_cuda_ = false;
   global_fallback_ = {};
@@ -475,6 +480,7 @@ int Runtime::traverse(visitproc visit, void* arg) {
 }
 
 void Runtime::clear_references() {
+  previous_entry_ = nullptr;
   cache_.clear();
   retired_.clear();
   fn_ = py::none();

@@ -119,11 +119,17 @@ class Runtime {
   py::object replay_or_run_eagerly(Entry& entry, CapturedGraph& graph, FlatCall& flat,
                                    const py::args& args, const py::kwargs& kwargs);
   // The graph of `entry` that serves this call (Note [Chain variants]), capturing a chain variant
-  // when none fits and one could.
-  CapturedGraph& select_graph(Entry& entry, FlatCall& flat, const py::args& args,
+  // when none fits and one could. `repeated`: the function's previous call was `entry`'s too.
+  CapturedGraph& select_graph(Entry& entry, bool repeated, FlatCall& flat, const py::args& args,
                               const py::kwargs& kwargs);
   // Whether every input `graph` chained is in place and it copies no input a capture could chain.
   bool fits(const CapturedGraph& graph, const FlatCall& flat) const;
+  // Whether `graph` would copy an input into a site buffer that another tensor holds (its replay
+  // is refused then).
+  bool site_buffer_held(const CapturedGraph& graph, const FlatCall& flat) const;
+  // Whether a chain variant of `entry` may lay out its outputs anew (Note [Chain variants]).
+  // `repeated`: the function's previous call was `entry`'s too.
+  bool may_move_outputs(const Entry& entry, bool repeated, const FlatCall& flat) const;
   // Whether input i can be its graph's placeholder in place: a live output of an earlier replay,
   // or a buffer of a predicted allocation site (`buffer`, when not null, receives it).
   bool can_alias(const FlatCall& flat, size_t i, std::shared_ptr<InputBuffer>* buffer) const;
@@ -150,6 +156,7 @@ class Runtime {
   core::MemoryBudget budget_;
   Flattener flattener_;
   std::unordered_map<core::Signature, std::unique_ptr<Entry>, core::SignatureHash> cache_;
+  const Entry* previous_entry_ = nullptr;  // of the function's previous call (Note [Chain variants])
   // Graphs replaced while the function lives (static state moved, reset()). They are destroyed
   // with the runtime: destroying a graph of a pool that is still capturing tripped the caching
   // allocator's pool bookkeeping on torch 2.11.

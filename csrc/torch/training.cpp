@@ -4,6 +4,7 @@
 #include <torch/csrc/autograd/python_variable.h>
 
 #include "torch/graph_pool.h"
+#include "torch/module_tensors.h"
 #include "torch/torch_version.h"
 
 namespace grape {
@@ -15,16 +16,21 @@ py::object TrainingState::step_watch() {
 
 std::vector<at::Tensor> TrainingState::tracked_leaves(const py::object& static_module,
                                                       const FlatCall& flat) {
-  py::list arguments, modules;
+  py::list arguments, parameters;
   for (const auto& t : flat.static_leaves) {
     arguments.append(py::reinterpret_steal<py::object>(THPVariable_Wrap(t)));
   }
-  if (!static_module.is_none()) modules.append(static_module);
-  for (const auto& m : flat.modules) modules.append(m);
+  auto add_parameters = [&](const py::handle& module) {
+    for (const at::Tensor& p : module_tensors(module).parameters) {
+      parameters.append(py::reinterpret_steal<py::object>(THPVariable_Wrap(p)));
+    }
+  };
+  if (!static_module.is_none()) add_parameters(static_module);
+  for (const auto& m : flat.modules) add_parameters(m);
   const py::object optimizers =
       seen_optimizers_.is_none() ? py::object(py::list()) : seen_optimizers_;
   std::vector<at::Tensor> leaves;
-  for (py::handle t : hooks_.leaves_of(arguments, optimizers, modules)) {
+  for (py::handle t : hooks_.leaves_of(arguments, optimizers, parameters)) {
     leaves.push_back(THPVariable_Unpack(t.ptr()));
   }
   return leaves;

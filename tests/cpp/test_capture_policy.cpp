@@ -24,6 +24,16 @@ TEST(WarmupPolicy, OnlyTheFunctionsFirstCallsWarmUp) {
   EXPECT_FALSE(WarmupPolicy({0, false}).warming_up(0, 0));
 }
 
+TEST(WarmupPolicy, FailuresAtFirstSightMakeEachSignatureWarmUp) {
+  WarmupPolicy policy;  // the default: the function's first call warms up
+  EXPECT_FALSE(policy.warming_up(0, 1));
+  policy.failed_at_first_sight();
+  EXPECT_FALSE(policy.warming_up(0, 1));  // one failure may be the signature's own
+  policy.failed_at_first_sight();
+  EXPECT_TRUE(policy.each_signature);
+  EXPECT_TRUE(policy.warming_up(0, 1));
+}
+
 TEST(CapturePolicy, AGraphEndsTheTries) {
   CaptureTries tries;
   EXPECT_EQ(next_try(TryResult::kGraph, ReasonKind::kNone, tries), NextTry::kNone);
@@ -90,6 +100,7 @@ namespace {
 struct Graphs {
   std::vector<bool> fit;
   bool chainable = false;
+  bool may_move_outputs = true;
   mutable int fits_asked = 0;
   GraphChoice choose(const ChainPolicy& policy) const {
     return choose_graph(
@@ -98,7 +109,7 @@ struct Graphs {
           ++fits_asked;
           return static_cast<bool>(fit[i]);
         },
-        [&] { return chainable; });
+        [&] { return chainable; }, [&] { return may_move_outputs; });
   }
 };
 
@@ -124,6 +135,20 @@ TEST(ChainVariants, ANewVariantWhereInputsChain) {
   EXPECT_EQ(g.choose({}).kind, GraphChoice::Kind::kCaptureVariant);
   g.chainable = false;
   EXPECT_EQ(g.choose({}).kind, GraphChoice::Kind::kUse);
+}
+
+TEST(ChainVariants, NoneWhereAnotherGraphReadsTheOutputsInPlace) {
+  // A generation's growing shapes: the next signature's graph reads this one's outputs in place.
+  // The input its upstream graph now produces elsewhere is copied, not chained by a variant.
+  Graphs g{{false}, true};
+  g.may_move_outputs = false;
+  const GraphChoice c = g.choose({});
+  EXPECT_EQ(c.kind, GraphChoice::Kind::kUse);
+  EXPECT_EQ(c.graph, 0u);
+  // A fitting variant still serves.
+  Graphs h{{false, true}, true};
+  h.may_move_outputs = false;
+  EXPECT_EQ(h.choose({}).graph, 1u);
 }
 
 TEST(ChainVariants, AtMostThreeAndNoneAcrossRanksOrWithoutPrediction) {

@@ -144,9 +144,9 @@ def test_alias_prediction_must_be_a_bool():
 def test_warmup_each_signature_is_a_checked_bool_reported_in_stats():
     with pytest.raises(TypeError, match="warmup_each_signature must be a bool"):
         grape.compile(lambda x: x, warmup_each_signature=0)
-    assert grape.stats(grape.compile(lambda x: x))["warmup_each_signature"] is True
-    once = grape.compile(warmup_each_signature=False)(lambda x: x)
-    assert grape.stats(once)["warmup_each_signature"] is False
+    assert grape.stats(grape.compile(lambda x: x))["warmup_each_signature"] is False
+    each = grape.compile(warmup_each_signature=True)(lambda x: x)
+    assert grape.stats(each)["warmup_each_signature"] is True
 
 
 def test_graph_memory_options_are_checked():

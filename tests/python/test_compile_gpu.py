@@ -488,9 +488,11 @@ def test_growing_state_memory_stays_near_the_largest_working_set():
     # (Note [Capture arena layout]); lanes map 2 MB granules.
     assert s["arena_lane_bytes"]["large"] <= 3 * largest + (4 << 20), s["arena_lane_bytes"]
     assert used < per_shape_sum / 8, (used, per_shape_sum)
-    # Only the caller's first state is copied, until the torch.zeros line is a predicted site
-    # whose buffer the first graph reads in place.
-    assert all(c <= width * 4 for c in copied) and copied[-1] == 0, copied
+    # Only the caller's first state is copied, into the first graph's placeholder. Once the
+    # torch.zeros line is a predicted site, a variant could read its buffer in place, but it would
+    # lay out its outputs elsewhere, where the second graph, which reads them in place, would not
+    # find them (Note [Chain variants]): the one small copy stays.
+    assert copied[1:] == [width * 4] * 2 and s["chain_variants"] == 0, copied
 
 
 def test_allocator_hook_can_be_removed_and_captures_reinstall_it():
@@ -568,9 +570,11 @@ def test_host_constants_are_pinned_for_the_signatures_that_make_them():
     replay_rows(compiled_step, step, (1, 8, 16) * 3)
     s = grape.stats(compiled_step)
     # One capture per signature, and a chain variant where a predicted allocation site brought
-    # the input (run alone, this test makes one; after the rest of the suite, none).
+    # the input (run alone, this test makes one; after the rest of the suite, none). The first
+    # compiled-code signature, captured at first sight, would compile inside the capture: that
+    # capture fails, the call warms up, and the next one captures.
     assert s["fallbacks"] == [] and s["captures"] - s["chain_variants"] == 3
-    assert s["capture_failures"] == 0
+    assert s["capture_failures"] == 1
     assert s["pinned_host_constants"] == 1
     assert dynamo_graphs() - graphs == 1
 
@@ -588,9 +592,11 @@ def test_a_torch_compiled_function_replays_inductors_kernels_without_compiling_a
     compiled = torch.compile(mlp_with_constant, dynamic=True)
     step = grape.compile(compiled)
     graphs = dynamo_graphs()
-    replay_rows(step, mlp_with_constant, (8, 16, 24) * 3)  # warm-up, capture, replay of each
+    # The function's first call warms up (and compiles); the other shapes are captured at first
+    # sight, running what Dynamo compiled for every shape.
+    replay_rows(step, mlp_with_constant, (8, 16, 24) * 3)
     s = grape.stats(step)
-    assert s["fallbacks"] == [] and s["captures"] == 3 and s["replays"] == 6
+    assert s["fallbacks"] == [] and s["captures"] == 3 and s["replays"] == 8
     assert s["pinned_host_constants"] == 0
     # One compilation for every shape (dynamic=True), made during the first warm-up.
     assert dynamo_graphs() - graphs == 1

@@ -10,7 +10,7 @@ pytestmark = pytest.mark.gpu
 
 
 def test_each_signature_reports_what_it_cost_on_its_way_to_replays():
-    f = grape.compile(lambda x: (x * 2).sin() + 1)
+    f = grape.compile(lambda x: (x * 2).sin() + 1, warmup_each_signature=True)
     for rows in (8, 16):
         for _ in range(3):
             f(torch.randn(rows, 64, device="cuda"))
@@ -36,3 +36,60 @@ def test_each_signature_reports_what_it_cost_on_its_way_to_replays():
     assert first["capture"] + second["capture"] >= s["capture_seconds"]
     variants = first["variants"] + second["variants"]
     assert (variants > 0) == (s["chain_variants"] > 0) and variants >= s["chain_variant_seconds"]
+
+
+DIM, VOCAB = 64, 97
+
+
+def _decoder():
+    """A generate-like forward: one attention layer whose key and value caches grow by the tokens
+    it is given, returning the next token and the caches (each length a new signature)."""
+    g = torch.Generator(device="cuda").manual_seed(0)
+    emb = torch.randn(VOCAB, DIM, device="cuda", generator=g)
+    wq, wk, wv = (torch.randn(DIM, DIM, device="cuda", generator=g) / DIM**0.5 for _ in range(3))
+
+    def forward(tokens, k, v):
+        x = emb[tokens]
+        k = torch.cat([k, x @ wk], 1)
+        v = torch.cat([v, x @ wv], 1)
+        att = torch.softmax((x[:, -1:] @ wq) @ k.transpose(1, 2) / DIM**0.5, -1) @ v
+        return (att @ emb.T).argmax(-1), k, v
+
+    return forward
+
+
+def _generate(forward, prompt, new_tokens):
+    k = v = torch.zeros(1, 1, DIM, device="cuda")
+    token, k, v = forward(prompt, k, v)
+    tokens = [token]
+    for _ in range(new_tokens - 1):
+        token, k, v = forward(token, k, v)
+        tokens.append(token)
+    return torch.cat(tokens, 1)
+
+
+def test_a_generate_loop_replays_every_step_from_its_second_call():
+    forward = _decoder()
+    compiled = grape.compile(forward)
+    prompt = torch.randint(0, VOCAB, (1, 5), device="cuda", generator=torch.Generator(
+        device="cuda").manual_seed(1))
+    expected = _generate(forward, prompt, 12)
+    keys = ("captures", "replays", "warmup_calls", "eager_calls", "chain_variants",
+            "capture_failures")
+    counts = [dict.fromkeys(keys, 0)]
+    for _ in range(3):
+        assert torch.equal(_generate(compiled, prompt, 12), expected)
+        s = grape.stats(compiled)
+        counts.append({k: s[k] for k in keys})
+    calls = [{k: after[k] - before[k] for k in keys} for before, after in zip(counts, counts[1:])]
+    # Call 1: the function's first call (the prompt) warms up; every step is captured at first
+    # sight and replayed.
+    assert calls[0] == dict(captures=11, replays=11, warmup_calls=1, eager_calls=0,
+                            chain_variants=0, capture_failures=0)
+    # Call 2: the prompt, whose first call was the function's warm-up, is captured; every step
+    # replays, none captured again. The first step copies the prompt's graph's outputs into its
+    # placeholders (its upstream graph is new), which lays out no variant down the chain.
+    assert calls[1] == dict(captures=1, replays=12, warmup_calls=0, eager_calls=0,
+                            chain_variants=0, capture_failures=0)
+    assert calls[2] == dict(captures=0, replays=12, warmup_calls=0, eager_calls=0,
+                            chain_variants=0, capture_failures=0)

@@ -607,11 +607,11 @@ def run_fuzz(calls, options, spec_list):
         message = str(w.message)
         if issubclass(w.category, grape.FallbackWarning):
             assert message.startswith(tuple(expected)) or "replay refused" in message, message
-    # A signature falls back at its capture: after `warmup` eager calls, and with
-    # warmup_each_signature=False after the function's first call and a failed capture at first
-    # sight (which warms that signature up).
+    # A signature falls back at its capture: after `warmup` eager calls, and (the default) after
+    # the function's first call and a failed capture at first sight (which warms that signature
+    # up); with warmup_each_signature=True after its own `warmup` eager calls.
     warmup = options.get("warmup", 1)
-    first_sight = not options.get("warmup_each_signature", True)
+    first_sight = not options.get("warmup_each_signature", False)
     summary = check_stats(fz, min_calls_to_fall_back=warmup + 1 + (1 if first_sight else 0))
     for spec in spec_list:
         s = grape.stats(fz.compiled[spec.name])
@@ -637,13 +637,13 @@ def test_fuzz_compiled_functions_match_eager():
 
 
 # Options that take other paths: copies instead of chained placeholders and input buffers, one
-# executable per graph, one per topology patched to every shape, captures at first sight, no
+# executable per graph, one per topology patched to every shape, a warm-up for every signature, no
 # warm-up. Fewer calls each, and only the first (shape, dtype) of each function (fewer signatures).
 OPTIONS = [
     dict(alias_prediction=False),
     dict(share_executables=False),
     dict(share_executables="topology", executable_cache=0),
-    dict(warmup_each_signature=False),
+    dict(warmup_each_signature=True),
     dict(warmup=0),
 ]
 

@@ -58,7 +58,7 @@ def test_leaves_are_parameters_that_require_grad_once():
     m = model()
     m[2].bias.requires_grad_(False)
     opt = torch.optim.AdamW(list(m[0].parameters()) + list(m[2].parameters()))
-    leaves = _training.leaves_of([], [opt], [m, m[0]])
+    leaves = _training.leaves_of([], [opt], [*m.parameters(), *m[0].parameters()])
     assert [id(p) for p in leaves] == [id(m[0].weight), id(m[0].bias), id(m[2].weight)]
 
 
@@ -67,7 +67,7 @@ def test_leaves_start_with_the_arguments_that_require_grad_once():
     opt = torch.optim.AdamW(m[0].parameters())
     extra = torch.zeros(2, requires_grad=True)
     arguments = [m[2].weight, extra, extra, torch.zeros(2)]
-    leaves = _training.leaves_of(arguments, [opt], [m])
+    leaves = _training.leaves_of(arguments, [opt], list(m.parameters()))
     assert [id(p) for p in leaves] == [id(m[2].weight), id(extra), id(m[0].weight),
                                        id(m[0].bias), id(m[2].bias)]
 
@@ -138,3 +138,17 @@ def test_a_gradient_is_dropped_before_a_replay_only_when_nothing_else_holds_it()
     assert not _C._grad_held_by_leaf_only(p)
     del view
     assert _C._grad_held_by_leaf_only(p)
+
+
+def test_a_capture_reads_the_parameters_and_buffers_that_the_module_gives():
+    # Read from the modules' dicts (csrc/torch/module_tensors.cpp): the same tensors, in the same
+    # order, each once, as Module.parameters() and Module.buffers().
+    shared = torch.nn.Linear(3, 3)
+    m = torch.nn.Sequential(shared, torch.nn.BatchNorm1d(3), torch.nn.Sequential(shared),
+                            torch.nn.Linear(3, 2, bias=False))
+    m[1].register_buffer("unset", None)
+    m[3].weight.requires_grad_(False)
+    parameters, buffers = _C._module_tensors(m)
+    assert [id(p) for p in parameters] == [id(p) for p in m.parameters()]
+    assert [id(b) for b in buffers] == [id(b) for b in m.buffers()]
+    assert len(parameters) == 5 and len(buffers) == 3

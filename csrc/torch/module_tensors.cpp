@@ -1,0 +1,51 @@
+#include "torch/module_tensors.h"
+
+#include <torch/csrc/autograd/python_variable.h>
+
+#include <unordered_set>
+
+namespace grape {
+
+namespace {
+
+struct Walk {
+  ModuleTensors out;
+  std::unordered_set<PyObject*> modules, parameters, buffers;
+
+  // The tensors of a module's dict `name` (_parameters or _buffers), in its order; None skipped.
+  void add(py::handle module, const char* name, std::unordered_set<PyObject*>& seen,
+           std::vector<at::Tensor>& into) {
+    const py::object dict = module.attr(name);
+    PyObject* key = nullptr;
+    PyObject* value = nullptr;
+    Py_ssize_t pos = 0;
+    while (PyDict_Next(dict.ptr(), &pos, &key, &value)) {
+      if (value == Py_None || !THPVariable_Check(value) || !seen.insert(value).second) continue;
+      into.push_back(THPVariable_Unpack(value));
+    }
+  }
+
+  // Module.named_modules' order: the module, then each submodule's walk in registration order.
+  void visit(py::handle module) {
+    if (!modules.insert(module.ptr()).second) return;
+    add(module, "_parameters", parameters, out.parameters);
+    add(module, "_buffers", buffers, out.buffers);
+    const py::object children = module.attr("_modules");
+    PyObject* key = nullptr;
+    PyObject* child = nullptr;
+    Py_ssize_t pos = 0;
+    while (PyDict_Next(children.ptr(), &pos, &key, &child)) {
+      if (child != Py_None) visit(child);
+    }
+  }
+};
+
+}  // namespace
+
+ModuleTensors module_tensors(py::handle module) {
+  Walk walk;
+  walk.visit(module);
+  return std::move(walk.out);
+}
+
+}  // namespace grape
