@@ -1,8 +1,9 @@
 """What the benchmarks of Hugging Face `generate` share (hf_gpt2, hf_gptj, hf_gptj_tp): timing a
 generation per new token (one decode step), grape's counters, the markdown table and the plot.
 
-A mode's result: {"ms_per_step", "ms_per_step_runs", "first_call_s", "outputs" (the tokens), ...};
-harness.compare_with_eager compares the tokens with eager's and removes them.
+A mode's result: {"ms_per_step", "ms_per_step_runs", "first_call_s", "time_to_steady_s",
+"calls_to_steady", "outputs" (the tokens), ...}; harness.compare_with_eager compares the tokens with
+eager's and removes them.
 """
 
 from __future__ import annotations
@@ -31,25 +32,33 @@ def generate_kwargs(beams: int, new_tokens: int) -> dict:
 
 
 def measure(run: Callable[[], torch.Tensor], new_tokens: int, reps: int, steady_calls: int,
-            desc: str) -> dict:
+            desc: str, counters: harness.GrapeCounters | None = None) -> dict:
     """Times generations by `run()` (which returns the tokens): the first one, then `reps` once
-    `steady_calls` more have captured / compiled and recorded every shape."""
-    tokens, first = harness.timed(run)
-    for _ in harness.progress(range(steady_calls), desc):
-        run()
-    times = []
-    for _ in range(reps):
-        tokens, seconds = harness.timed(run)
-        times.append(seconds)
+    `steady_calls` more have captured / compiled and recorded every shape. Every call is timed,
+    for the time to steady state: with grape's `counters`, the calls before the first from which
+    none warms up, captures or runs eagerly; otherwise those before the first from which each
+    takes at most harness.STEADY_TOLERANCE times the timed generations' median."""
+    seconds, changes = [], []
+    for call in harness.progress(range(1 + steady_calls + reps), desc):
+        tokens, s = harness.timed(run)
+        seconds.append(s)
+        changes.append(counters.change() if counters else {})
+    times = seconds[1 + steady_calls:]
+    steady_at = (harness.steady_by_counters(changes) if counters
+                 else harness.steady_by_time(seconds, steady=harness.median(times)))
     return {"ms_per_step": harness.median(times) * 1e3 / new_tokens,
             "ms_per_step_runs": [t * 1e3 / new_tokens for t in times],
-            "first_call_s": first, "outputs": tokens}
+            "first_call_s": seconds[0], **harness.time_to_steady(seconds, steady_at),
+            "outputs": tokens}
 
 
 def measure_generate(model, ids: torch.Tensor, mask: torch.Tensor, kwargs: dict, reps: int,
-                     steady_calls: int, desc: str) -> dict:
+                     steady_calls: int, desc: str, grape_counters: bool = False) -> dict:
+    """measure() of model.generate; `grape_counters`: the model is grape-compiled, and its
+    counters tell when it is steady."""
+    counters = harness.GrapeCounters(model) if grape_counters else None
     return measure(lambda: model.generate(ids, attention_mask=mask, **kwargs),
-                   kwargs["max_new_tokens"], reps, steady_calls, desc)
+                   kwargs["max_new_tokens"], reps, steady_calls, desc, counters)
 
 
 def host_ms_per_forward(model, ids: torch.Tensor, mask: torch.Tensor, kwargs: dict) -> float:
@@ -99,7 +108,9 @@ def markdown(cases: list[dict], extra: Sequence[tuple[str, str, str]] = (),
         harness.STEP_COLUMN, harness.SPEEDUP_COLUMN,
         *(harness.value_column(*column) for column in extra),
         *(harness.MEMORY_COLUMNS if memory else ()),
-        harness.value_column("first call (s)", "first_call_s", "{:.2f}"), harness.CORRECT_COLUMN])
+        harness.value_column("first call (s)", "first_call_s", "{:.2f}"),
+        harness.value_column("to steady (s)", "time_to_steady_s", "{:.2f}"),
+        harness.CORRECT_COLUMN])
 
 
 def plot(cases: list[dict], path: Path, modes: Sequence[str], title: str) -> bool:

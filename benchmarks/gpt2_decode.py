@@ -10,8 +10,9 @@ All modes run in one process on the same weights and inputs; each is checked aga
 tokens (`correct`; `steps_equal_to_eager`: how many leading steps agree). Times are medians of
 --reps whole generations after a warm-up generation (and after every shape was captured, for the
 graph modes): `ms_per_step`, and `speedup_vs_eager` eager's over the mode's; `first_call_s` is the
-first generation's time (torch_compile: compiling; grape: its eager warm-up, timed on the host
-without waiting for the device). Memory is what the mode adds on the device, read from
+first generation's time (torch_compile: compiling; grape: its first step's warm-up and the capture
+of every other shape), and for grape `time_to_steady_s` the generations before the first in which
+every step replays (`calls_to_steady`: that generation's number). Memory is what the mode adds on the device, read from
 cudaMemGetInfo, so the driver's memory for instantiated graphs counts: `gpu_mem_bytes` is what it
 keeps after the runs once PyTorch's cache of free blocks is released (eager keeps next to nothing;
 graph modes keep their graphs and pools), `gpu_mem_bytes_with_allocator_cache` the same before that
@@ -224,13 +225,20 @@ def setup_torch_compile(case):
     return (lambda: case.generate(compiled)), lambda: {"first_call_s": first_call_s}
 
 
+# Generations a grape mode may take to be steady before it is timed (it takes two: the first call
+# warms up, the other shapes are captured at first sight, and the second captures the first).
+MAX_CALLS_TO_STEADY = 4
+
+
 def setup_grape(case, **options):
     step = grape.compile(case.step, **options)
-    t0 = time.perf_counter()
-    case.generate(step)  # warm-up: every shape runs eagerly once
-    first_call_s = time.perf_counter() - t0
+    counters = harness.GrapeCounters(step)
     rss = harness.rss_bytes()
-    case.generate(step)  # every shape is captured
+    seconds, changes = [], []
+    while len(seconds) < MAX_CALLS_TO_STEADY and harness.steady_by_counters(changes) is None:
+        seconds.append(harness.timed(lambda: case.generate(step))[1])
+        changes.append(counters.change())
+    steady = harness.time_to_steady(seconds, harness.steady_by_counters(changes))
     capture_host_bytes = harness.rss_bytes() - rss
     before = {}
 
@@ -245,7 +253,8 @@ def setup_grape(case, **options):
             s["bytes_evacuated"] - before["bytes_evacuated"]) + (
             s["bytes_copied_back"] - before["bytes_copied_back"])
         return {
-            "first_call_s": first_call_s,
+            "first_call_s": seconds[0],
+            **steady,
             "graphs": s["graphs"],
             "pool_bytes": s["pool_bytes"],
             "arena_lane_bytes": s["arena_lane_bytes"],

@@ -10,6 +10,10 @@ One name per kind of figure, in every benchmark's modes:
                       inference step; a call), the median over the timed runs; ms_per_step_runs
                       each run's
   first_call_s        wall time of the mode's first call or generation, capture or compilation in it
+  time_to_steady_s    wall time of every call before the first one from which each call runs
+                      steady (grape: no warm-up, capture or eager call; modes without counters:
+                      within STEADY_TOLERANCE of their steady time); calls_to_steady that call's
+                      number (1: steady from the first call)
   setup_s             wall time until the mode is steady (every shape captured)
   gpu_mem_bytes       the mode's device memory (each benchmark says which); peak_allocated_bytes
                       the allocator's peak
@@ -211,6 +215,59 @@ def grape_stats(fn, keys: Sequence[str]) -> dict:
 
 def median(values: list[float]) -> float:
     return statistics.median(values)
+
+
+# Steadiness (time_to_steady_s, calls_to_steady).
+STEADY_TOLERANCE = 1.25  # modes without counters: steady within this of their steady time
+UNSTEADY_COUNTERS = ("warmup_calls", "eager_calls", "captures")  # grape: not steady
+
+
+def steady_from(unsteady: Sequence[bool]) -> int | None:
+    """The first call (from 1) from which no call is unsteady; None where the last one is."""
+    return next((call + 1 for call in range(len(unsteady)) if not any(unsteady[call:])), None)
+
+
+def steady_by_counters(changes: Sequence[dict]) -> int | None:
+    """The first call from which no call warms up, runs eagerly or captures (`changes`: each
+    call's change of grape.stats' counters)."""
+    return steady_from([any(change.get(key, 0) for key in UNSTEADY_COUNTERS)
+                        for change in changes])
+
+
+def steady_by_time(seconds: Sequence[float], steady: float | None = None,
+                   tolerance: float = STEADY_TOLERANCE) -> int | None:
+    """The first call from which every call takes at most `tolerance` times `steady` (default:
+    the fastest call)."""
+    limit = tolerance * (min(seconds) if steady is None else steady)
+    return steady_from([t > limit for t in seconds])
+
+
+def time_to_steady(seconds: Sequence[float], steady_at: int | None) -> dict:
+    """time_to_steady_s and calls_to_steady from each call's wall time and the first steady call
+    (None: not steady by the last call, whose time then counts too)."""
+    before = len(seconds) if steady_at is None else steady_at - 1
+    return {"time_to_steady_s": sum(seconds[:before]), "calls_to_steady": steady_at}
+
+
+class GrapeCounters:
+    """The change of grape.stats(fn)'s steadiness counters since the last read: read it after
+    each call to know whether that call ran steady."""
+
+    def __init__(self, fn):
+        self.fn = fn
+        self.last = self._read()
+
+    def _read(self) -> dict:
+        import grape
+
+        s = grape.stats(self.fn)
+        return {key: s.get(key, 0) for key in UNSTEADY_COUNTERS}
+
+    def change(self) -> dict:
+        now = self._read()
+        change = {key: now[key] - self.last[key] for key in now}
+        self.last = now
+        return change
 
 
 def error_text(e: Exception) -> str:

@@ -11,7 +11,10 @@ All modes run in one process on the same weights and prompt; tokens are compared
 (`correct`). `ms_per_step` is the median over --reps generations of the wall time per new token
 (one decode step), once the mode is steady (grape: every shape captured; torch.compile: compiled
 and recorded); `speedup_vs_eager` is eager's over the mode's.
-`first_call_s` is the wall time of the mode's first generation, capture or compilation included.
+`first_call_s` is the wall time of the mode's first generation, capture or compilation included;
+`time_to_steady_s` is the wall time of the generations before the first from which every one runs
+steady (grape: no warm-up, capture or eager call; other modes: within 1.25x of the steady time),
+`calls_to_steady` that generation's number.
 `ptgraph` (plain torch.cuda.graph) has no way into an unchanged `generate` with a dynamic cache:
 the cache's tensors change address and shape at every step, so the mode is reported as skipped.
 Greedy cases also time the compiled forward alone in a plain loop of decode steps against its ideal
@@ -60,7 +63,8 @@ def setup_static_compile(base, case):
 
 def setup_grape(base, case, **options):
     model = grape.compile(copy.deepcopy(base), **options)
-    r = measure_generate(model, *case["inputs"], case["kwargs"], case["reps"], 2, "grape")
+    r = measure_generate(model, *case["inputs"], case["kwargs"], case["reps"], 2, "grape",
+                         grape_counters=True)
     r["host_ms_per_forward"] = generation.host_ms_per_forward(model, *case["inputs"], case["kwargs"])
     r.update(harness.grape_stats(model, generation.GRAPE_STATS))
     return r
@@ -79,7 +83,7 @@ def setup_grape_step(base, case):
 
     generate = generation.decode_loop(step, model.config, ids, new)
     with torch.no_grad():
-        r = measure(generate, new, case["reps"], 2, "grape_step")
+        r = measure(generate, new, case["reps"], 2, "grape_step", harness.GrapeCounters(step))
     r.update(harness.grape_stats(step, ("graphs", "fallbacks")))
     return r
 

@@ -23,7 +23,10 @@ The model (12 GB) is never copied: each grape mode compiles its forward in place
 original back when it is done, so modes may run in any order.
 `ms_per_step` is the median over --reps generations of the wall time per new token (one decode
 step), once the mode is steady (every shape captured); `speedup_vs_eager` is eager's over the
-mode's; `first_call_s` is the wall time of the mode's first generation, captures included.
+mode's; `first_call_s` is the wall time of the mode's first generation, captures included;
+`time_to_steady_s` is the wall time of the generations before the first from which every one runs
+steady (grape: no warm-up, capture or eager call; other modes: within 1.25x of the steady time),
+`calls_to_steady` that generation's number.
 The floor: `weight_bytes_per_step` (every parameter but the input embedding table, of which a
 token reads one row; GPT-J's lm_head is a matrix of its own, read whole) over
 `hbm_bandwidth_gbps`, measured by a device-to-device copy of 2 GiB (bytes read plus written, the
@@ -168,7 +171,8 @@ def setup_eager(model, case):
 
 def setup_grape(model, case, **options):
     with compiled_in_place(model, **options):
-        r = measure_generate(model, *case["inputs"], case["kwargs"], case["reps"], 2, "grape")
+        r = measure_generate(model, *case["inputs"], case["kwargs"], case["reps"], 2, "grape",
+                             grape_counters=True)
         r["host_ms_per_forward"] = generation.host_ms_per_forward(model, *case["inputs"],
                                                                   case["kwargs"])
         r.update(harness.grape_stats(model, (*generation.GRAPE_STATS, "arena_bytes")))
@@ -190,7 +194,7 @@ def setup_grape_step(model, case):
         return logits[:, -1:].argmax(-1)
 
     generate = generation.decode_loop(step, model.config, ids, new)
-    r = measure(generate, new, case["reps"], 2, "grape_step")
+    r = measure(generate, new, case["reps"], 2, "grape_step", harness.GrapeCounters(step))
     r.update(harness.grape_stats(step, ("graphs", "captures", "replays", "fallbacks", "pool_bytes",
                                            "arena_bytes", "executable_bytes")))
     return r

@@ -31,7 +31,8 @@ JSON's config).
 
 `ms_per_step` is the median over --reps generations of the wall time per new token (one decode
 step), once the mode is steady (every shape captured), as in hf_gptj; `first_call_s` is the wall
-time of the mode's first generation, captures included; tokens are compared with eager's
+time of the mode's first generation, captures included, and `time_to_steady_s` that of every
+generation before the first steady one, as in hf_gptj; tokens are compared with eager's
 (`correct`). Every rank times its own generations: the results are rank 0's, and `ranks` lists
 each rank's ms_per_step and grape's fallbacks there. Modes begin together on every rank (a
 barrier). `speedup_vs_tp1` is tp1's ms_per_step over the split case's, mode by mode. Memory:
@@ -177,10 +178,10 @@ def parameter_bytes(model) -> int:
 
 # ---------------------------------------------------------------------------------------- modes
 
-def measure_generate(model, case, steady_calls: int, desc: str) -> dict:
+def measure_generate(model, case, steady_calls: int, desc: str, grape_counters: bool = False) -> dict:
     ids, mask = case["inputs"]
     return generation.measure_generate(model, ids, mask, case["kwargs"], case["reps"],
-                                       steady_calls, desc)
+                                       steady_calls, desc, grape_counters)
 
 
 def setup_eager(model, case):
@@ -189,7 +190,7 @@ def setup_eager(model, case):
 
 def setup_grape(model, case):
     with hf_gptj.compiled_in_place(model):
-        r = measure_generate(model, case, 2, "grape")
+        r = measure_generate(model, case, 2, "grape", grape_counters=True)
         r.update(harness.grape_stats(model, (*generation.GRAPE_STATS, "arena_bytes")))
     return r
 

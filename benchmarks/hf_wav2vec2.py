@@ -23,19 +23,18 @@ signature: the default run has ~190 of them over 200 batches (`distinct_shapes` 
 count, and T // 4 label ids in 1..31 (0 is the CTC blank), so lengths are functions of the shape.
 
 Timing: every mode runs the same epochs (passes over every batch, in the same order). grape warms
-up each signature once (warmup=1: its first call runs eagerly) and captures it at its second
-call, so where a shape comes once an epoch, as most do here, epoch 1 is grape's warm-up of every
-shape and epoch 2 its capture of every shape. Reported: `first_epoch_s` and `second_epoch_s` (wall
+up on its first call and captures every other shape at its first call, so epoch 1 holds the
+captures of every shape (grape_warmup_each warms up each shape first: its epoch 1 is warm-ups,
+its epoch 2 captures). Reported: `first_epoch_s` and `second_epoch_s` (wall
 time; the cost of reaching the steady state is in these two, `first_two_epochs_s`), then --reps
 more epochs, each timed: `ms_per_step` = median epoch time / batches, the steady state (every
 shape captured, as in later epochs of a training run); `speedup_vs_eager` is eager's over the
-mode's, and `first_epoch_ratio_to_eager`, `second_epoch_ratio_to_eager` and
+mode's, `time_to_steady_s` the epochs before the first from which every epoch runs steady
+(grape: no warm-up, capture or eager call; other modes: within 1.25x of the steady epoch;
+`epochs_to_steady` that epoch's number), and `first_epoch_ratio_to_eager`, `second_epoch_ratio_to_eager` and
 `first_two_epochs_ratio_to_eager` the mode's epochs over eager's. For grape, `epoch_counters`
 gives the warm-ups, captures and replays of each of the first two epochs and `steady_counters`
-those of the timed epochs (`steady_state`: every call there a replay). grape warms up only the
-first call and captures each shape at its first call, so its epoch 1 includes the capture of every
-shape (and its epoch 2 is already steady); `grape_warmup_each` (warmup_each_signature=True) warms
-up each shape once first, so its captures come in epoch 2.
+those of the timed epochs (`steady_state`: every call there a replay).
 `ptgraph` (inference only) is the plain CUDA-graph baseline: one torch.cuda.CUDAGraph per shape,
 warmed up and captured at the shape's first call, all in one memory pool, the batch copied into
 the graph's static input; its steady state is what replaying graphs can give, the bound of any
@@ -393,6 +392,14 @@ def measure(mode: str, step, compiled, epoch, n_batches: int, reps: int, desc: s
                                 for k in ("warmup_calls", "captures", "eager_calls"))
     r["ms_per_step"] = harness.median(times) / n_batches
     r["ms_per_step_runs"] = [t / n_batches for t in times]
+    # The settling epochs before the first from which every epoch is steady (the timed epochs
+    # count as one more): grape by its counters, other modes by time.
+    seconds = r["epochs_s"] + [harness.median(times) / 1e3]
+    steady_at = (harness.steady_by_counters(r["epoch_counters"] + [r["steady_counters"]])
+                 if compiled is not None
+                 else harness.steady_by_time(seconds, steady=harness.median(times) / 1e3))
+    steady = harness.time_to_steady(seconds, steady_at)
+    r["time_to_steady_s"], r["epochs_to_steady"] = steady["time_to_steady_s"], steady["calls_to_steady"]
     print(f"    {mode}: steady {r['ms_per_step']:.2f} ms/step, host {r['host_ms_per_step']:.2f} (epochs "
           f"{', '.join(f'{t / 1e3:.1f}' for t in times)} s)", flush=True)
     return r

@@ -75,11 +75,8 @@ PROMPT, LONGER_PROMPT, LONGER_CALLS = 8, 32, 2
 COUNTERS = ("captures", "replays", "warmup_calls", "eager_calls")
 BREAKDOWN = ("warmup_seconds", "capture_seconds", "graph_read_seconds", "join_seconds",
              "instantiate_seconds", "chain_variant_seconds", "patch_seconds")
-# Not steady: warming up, running eagerly, capturing.
-UNSTEADY = ("warmup_calls", "eager_calls", "captures")
 MODEL_NAMES = {"gpt2": ("gpt2-small", "gpt2-tiny"),  # (full, --tiny)
                "tinyllama": ("tinyllama-1.1b-shape", "llama-tiny")}
-STEADY_TOLERANCE = 1.25  # modes without counters: steady within this of their fastest call
 STEADY_CALLS = 3  # steady_ms: the median of the last calls with the prompt
 NEEDS = ("time_to_speed needs a CUDA device (--device cpu --tiny checks the script itself, "
          "without one)")
@@ -158,21 +155,6 @@ def per_call(changes: Sequence[dict], key: str, scale: float = 1) -> list:
     return [change.get(key, 0) * scale for change in changes]
 
 
-def steady_from(unsteady: Sequence[bool]) -> int | None:
-    """The first call (from 1) from which no call is unsteady; None where the last one is."""
-    return next((call + 1 for call in range(len(unsteady)) if not any(unsteady[call:])), None)
-
-
-def steady_by_counters(changes: Sequence[dict]) -> int | None:
-    """The first call from which no call warms up, runs eagerly or captures."""
-    return steady_from([any(change.get(key, 0) for key in UNSTEADY) for change in changes])
-
-
-def steady_by_time(ms: Sequence[float], tolerance: float = STEADY_TOLERANCE) -> int | None:
-    """The first call from which every call takes at most `tolerance` times the fastest."""
-    return steady_from([t > tolerance * min(ms) for t in ms])
-
-
 def call_times(ms: Sequence[float], calls: int, new_tokens: int) -> dict:
     """A mode's times from every call's wall ms: `calls` with the prompt, then the longer's."""
     same = list(ms[:calls])
@@ -185,7 +167,7 @@ def call_times(ms: Sequence[float], calls: int, new_tokens: int) -> dict:
 
 def grape_figures(changes: Sequence[dict], calls: int) -> dict:
     """grape's counters and times per call, from the change of grape.stats in each call."""
-    figures = {"calls_to_steady": steady_by_counters(changes[:calls])}
+    figures = {"calls_to_steady": harness.steady_by_counters(changes[:calls])}
     figures.update({f"{key}_per_call": per_call(changes, key) for key in COUNTERS})
     figures["longer_prompt_captures"] = sum(per_call(changes[calls:], "captures"))
     figures["breakdown_ms_per_call"] = {key.removesuffix("_seconds"): per_call(changes, key, 1e3)
@@ -223,7 +205,7 @@ def run_mode(mode: str, base, case: dict) -> dict:
         result.update(**grape_figures(changes, calls),
                       **harness.grape_stats(model, ("graphs", "fallbacks")))
     else:
-        result["calls_to_steady"] = steady_by_time(result["calls_ms"])
+        result["calls_to_steady"] = harness.steady_by_time(result["calls_ms"])
     if mode == "static_compile":
         # HF compiles the decoding forward by itself when the cache is static (its auto-compile).
         result.update(compiles_per_call=per_call(changes, "compiles"),

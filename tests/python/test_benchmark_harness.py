@@ -177,3 +177,72 @@ def test_tables_show_the_comparison_with_eager(capsys):
     assert table.splitlines()[0] == "| case | mode | ms/step | vs eager | GPU MB | mem vs eager | correct |"
     assert table.splitlines()[3] == "| b1 | grape | 0.500 | 4.00x | 3.0 | 3.00x | True |"
     assert table.splitlines()[4] == "| b1 | ptgraph | - | - | - | - | - |"
+
+
+WARMUP, CAPTURE, REPLAY = ({"warmup_calls": 16, "replays": 0}, {"captures": 16, "replays": 16},
+                           {"replays": 16})
+
+
+def test_grape_is_steady_from_the_call_after_which_nothing_warms_up_runs_eagerly_or_captures():
+    assert harness.steady_by_counters([WARMUP, CAPTURE, REPLAY, REPLAY, REPLAY]) == 3
+    assert harness.steady_by_counters([REPLAY] * 5) == 1
+    # a chain variant captured at call 4: steady only from call 5
+    assert harness.steady_by_counters([WARMUP, CAPTURE, REPLAY, {"captures": 1}, REPLAY]) == 5
+    assert harness.steady_by_counters([WARMUP, CAPTURE, REPLAY, REPLAY, {"captures": 2}]) is None
+    assert harness.steady_by_counters([{"eager_calls": 16}] * 5) is None  # fallen back (no CUDA)
+    assert harness.steady_by_counters([WARMUP, REPLAY, {"eager_calls": 1}, REPLAY, REPLAY]) == 4
+
+
+def test_other_modes_are_steady_from_the_first_call_within_the_tolerance_of_the_fastest():
+    assert harness.steady_by_time([20000.0, 500.0, 300.0, 310.0, 370.0]) == 3  # 500 > 1.25 x 300
+    assert harness.steady_by_time([300.0, 330.0, 300.0, 310.0, 320.0]) == 1
+    assert harness.steady_by_time([300.0, 300.0, 300.0, 300.0, 400.0]) is None  # the last is slow
+    assert harness.steady_by_time([300.0, 400.0, 300.0, 300.0, 300.0]) == 3
+    assert harness.steady_by_time([300.0, 700.0], tolerance=3.0) == 1
+
+
+def test_time_to_steady_is_every_call_before_the_first_steady_one():
+    assert harness.time_to_steady([3.0, 1.0, 0.2, 0.2], 3) == {"time_to_steady_s": 4.0,
+                                                              "calls_to_steady": 3}
+    assert harness.time_to_steady([0.2, 0.2], 1) == {"time_to_steady_s": 0, "calls_to_steady": 1}
+    # Not steady by the last call: all of them count.
+    assert harness.time_to_steady([3.0, 1.0], None) == {"time_to_steady_s": 4.0,
+                                                        "calls_to_steady": None}
+    # Against a given steady time rather than the fastest call.
+    assert harness.steady_by_time([3.0, 0.3, 0.2], steady=0.25) == 2
+
+
+def test_grape_counters_give_each_calls_change():
+    import grape
+
+    f = grape.compile(lambda x: x + 1)
+    counters = harness.GrapeCounters(f)
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    f(torch.zeros(2, device=device))
+    first = counters.change()
+    f(torch.zeros(2, device=device))
+    second = counters.change()
+    # The first call warms up (without CUDA: runs eagerly), the second captures (runs eagerly).
+    assert set(first) == set(harness.UNSTEADY_COUNTERS) and sum(first.values()) == 1
+    assert sum(second.values()) == 1 and harness.steady_by_counters([first, second]) is None
+
+
+def test_a_generation_benchmark_reports_the_time_to_steady_state(monkeypatch):
+    from benchmarks import generation
+
+    class Counters:  # a grape function's counters: warm-up, capture, then replays only
+        changes = iter([{"warmup_calls": 1}, {"captures": 1}] + [{}] * 4)
+
+        def change(self):
+            return next(self.changes)
+
+    seconds = iter([3.0, 1.0, 0.2, 0.2, 0.2, 0.2])
+    monkeypatch.setattr(harness, "timed", lambda fn: (torch.zeros(1), next(seconds)))
+    r = generation.measure(lambda: None, new_tokens=10, reps=3, steady_calls=2, desc="grape",
+                           counters=Counters())
+    assert r["first_call_s"] == 3.0 and r["ms_per_step"] == pytest.approx(20.0)
+    assert r["time_to_steady_s"] == 4.0 and r["calls_to_steady"] == 3
+    # Without counters: steady from the first call within the tolerance of the timed median.
+    seconds = iter([3.0, 0.24, 0.2, 0.2, 0.2, 0.2])
+    r = generation.measure(lambda: None, new_tokens=10, reps=3, steady_calls=2, desc="eager")
+    assert r["time_to_steady_s"] == 3.0 and r["calls_to_steady"] == 2

@@ -13,25 +13,6 @@ from benchmarks import time_to_speed as tts
 WARMUP, CAPTURE, REPLAY = ({"warmup_calls": 16, "replays": 0}, {"captures": 16, "replays": 16},
                            {"replays": 16})
 
-
-def test_grape_is_steady_from_the_call_after_which_nothing_warms_up_runs_eagerly_or_captures():
-    assert tts.steady_by_counters([WARMUP, CAPTURE, REPLAY, REPLAY, REPLAY]) == 3
-    assert tts.steady_by_counters([REPLAY] * 5) == 1
-    # a chain variant captured at call 4: steady only from call 5
-    assert tts.steady_by_counters([WARMUP, CAPTURE, REPLAY, {"captures": 1}, REPLAY]) == 5
-    assert tts.steady_by_counters([WARMUP, CAPTURE, REPLAY, REPLAY, {"captures": 2}]) is None
-    assert tts.steady_by_counters([{"eager_calls": 16}] * 5) is None  # fallen back (no CUDA)
-    assert tts.steady_by_counters([WARMUP, REPLAY, {"eager_calls": 1}, REPLAY, REPLAY]) == 4
-
-
-def test_other_modes_are_steady_from_the_first_call_within_the_tolerance_of_the_fastest():
-    assert tts.steady_by_time([20000.0, 500.0, 300.0, 310.0, 370.0]) == 3  # 500 > 1.25 x 300
-    assert tts.steady_by_time([300.0, 330.0, 300.0, 310.0, 320.0]) == 1
-    assert tts.steady_by_time([300.0, 300.0, 300.0, 300.0, 400.0]) is None  # the last is slow
-    assert tts.steady_by_time([300.0, 400.0, 300.0, 300.0, 300.0]) == 3
-    assert tts.steady_by_time([300.0, 700.0], tolerance=3.0) == 1
-
-
 def test_call_times_split_the_prompts_calls_from_the_longer_prompts_and_accumulate_all():
     ms = [10.0, 4.0, 2.0, 2.0, 2.5, 6.0, 3.0]
     r = tts.call_times(ms, calls=5, new_tokens=10)
