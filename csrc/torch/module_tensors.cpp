@@ -13,9 +13,11 @@ struct Walk {
   std::unordered_set<PyObject*> modules, parameters, buffers;
 
   // The tensors of a module's dict `name` (_parameters or _buffers), in its order; None skipped.
-  void add(py::handle module, const char* name, std::unordered_set<PyObject*>& seen,
+  // False where it is no dict (a ScriptModule's wrappers): the walk cannot read this module.
+  bool add(py::handle module, const char* name, std::unordered_set<PyObject*>& seen,
            std::vector<at::Tensor>& into) {
     const py::object dict = module.attr(name);
+    if (!PyDict_Check(dict.ptr())) return false;
     PyObject* key = nullptr;
     PyObject* value = nullptr;
     Py_ssize_t pos = 0;
@@ -23,20 +25,25 @@ struct Walk {
       if (value == Py_None || !THPVariable_Check(value) || !seen.insert(value).second) continue;
       into.push_back(THPVariable_Unpack(value));
     }
+    return true;
   }
 
   // Module.named_modules' order: the module, then each submodule's walk in registration order.
-  void visit(py::handle module) {
-    if (!modules.insert(module.ptr()).second) return;
-    add(module, "_parameters", parameters, out.parameters);
-    add(module, "_buffers", buffers, out.buffers);
+  bool visit(py::handle module) {
+    if (!modules.insert(module.ptr()).second) return true;
+    if (!add(module, "_parameters", parameters, out.parameters) ||
+        !add(module, "_buffers", buffers, out.buffers)) {
+      return false;
+    }
     const py::object children = module.attr("_modules");
+    if (!PyDict_Check(children.ptr())) return false;
     PyObject* key = nullptr;
     PyObject* child = nullptr;
     Py_ssize_t pos = 0;
     while (PyDict_Next(children.ptr(), &pos, &key, &child)) {
-      if (child != Py_None) visit(child);
+      if (child != Py_None && !visit(child)) return false;
     }
+    return true;
   }
 };
 
@@ -44,8 +51,14 @@ struct Walk {
 
 ModuleTensors module_tensors(py::handle module) {
   Walk walk;
-  walk.visit(module);
-  return std::move(walk.out);
+  if (walk.visit(module)) return std::move(walk.out);
+  // A module whose dicts are not dicts: asked through Module.parameters() and .buffers().
+  ModuleTensors out;
+  for (py::handle t : module.attr("parameters")()) {
+    out.parameters.push_back(THPVariable_Unpack(t.ptr()));
+  }
+  for (py::handle t : module.attr("buffers")()) out.buffers.push_back(THPVariable_Unpack(t.ptr()));
+  return out;
 }
 
 }  // namespace grape

@@ -152,3 +152,9 @@ def test_a_capture_reads_the_parameters_and_buffers_that_the_module_gives():
     assert [id(p) for p in parameters] == [id(p) for p in m.parameters()]
     assert [id(b) for b in buffers] == [id(b) for b in m.buffers()]
     assert len(parameters) == 5 and len(buffers) == 3
+    # A ScriptModule keeps its tensors in wrappers, not dicts: asked through its methods.
+    scripted = torch.jit.script(torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.BatchNorm1d(2)))
+    parameters, buffers = _C._module_tensors(scripted)
+    assert [p.data_ptr() for p in parameters] == [p.data_ptr() for p in scripted.parameters()]
+    assert [b.data_ptr() for b in buffers] == [b.data_ptr() for b in scripted.buffers()]
+    assert len(parameters) == 4 and len(buffers) == 3
