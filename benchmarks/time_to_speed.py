@@ -34,7 +34,8 @@ with the prompt, then the longer prompt's):
                           2 over eager's): every mode but eager
   grape:  captures_per_call (chain variants included), replays_per_call, warmup_calls_per_call,
           eager_calls_per_call (changes of grape.stats' counters in each call);
-          longer_prompt_captures; breakdown_ms_per_call: {"warmup", "capture", of the capture time
+          longer_prompt_captures; signatures_with_variants (those captured more than once);
+          breakdown_ms_per_call: {"warmup", "capture", of the capture time
           "graph_read", "join", "instantiate" (also rebuilds after eviction) and "chain_variant",
           "patch"} (grape.stats' <name>_seconds, in ms); graphs and fallbacks at the end
   static_compile:  compiles_per_call (graphs torch.compile compiled in each call), compiled_by_hf
@@ -78,6 +79,7 @@ BREAKDOWN = ("warmup_seconds", "capture_seconds", "graph_read_seconds", "join_se
 MODEL_NAMES = {"gpt2": ("gpt2-small", "gpt2-tiny"),  # (full, --tiny)
                "tinyllama": ("tinyllama-1.1b-shape", "llama-tiny")}
 STEADY_CALLS = 3  # steady_ms: the median of the last calls with the prompt
+SIGNATURE_CHARS = 160  # of a signature with chain variants, as recorded
 NEEDS = ("time_to_speed needs a CUDA device (--device cpu --tiny checks the script itself, "
          "without one)")
 
@@ -204,6 +206,10 @@ def run_mode(mode: str, base, case: dict) -> dict:
     if mode == "grape":
         result.update(**grape_figures(changes, calls),
                       **harness.grape_stats(model, ("graphs", "fallbacks")))
+        # Which signatures were captured more than once (their signatures, cut short).
+        result["signatures_with_variants"] = [
+            e["signature"][:SIGNATURE_CHARS] for e in grape.stats(model)["entries"]
+            if e.get("chain_variants")]
     else:
         result["calls_to_steady"] = harness.steady_by_time(result["calls_ms"])
     if mode == "static_compile":

@@ -119,7 +119,7 @@ TABLE: list[tuple[tuple[str, ...], str]] = [
     (('fallbacks',),
      'list of `{"signature", "kind", "reason", "call_site"}`, one per reported fallback; `kind` names the reason\'s kind (`host_sync`, `pageable_copy`, `cpu_tensor`, `out_of_memory`, `unsupported_argument`, `results`, `capture_error`, `instantiation`, `other_rank`, `replay_refused`, `no_cuda`)'),
     (('entries',),
-     'per signature: `{"signature", "state": "warmup" | "graph" | "eager", "kind", "reason", "replays", "seconds"}`; `seconds` is what the signature cost on its way to replays: `warmup`, `capture` (every try, failed ones and chain variants included), and of it `read`, `join`, `instantiate` and `variants`'),
+     'per signature: `{"signature", "state": "warmup" | "graph" | "eager", "kind", "reason", "replays", "chain_variants", "seconds"}` (`chain_variants`: the signature\'s variants held); `seconds` is what the signature cost on its way to replays: `warmup`, `capture` (every try, failed ones and chain variants included), and of it `read`, `join`, `instantiate` and `variants`'),
 ]
 
 KEYS: tuple[str, ...] = tuple(key for keys, _ in TABLE for key in keys)

@@ -446,6 +446,7 @@ py::list Runtime::entries() const {
     d["reason"] = e.fallback.text;
     d["kind"] = core::reason_kind_name(e.fallback.kind);
     d["replays"] = e.replays;
+    d["chain_variants"] = e.chain_variants.size();
     const Entry::Costs& c = e.costs;
     d["seconds"] = py::dict(py::arg("warmup") = c.warmup_ns * 1e-9,
                             py::arg("capture") = c.capture_ns * 1e-9,
