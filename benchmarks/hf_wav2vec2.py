@@ -24,8 +24,9 @@ count, and T // 4 label ids in 1..31 (0 is the CTC blank), so lengths are functi
 
 Timing: every mode runs the same epochs (passes over every batch, in the same order). grape warms
 up on its first call and captures every other shape at its first call, so epoch 1 holds the
-captures of every shape (grape_warmup_each warms up each shape first: its epoch 1 is warm-ups,
-its epoch 2 captures). Reported: `first_epoch_s` and `second_epoch_s` (wall
+captures of every shape; but with cudnn.benchmark (on by default here) a new shape's autotuning
+fails its first capture, and after two such failures grape warms up each new shape first, as
+grape_warmup_each does from the start: then epoch 1 is warm-ups and epoch 2 captures. Reported: `first_epoch_s` and `second_epoch_s` (wall
 time; the cost of reaching the steady state is in these two, `first_two_epochs_s`), then --reps
 more epochs, each timed: `ms_per_step` = median epoch time / batches, the steady state (every
 shape captured, as in later epochs of a training run); `speedup_vs_eager` is eager's over the
