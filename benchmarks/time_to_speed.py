@@ -35,6 +35,9 @@ with the prompt, then the longer prompt's):
   grape:  captures_per_call (chain variants included), replays_per_call, warmup_calls_per_call,
           eager_calls_per_call (changes of grape.stats' counters in each call);
           longer_prompt_captures; signatures_with_variants (those captured more than once);
+          capture_ms_median (a signature's capture, every try and its join, the median over
+          signatures) and capture_vs_eager_forward (over one eager forward: eager's steady call
+          over its forwards);
           breakdown_ms_per_call: {"warmup", "capture", of the capture time
           "graph_read", "join", "instantiate" (also rebuilds after eviction) and "chain_variant",
           "patch"} (grape.stats' <name>_seconds, in ms); graphs and fallbacks at the end
@@ -177,6 +180,14 @@ def grape_figures(changes: Sequence[dict], calls: int) -> dict:
     return figures
 
 
+def capture_ms_median(entries: Sequence[dict]) -> float | None:
+    """The median over signatures of what capturing one cost (every try, joining included;
+    chain variants left out), from grape.stats' entries; None where none was captured."""
+    costs = [(e["seconds"]["capture"] - e["seconds"]["variants"]) * 1e3 for e in entries
+             if e.get("state") == "graph"]
+    return statistics.median(costs) if costs else None
+
+
 def against_eager(mode_ms: Sequence[float], eager_ms: Sequence[float],
                   eager_steady_ms: float) -> dict:
     """A mode's calls with the prompt against eager's (calls_ms of each, and eager's steady_ms)."""
@@ -206,10 +217,11 @@ def run_mode(mode: str, base, case: dict) -> dict:
     if mode == "grape":
         result.update(**grape_figures(changes, calls),
                       **harness.grape_stats(model, ("graphs", "fallbacks")))
+        entries = grape.stats(model)["entries"]
         # Which signatures were captured more than once (their signatures, cut short).
         result["signatures_with_variants"] = [
-            e["signature"][:SIGNATURE_CHARS] for e in grape.stats(model)["entries"]
-            if e.get("chain_variants")]
+            e["signature"][:SIGNATURE_CHARS] for e in entries if e.get("chain_variants")]
+        result["capture_ms_median"] = capture_ms_median(entries)
     else:
         result["calls_to_steady"] = harness.steady_by_time(result["calls_ms"])
     if mode == "static_compile":
@@ -239,6 +251,10 @@ def run_case(base, model: str, name: str, batch: int, calls: int, new_tokens: in
         if mode != "eager" and eager_ms and result.get("calls_ms"):
             result.update(against_eager(result["calls_ms"], eager_ms,
                                         results["eager"]["steady_ms"]))
+            if result.get("capture_ms_median") is not None:
+                # One eager forward: a generate call runs one per new token (the prompt's first).
+                forward_ms = results["eager"]["steady_ms"] / case["kwargs"]["max_new_tokens"]
+                result["capture_vs_eager_forward"] = result["capture_ms_median"] / forward_ms
     config = {"model": model, "dtype": str(base.dtype).removeprefix("torch."),
               "layers": base.config.num_hidden_layers, "hidden": base.config.hidden_size,
               "batch": batch, "prompt": PROMPT, "longer_prompt": LONGER_PROMPT,

@@ -132,3 +132,13 @@ def test_the_script_runs_on_the_cpu_and_writes_every_figure(tmp_path):
 def test_without_cuda_the_script_says_so():
     with pytest.raises(SystemExit, match="needs a CUDA device"):
         tts.main(["--tiny", "--quick"])
+
+
+def test_a_captures_cost_is_the_median_over_captured_signatures_without_their_variants():
+    def entry(state, capture, variants=0.0):
+        return {"state": state, "seconds": {"capture": capture, "variants": variants}}
+
+    entries = [entry("graph", 0.010), entry("graph", 0.030, variants=0.010), entry("graph", 0.012),
+               entry("eager", 0.5), entry("warmup", 0.0)]
+    assert tts.capture_ms_median(entries) == pytest.approx(12.0)
+    assert tts.capture_ms_median([entry("warmup", 0.0)]) is None
