@@ -22,6 +22,8 @@ TABLE: list[tuple[tuple[str, ...], str]] = [
      'eager calls of the warm-up phase, and calls whose capture at first sight failed'),
     (('warmup_each_signature',),
      "whether each new signature warms up before its capture: the option, or true once two captures at first sight failed"),
+    (('first_sight_failures',),
+     'captures at first sight that failed and were mended by a warm-up (at two, each new signature warms up first)'),
     (('eager_calls',),
      'calls of fallen-back signatures, refused replays, and calls without CUDA'),
     (('recaptures',),

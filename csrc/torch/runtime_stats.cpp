@@ -65,6 +65,7 @@ py::dict Runtime::stats() {
   d["pinned_host_constants"] = pinning;
   d["last_recapture_reason"] = none_if_empty(last_recapture_reason_);
   d["warmup_each_signature"] = warmup_.each_signature;
+  d["first_sight_failures"] = warmup_.first_sight_failures;
   d["memory_budget"] = none_if_negative(budget_.bytes());
   cuda::ExecutableStats ex;
   std::string unshareable_reason;

@@ -58,6 +58,16 @@ def test_a_first_sight_capture_that_fails_warms_that_shape_up_and_captures_it_ne
     # 16 rows: the capture at first sight fails, that call is its warm-up, the next captures.
     assert s["capture_failures"] == 1 and s["warmup_calls"] == 2
     assert s["captures"] == 2 and s["replays"] == 3 and not s["fallbacks"]
+    assert s["first_sight_failures"] == 1 and not s["warmup_each_signature"]
+    # A second such failure: from then on each new shape warms up before its capture, and none
+    # fails again.
+    for rows in (24, 24, 32, 32, 32):
+        x = torch.ones(rows, 64, device=DEV) * rows
+        torch.testing.assert_close(step(x), fn(x), rtol=0, atol=0)
+    s = grape.stats(step)
+    assert s["first_sight_failures"] == 2 and s["warmup_each_signature"]
+    assert s["capture_failures"] == 2 and s["warmup_calls"] == 4 and not s["fallbacks"]
+    assert s["captures"] == 4 and s["replays"] == 6
 
 
 def test_static_shape_replays_match_eager():
