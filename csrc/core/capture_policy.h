@@ -82,7 +82,9 @@ AfterFailure after_failed_capture(const WarmupPolicy& policy, int signature_warm
 // can change once (the prompt's, captured a call after its warm-up): the inputs it now produces
 // elsewhere are copied into the placeholders instead, rather than every signature being captured
 // twice. So a variant is made only where no other graph reads this signature's outputs in place,
-// or where the signature's call follows its own previous call: a loop over one shape whose outputs feed its next call (a decode step over a
+// where its graph could not take the call otherwise (a site buffer it would copy into is held by
+// another tensor, and its replay would be refused), or where the signature's call follows its
+// own previous call: a loop over one shape whose outputs feed its next call (a decode step over a
 // static cache), which settles on two variants that feed each other (each lays out its output
 // around the other's input). At most kMaxChainVariants per signature; none under
 // torch.distributed, where a capture one rank alone takes would leave the ranks' capture points
