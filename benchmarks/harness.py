@@ -249,25 +249,29 @@ def time_to_steady(seconds: Sequence[float], steady_at: int | None) -> dict:
     return {"time_to_steady_s": sum(seconds[:before]), "calls_to_steady": steady_at}
 
 
-class GrapeCounters:
-    """The change of grape.stats(fn)'s steadiness counters since the last read: read it after
-    each call to know whether that call ran steady."""
+class Counters:
+    """How much each value of `read()` (a dict of numbers) changed since the last change() (or
+    since construction): read it after each call or epoch."""
 
-    def __init__(self, fn):
-        self.fn = fn
-        self.last = self._read()
-
-    def _read(self) -> dict:
-        import grape
-
-        s = grape.stats(self.fn)
-        return {key: s.get(key, 0) for key in UNSTEADY_COUNTERS}
+    def __init__(self, read: Callable[[], dict]):
+        self.read = read
+        self.last = read()
 
     def change(self) -> dict:
-        now = self._read()
-        change = {key: now[key] - self.last[key] for key in now}
+        now = self.read()
+        change = {key: value - self.last.get(key, 0) for key, value in now.items()}
         self.last = now
         return change
+
+
+class GrapeCounters(Counters):
+    """Counters of grape.stats(fn)'s `keys` (0 where the running build lacks one); by default
+    those that tell whether a call ran steady."""
+
+    def __init__(self, fn, keys: Sequence[str] = UNSTEADY_COUNTERS):
+        import grape
+
+        super().__init__(lambda: {key: grape.stats(fn).get(key, 0) for key in keys})
 
 
 def error_text(e: Exception) -> str:

@@ -341,28 +341,19 @@ def choose_ctc(requested: str, device) -> tuple[str, str | None]:
 COUNTERS = ("warmup_calls", "captures", "replays", "eager_calls")
 
 
-def counters(compiled) -> dict:
-    s = grape.stats(compiled)
-    return {k: s.get(k, 0) for k in COUNTERS}
-
-
-def delta(after: dict, before: dict) -> dict:
-    return {k: after[k] - before[k] for k in after}
-
-
 def measure(mode: str, step, compiled, epoch, n_batches: int, reps: int, desc: str,
             allocated0: int) -> dict:
     """Runs epoch(step, index, desc) SETTLE_EPOCHS times (each timed, wall), then `reps` times
     (each timed with CUDA events: the steady state). PyTorch's peak allocated memory over each
     part; grape's counters over each settling epoch and over the steady part."""
     r = {"epochs_s": []}
+    counters = harness.GrapeCounters(compiled, COUNTERS) if compiled is not None else None
     for index in range(SETTLE_EPOCHS):
-        before = counters(compiled) if compiled is not None else None
         _, seconds = harness.timed(lambda: epoch(step, index, f"{desc} epoch {index + 1}"))
         r["epochs_s"].append(seconds)
         note = ""
         if compiled is not None:
-            r.setdefault("epoch_counters", []).append(delta(counters(compiled), before))
+            r.setdefault("epoch_counters", []).append(counters.change())
             c = r["epoch_counters"][-1]
             note = f" ({c['warmup_calls']} warm-ups, {c['captures']} captures, {c['replays']} replays)"
         print(f"    {mode}: epoch {index + 1}: {seconds:.1f} s{note}", flush=True)
@@ -371,7 +362,6 @@ def measure(mode: str, step, compiled, epoch, n_batches: int, reps: int, desc: s
     r["first_two_epochs_s"] = sum(r["epochs_s"][:2])
     r["first_epochs_peak_allocated_bytes"] = torch.cuda.max_memory_allocated() - allocated0
     torch.cuda.reset_peak_memory_stats()
-    before = counters(compiled) if compiled is not None else None
     count = itertools.count(SETTLE_EPOCHS)
 
     host_ms = []
@@ -387,7 +377,7 @@ def measure(mode: str, step, compiled, epoch, n_batches: int, reps: int, desc: s
     r["host_ms_per_step"] = harness.median(host_ms) / n_batches
     r["peak_allocated_bytes"] = torch.cuda.max_memory_allocated() - allocated0
     if compiled is not None:
-        r["steady_counters"] = delta(counters(compiled), before)
+        r["steady_counters"] = counters.change()
         # Every call of the timed epochs a replay: no warm-up, capture or eager call.
         r["steady_state"] = all(r["steady_counters"][k] == 0
                                 for k in ("warmup_calls", "captures", "eager_calls"))
@@ -399,8 +389,9 @@ def measure(mode: str, step, compiled, epoch, n_batches: int, reps: int, desc: s
     steady_at = (harness.steady_by_counters(r["epoch_counters"] + [r["steady_counters"]])
                  if compiled is not None
                  else harness.steady_by_time(seconds, steady=harness.median(times) / 1e3))
-    steady = harness.time_to_steady(seconds, steady_at)
-    r["time_to_steady_s"], r["epochs_to_steady"] = steady["time_to_steady_s"], steady["calls_to_steady"]
+    reached = harness.time_to_steady(seconds, steady_at)
+    r["time_to_steady_s"] = reached["time_to_steady_s"]
+    r["epochs_to_steady"] = reached["calls_to_steady"]
     print(f"    {mode}: steady {r['ms_per_step']:.2f} ms/step, host {r['host_ms_per_step']:.2f} (epochs "
           f"{', '.join(f'{t / 1e3:.1f}' for t in times)} s)", flush=True)
     return r

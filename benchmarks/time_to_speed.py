@@ -75,7 +75,7 @@ MODES = ["eager", "static_compile", "grape"]
 CASES = {"gpt2-b1": ("gpt2", 1), "gpt2-b8": ("gpt2", 8), "tinyllama-b1": ("tinyllama", 1)}
 QUICK_CASES = "gpt2-b1"
 PROMPT, LONGER_PROMPT, LONGER_CALLS = 8, 32, 2
-# grape.stats counters and times (seconds) read around each call; .get: older builds lack some.
+# grape.stats counters and times (seconds) read around each call.
 COUNTERS = ("captures", "replays", "warmup_calls", "eager_calls")
 BREAKDOWN = ("warmup_seconds", "capture_seconds", "graph_read_seconds", "join_seconds",
              "instantiate_seconds", "chain_variant_seconds", "patch_seconds")
@@ -122,35 +122,23 @@ def prompts(vocab_size: int, batch: int, calls: int, device: str) -> list[tuple]
             + [(longer, torch.ones_like(longer))] * LONGER_CALLS)
 
 
-def timed_calls(model, inputs: Sequence[tuple], kwargs: dict, counters: Callable[[], dict],
+def timed_calls(model, inputs: Sequence[tuple], kwargs: dict, counters: harness.Counters,
                 desc: str) -> tuple[list[float], list, list[dict]]:
     """model.generate once per (ids, mask) of `inputs`: each call's wall ms, its tokens, and how
-    much each value of `counters()` (read before and after each call) changed in it."""
+    much each of `counters` changed in it."""
     ms, outputs, changes = [], [], []
-    before = counters()
     for ids, mask in harness.progress(inputs, desc):
         tokens, seconds = harness.timed(lambda: model.generate(ids, attention_mask=mask, **kwargs))
-        after = counters()
         ms.append(seconds * 1e3)
         outputs.append(tokens)
-        changes.append({key: value - before.get(key, 0) for key, value in after.items()})
-        before = after
+        changes.append(counters.change())
     return ms, outputs, changes
-
-
-def no_counters() -> dict:
-    return {}
 
 
 def dynamo_graphs() -> dict:
     from torch._dynamo.utils import counters
 
     return {"compiles": counters["stats"]["unique_graphs"]}
-
-
-def grape_counters(model) -> dict:
-    stats = grape.stats(model)
-    return {key: stats.get(key, 0) for key in COUNTERS + BREAKDOWN}
 
 
 # Pure helpers, from the per-call figures (tests/python/test_time_to_speed.py).
@@ -204,13 +192,14 @@ def calls_equal(outputs: Sequence, reference: Sequence) -> dict:
 
 
 def run_mode(mode: str, base, case: dict) -> dict:
-    model, kwargs, counters = copy.deepcopy(base), case["kwargs"], no_counters
+    model, kwargs, counters = copy.deepcopy(base), case["kwargs"], harness.Counters(dict)
     if mode == "static_compile":
         torch._dynamo.reset()
-        kwargs, counters = dict(kwargs, cache_implementation="static"), dynamo_graphs
+        kwargs = dict(kwargs, cache_implementation="static")
+        counters = harness.Counters(dynamo_graphs)
     elif mode == "grape":
         model = grape.compile(model)
-        counters = lambda: grape_counters(model)  # noqa: E731
+        counters = harness.GrapeCounters(model, COUNTERS + BREAKDOWN)
     ms, outputs, changes = timed_calls(model, case["inputs"], kwargs, counters, mode)
     calls = case["calls"]
     result = {**call_times(ms, calls, kwargs["max_new_tokens"]), "outputs": outputs}
@@ -241,7 +230,7 @@ def run_case(base, model: str, name: str, batch: int, calls: int, new_tokens: in
         if path == "grape":
             grape.compile(throwaway)
         warmup[path], _, _ = timed_calls(throwaway, [inputs[0], inputs[-1]], case["kwargs"],
-                                         no_counters, f"process warm-up ({path})")
+                                         harness.Counters(dict), f"process warm-up ({path})")
         del throwaway
         harness.clear_memory()
     results = harness.run_modes(modes, lambda mode: run_mode(mode, base, case))

@@ -34,6 +34,11 @@ bool is_chainable(const GraphPool& pool, const FlatCall& flat, size_t i) {
   return is_sole_whole_input(flat, i);
 }
 
+// Whether input `t` is where `ph` reads it, whole: nothing to copy.
+bool in_place(const at::Tensor& t, const CapturedGraph::Placeholder& ph) {
+  return t.data_ptr() == ph.ptr && is_whole_storage(t, ph.bytes);
+}
+
 }  // namespace
 
 bool Runtime::can_alias(const FlatCall& flat, size_t i,
@@ -49,9 +54,7 @@ bool Runtime::can_alias(const FlatCall& flat, size_t i,
 bool Runtime::site_buffer_held(const CapturedGraph& g, const FlatCall& flat) const {
   for (size_t i = 0; i < flat.tensors.size(); ++i) {
     const auto& ph = g.placeholders[i];
-    const at::Tensor& t = flat.tensors[i];
-    const bool in_place = t.data_ptr() == ph.ptr && is_whole_storage(t, ph.bytes);
-    if (ph.buffer && !in_place && ph.buffer->in_use.load()) return true;
+    if (ph.buffer && !in_place(flat.tensors[i], ph) && ph.buffer->in_use.load()) return true;
   }
   return false;
 }
@@ -82,9 +85,8 @@ void Runtime::learn_sites(const FlatCall& flat, bool warm_up) {
 
 bool Runtime::fits(const CapturedGraph& g, const FlatCall& flat) const {
   for (size_t i = 0; i < flat.tensors.size(); ++i) {
-    const at::Tensor& t = flat.tensors[i];
     const auto& ph = g.placeholders[i];
-    if (t.data_ptr() == ph.ptr && is_whole_storage(t, ph.bytes)) continue;  // in place
+    if (in_place(flat.tensors[i], ph)) continue;
     if (ph.chained || ph.buffer || can_alias(flat, i, nullptr)) return false;
   }
   return true;

@@ -448,11 +448,12 @@ py::list Runtime::entries() const {
     d["replays"] = e.replays;
     d["chain_variants"] = e.chain_variants.size();
     const Entry::Costs& c = e.costs;
-    d["seconds"] = py::dict(py::arg("warmup") = c.warmup_ns * 1e-9,
-                            py::arg("capture") = c.capture_ns * 1e-9,
-                            py::arg("read") = c.read_ns * 1e-9, py::arg("join") = c.join_ns * 1e-9,
-                            py::arg("instantiate") = c.instantiate_ns * 1e-9,
-                            py::arg("variants") = c.variant_ns * 1e-9);
+    d["seconds"] = py::dict(
+        py::arg("warmup") = core::seconds(c.warmup_ns),
+        py::arg("capture") = core::seconds(c.capture_ns),
+        py::arg("read") = core::seconds(c.read_ns), py::arg("join") = core::seconds(c.join_ns),
+        py::arg("instantiate") = core::seconds(c.instantiate_ns),
+        py::arg("variants") = core::seconds(c.variant_ns));
     list.append(d);
   }
   return list;

@@ -3,6 +3,7 @@
 #include "torch/runtime.h"
 
 #include "core/alias_sites.h"
+#include "core/clock.h"
 #include "cuda/executable_stats.h"
 
 #ifdef GRAPE_WITH_CUDA
@@ -40,11 +41,11 @@ py::dict Runtime::stats() {
   d["eager_calls"] = stats_.eager_calls;
   d["recaptures"] = stats_.recaptures;
   d["capture_failures"] = stats_.capture_failures;
-  d["capture_seconds"] = static_cast<double>(stats_.capture_ns) * 1e-9;
-  d["warmup_seconds"] = static_cast<double>(stats_.warmup_ns) * 1e-9;
-  d["chain_variant_seconds"] = static_cast<double>(stats_.chain_variant_ns) * 1e-9;
-  d["replay_seconds"] = static_cast<double>(stats_.replay_ns) * 1e-9;
-  d["launch_seconds"] = static_cast<double>(stats_.launch_ns) * 1e-9;
+  d["capture_seconds"] = core::seconds(stats_.capture_ns);
+  d["warmup_seconds"] = core::seconds(stats_.warmup_ns);
+  d["chain_variant_seconds"] = core::seconds(stats_.chain_variant_ns);
+  d["replay_seconds"] = core::seconds(stats_.replay_ns);
+  d["launch_seconds"] = core::seconds(stats_.launch_ns);
   d["bytes_copied_in"] = stats_.bytes_copied_in;
   d["bytes_copied_back"] = stats_.bytes_copied_back;
   d["bytes_evacuated"] = stats_.bytes_evacuated;
@@ -103,10 +104,10 @@ py::dict Runtime::stats() {
   d["patches_ahead"] = ex.patches_ahead;
   d["nodes_patched"] = ex.nodes_patched;
   d["kernels_swapped"] = ex.kernels_swapped;
-  d["patch_seconds"] = static_cast<double>(ex.patch_ns) * 1e-9;
-  d["graph_read_seconds"] = static_cast<double>(ex.read_ns) * 1e-9;
-  d["join_seconds"] = static_cast<double>(ex.join_ns) * 1e-9;
-  d["instantiate_seconds"] = static_cast<double>(ex.instantiate_ns) * 1e-9;
+  d["patch_seconds"] = core::seconds(ex.patch_ns);
+  d["graph_read_seconds"] = core::seconds(ex.read_ns);
+  d["join_seconds"] = core::seconds(ex.join_ns);
+  d["instantiate_seconds"] = core::seconds(ex.instantiate_ns);
   d["params_bytes"] = static_cast<int64_t>(ex.params_bytes);
   d["params_raw_bytes"] = static_cast<int64_t>(ex.params_raw_bytes);
   d["input_sites"] = sites.sites;

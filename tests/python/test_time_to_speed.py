@@ -82,8 +82,8 @@ def test_timed_calls_time_each_call_and_count_what_changed_in_it():
     model = Model()
     ids = torch.zeros(1, 3, dtype=torch.long)
     inputs = [(ids, torch.ones_like(ids))] * 3
-    ms, outputs, changes = tts.timed_calls(model, inputs, {"max_new_tokens": 2},
-                                           lambda: {"calls": model.calls * 2}, "test")
+    counters = harness.Counters(lambda: {"calls": model.calls * 2})
+    ms, outputs, changes = tts.timed_calls(model, inputs, {"max_new_tokens": 2}, counters, "test")
     assert len(ms) == 3 and all(m >= 0 for m in ms)
     assert [int(o[0, 0]) for o in outputs] == [1, 2, 3]
     assert changes == [{"calls": 2}] * 3
