@@ -88,6 +88,56 @@ def parse(parser: argparse.ArgumentParser, argv, modes: list[str], needs: str | 
     return args, chosen
 
 
+def skip_unpadded_masks_while_capturing() -> list[str]:
+    """Makes transformers skip the attention mask of an unpadded batch under stream capture too,
+    as it does in eager calls; returns the names of the mask rules it changed.
+
+    Releases up to at least 5.17 ask `is_tracing(padding_mask)` before skipping a mask, and a
+    stream capture counts as tracing, so a captured forward builds a dense mask where eager
+    builds none. SDPA then runs another kernel (for a bidirectional mask, the float32 math one),
+    with another peak memory, time and rounding than the eager step. Later releases skip the
+    mask whenever there is no padding mask; this applies that rule to the installed one, for
+    the causal and the bidirectional mask, where the call carries no tensor (a padding mask or a
+    tensor offset is read, which a capture cannot)."""
+    try:
+        import transformers.masking_utils as masking
+    except ImportError:
+        return []
+    tracing = getattr(masking, "is_tracing", None)
+    if tracing is None:
+        return []
+
+    def with_tracing(value, fn, *args, **kwargs):
+        masking.is_tracing = lambda *a, **k: value
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            masking.is_tracing = tracing
+
+    changed = []
+    # Each rule with arguments of an unpadded batch of 16 tokens.
+    for name, unpadded in (("_ignore_bidirectional_mask_sdpa", (None, 16)),
+                           ("_ignore_causal_mask_sdpa", (None, 16, 16))):
+        original = getattr(masking, name, None)
+        if original is None:
+            continue
+        try:
+            if with_tracing(True, original, *unpadded):
+                continue  # the installed release skips it already
+        except TypeError:
+            continue  # another signature than these releases': left as it is
+
+        def ignore_mask(padding_mask, *args, _original=original, **kwargs):
+            if padding_mask is not None or any(isinstance(a, torch.Tensor)
+                                               for a in (*args, *kwargs.values())):
+                return _original(padding_mask, *args, **kwargs)
+            return with_tracing(False, _original, padding_mask, *args, **kwargs)
+
+        setattr(masking, name, ignore_mask)
+        changed.append(name)
+    return changed
+
+
 def clear_memory() -> None:
     gc.collect()
     if torch.cuda.is_available():

@@ -47,7 +47,7 @@ with numpy on the host, which a graph would freeze), layerdrop=0.0 (it branches 
 value), every dropout 0 (hidden, activation, attention, feat_proj, final) so that eager and grape
 losses can be compared step by step; feat_extract_norm="group" (the base default). Batches carry no
 attention mask, and transformers releases that build an all-true one under stream capture (5.17)
-are made to skip it there as eager calls do (skip_the_unpadded_mask_while_capturing): otherwise
+are made to skip it there as eager calls do (harness.skip_unpadded_masks_while_capturing): otherwise
 the graphs would run SDPA's float32 math kernel where eager runs a fused one.
 
 Training step (`make_train_step`, compiled as a whole by grape): forward under autocast fp16
@@ -173,44 +173,6 @@ def build_config(tiny: bool):
         hidden_dropout=0.0, activation_dropout=0.0, attention_dropout=0.0, feat_proj_dropout=0.0,
         final_dropout=0.0, feat_extract_norm="group",
         **(small if tiny else {}))  # the defaults are wav2vec2-base: 12 layers, hidden 768
-
-
-def skip_the_unpadded_mask_while_capturing() -> bool:
-    """Makes transformers skip the attention mask of an unpadded batch under stream capture too,
-    as it does in eager calls; returns whether the installed release needed it.
-
-    Releases up to at least 5.17 ask `is_tracing(padding_mask)` before skipping the mask, and a
-    stream capture counts as tracing, so a captured forward builds a dense all-true mask with no
-    padding mask at all. SDPA's fused kernels refuse it (its last stride is 0) and the math kernel
-    runs in float32: a captured wav2vec2-base training step then held more memory at its peak
-    than the eager step, and spent more time. Later releases skip the mask
-    whenever there is no padding mask; this applies that rule to the installed one."""
-    try:
-        import transformers.masking_utils as masking
-    except ImportError:
-        return False
-    original = getattr(masking, "_ignore_bidirectional_mask_sdpa", None)
-    tracing = getattr(masking, "is_tracing", None)
-    if original is None or tracing is None:
-        return False
-
-    def with_tracing(value, fn, *args, **kwargs):
-        masking.is_tracing = lambda *a, **k: value
-        try:
-            return fn(*args, **kwargs)
-        finally:
-            masking.is_tracing = tracing
-
-    if with_tracing(True, original, None, 16):
-        return False  # the installed release skips it already
-
-    def ignore_mask(padding_mask, *args, **kwargs):
-        if padding_mask is not None:  # its contents decide, which a capture cannot read
-            return original(padding_mask, *args, **kwargs)
-        return with_tracing(False, original, padding_mask, *args, **kwargs)
-
-    masking._ignore_bidirectional_mask_sdpa = ignore_mask
-    return True
 
 
 def build_model(tiny: bool):
@@ -621,7 +583,7 @@ def main(argv=None):
     warnings.simplefilter("ignore", grape.FallbackWarning)  # they are in the JSON
     torch.backends.cudnn.benchmark = args.cudnn_benchmark
 
-    mask_rule_applied = skip_the_unpadded_mask_while_capturing()
+    mask_rules = harness.skip_unpadded_masks_while_capturing()
     base = build_model(args.tiny)
     data = build_dataset(base.config, args.batches, args.quantum, DEVICE)
     ctc, ctc_note = choose_ctc(args.ctc, DEVICE)
@@ -632,7 +594,7 @@ def main(argv=None):
               "vocab": VOCAB, "attn_implementation": base.config._attn_implementation,
               **dataset_config(data, args.quantum), "epochs": SETTLE_EPOCHS + args.reps,
               "steady_epochs": args.reps, "cudnn_benchmark": args.cudnn_benchmark,
-              "unpadded_mask_skipped_while_capturing": mask_rule_applied}
+              "unpadded_mask_skipped_while_capturing": "_ignore_bidirectional_mask_sdpa" in mask_rules}
     print(f"{common['model']}: {args.batches} batches of {BATCH}, {common['distinct_shapes']} "
           f"distinct padded lengths ({common['padded_samples'][0]}..{common['padded_samples'][1]} "
           f"samples), {SETTLE_EPOCHS + args.reps} epochs per mode", flush=True)

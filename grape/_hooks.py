@@ -156,3 +156,6 @@ class RuntimeHooks:
 
     def hyperparameters(self, optimizers) -> list:
         return _training.hyperparameters(optimizers)
+
+    def device_settings(self) -> _training.DeviceSettings:
+        return _training.DeviceSettings()

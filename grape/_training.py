@@ -1,5 +1,6 @@
 """Training steps under grape.compile: the optimizers a compiled function steps, the parameters
-whose gradients its graphs produce, and the hyperparameters baked into its graphs.
+whose gradients its graphs produce, the hyperparameters baked into its graphs, and the ones its
+graphs read from device memory (Note [Device settings]).
 
 The runtime (csrc/torch/training.cpp) calls into this module only on warm-up and capture calls;
 see Note [Gradients of a captured step] and docs/design.md, "Training steps".
@@ -7,14 +8,17 @@ see Note [Gradients of a captured step] and docs/design.md, "Training steps".
 
 from __future__ import annotations
 
+import numbers
 import weakref
+from typing import Optional
 
 import torch
 from torch.optim.optimizer import register_optimizer_step_pre_hook
 
 from grape._predicate import _capturing
 
-__all__ = ["StepWatch", "hyperparameters", "leaves_of", "prepare_backward", "state_tensors"]
+__all__ = ["DeviceSetting", "DeviceSettings", "DeviceSettingsSwap", "StepWatch", "device_keys",
+           "hyperparameters", "leaves_of", "prepare_backward", "state_tensors"]
 
 
 def _make_capturable(optimizer: torch.optim.Optimizer) -> None:
@@ -91,10 +95,10 @@ def leaves_of(arguments, optimizers, parameters) -> list[torch.Tensor]:
 
 
 def hyperparameters(optimizers) -> list[tuple]:
-    """What a graph of an optimizer's step bakes in from Python: for every param group, each
-    setting that is not a tensor (a tensor setting, such as ``lr=torch.tensor(...)`` on the
-    device, is read by the kernels, so only its identity matters). A replay whose settings
-    differ (a learning-rate scheduler changed a float ``lr``) must capture again."""
+    """What a graph of an optimizer's step bakes in from Python: (param group, key, value) for
+    each setting of every param group. A setting given as a CUDA tensor is read by the kernels,
+    so only its identity matters; a float one that changes (a scheduler's ``lr``) needs another
+    capture, unless the graph reads it from device memory (Note [Device settings])."""
     settings = []
     for optimizer in optimizers:
         for group in optimizer.param_groups:
@@ -102,6 +106,162 @@ def hyperparameters(optimizers) -> list[tuple]:
                 if key != "params":
                     settings.append((group, key, value))
     return settings
+
+
+def _same_setting(now, then) -> bool:
+    # A tensor setting is read by the kernels: only its identity matters (and == would sync).
+    if now is then:
+        return True
+    if isinstance(now, torch.Tensor) or isinstance(then, torch.Tensor):
+        return False
+    return bool(now == then)
+
+
+# Note [Device settings]
+# ~~~~~~~~~~~~~~~~~~~~~~
+# A learning-rate scheduler changes group["lr"] before every step. A graph bakes a Python float
+# into its kernels' arguments, so each new value would need a capture. Some optimizers read a
+# setting from device memory when it is a CUDA tensor (Adam and AdamW with capturable or fused
+# groups, fused SGD: their lr), so for those grape keeps one float32 tensor per (param group,
+# setting) and
+# - during a capture, puts the tensor in the param group in place of the float, and puts the
+#   float back when the capture ends: the user's param_group always holds what they wrote, and
+#   schedulers, logging and state_dict see floats;
+# - before each replay, writes the group's current float into the tensor, on the replay's stream,
+#   when it differs from what was written last. Every graph of the function shares the tensor, so
+#   that is one small fill per scheduler step.
+# The float32 tensor rounds as the kernels round a float argument, so results equal eager's with
+# a float setting where the optimizer computes nothing from the setting on the host.
+# Settings an optimizer reads on the host (Adam's betas, SGD's momentum: torch converts a tensor
+# to a Python number there, a sync that no capture allows) stay baked in: a change captures again,
+# with its reason. So does a function that changes a setting itself (a scheduler stepped inside
+# the compiled function): its replays would not, so the capture is refused.
+
+
+def _is_number(value) -> bool:
+    return isinstance(value, numbers.Real) and not isinstance(value, bool)
+
+
+def device_keys(optimizer: torch.optim.Optimizer, group: dict) -> tuple[str, ...]:
+    """The settings of ``group`` that ``optimizer.step()`` reads from device memory when they are
+    CUDA tensors, without a host synchronization (checked against torch's implementations of
+    exactly these classes; a subclass may read them differently)."""
+    kind = type(optimizer)
+    if kind in (torch.optim.Adam, torch.optim.AdamW):
+        return ("lr",) if group.get("capturable") or group.get("fused") else ()
+    if kind is torch.optim.SGD:
+        return ("lr",) if group.get("fused") else ()
+    return ()
+
+
+def _device_of(group: dict) -> Optional[torch.device]:
+    """The one device of a group's parameters (CUDA in a capture; any in tests), or None."""
+    params = group["params"]
+    if not params or any(p.device != params[0].device for p in params):
+        return None
+    return params[0].device
+
+
+class DeviceSetting:
+    """The float32 tensor a graph reads one setting of one param group from, and the value last
+    written into it (None: nothing yet)."""
+
+    __slots__ = ("group", "key", "tensor", "written")
+
+    def __init__(self, group: dict, key: str, device: torch.device):
+        self.group = group
+        self.key = key
+        self.tensor = torch.zeros((), dtype=torch.float32, device=device)
+        self.written = None
+
+    def write(self, value) -> bool:
+        """Writes ``value`` (the group's setting now) for the next replay, on the current stream;
+        False where it is no longer a number (the graph must be captured again)."""
+        if not _is_number(value):
+            return False
+        if self.written is None or value != self.written:
+            self.tensor.fill_(value)
+        self.written = value
+        return True
+
+
+class DeviceSettings:
+    """The device settings of one compiled function, one per (param group, key), shared by all its
+    graphs. Each keeps its group alive, so a group's id is not reused while it is here."""
+
+    def __init__(self):
+        self._settings: dict[tuple[int, str], DeviceSetting] = {}
+
+    def setting(self, group: dict, key: str, device: torch.device) -> DeviceSetting:
+        found = self._settings.get((id(group), key))
+        if found is None or found.tensor.device != device:
+            found = DeviceSetting(group, key, device)
+            self._settings[(id(group), key)] = found
+        return found
+
+    def swap(self, optimizers) -> "DeviceSettingsSwap":
+        return DeviceSettingsSwap(self, list(optimizers))
+
+
+class DeviceSettingsSwap:
+    """Entered around one capture (outside the CUDA capture itself, since it allocates): the
+    device-readable float settings of ``optimizers`` are their tensors while entered. ``bake``
+    then says what the graph reads from device memory and what it baked in, and
+    ``changed_by_function`` whether the function changed a setting."""
+
+    def __init__(self, settings: DeviceSettings, optimizers: list):
+        self._settings = settings
+        self._optimizers = optimizers
+        # Each setting swapped in, the value put back on exit, and its tensor's version on entry.
+        self._swapped: list[tuple[DeviceSetting, object, int]] = []
+        self._before: list[tuple] = []
+
+    def __enter__(self) -> "DeviceSettingsSwap":
+        self._before = hyperparameters(self._optimizers)
+        for optimizer in self._optimizers:
+            for group in optimizer.param_groups:
+                device = _device_of(group)
+                for key in device_keys(optimizer, group) if device is not None else ():
+                    value = group[key]
+                    if _is_number(value):
+                        setting = self._settings.setting(group, key, device)
+                        self._swapped.append((setting, value, setting.tensor._version))
+                        group[key] = setting.tensor
+        return self
+
+    def __exit__(self, *exc) -> None:
+        for setting, value, _ in self._swapped:
+            setting.group[setting.key] = value
+
+    def changed_by_function(self) -> Optional[str]:
+        """While entered, after the function ran: which setting it changed, if any. A scheduler
+        rebinds a float setting, and fills a tensor one in place."""
+        swapped = {(id(s.group), s.key): (s, version) for s, _, version in self._swapped}
+        for group, key, value in self._before:
+            setting, version = swapped.get((id(group), key), (None, 0))
+            now = group.get(key)
+            if setting is not None:
+                changed = now is not setting.tensor or setting.tensor._version != version
+            else:
+                changed = not _same_setting(now, value)
+            if changed:
+                return (f"the function changed the optimizer setting '{key}', which its replays "
+                        "would not do (a learning-rate scheduler stepped inside it?); step "
+                        "schedulers outside the compiled function")
+        return None
+
+    def bake(self, stepped) -> tuple[list, list]:
+        """For a graph that stepped ``stepped``: the settings it baked in (see hyperparameters)
+        and the DeviceSettings it reads."""
+        swapped = {(id(s.group), s.key): s for s, _, _ in self._swapped}
+        baked, on_device = [], []
+        for group, key, value in hyperparameters(stepped):
+            setting = swapped.get((id(group), key))
+            if setting is None:
+                baked.append((group, key, value))
+            else:
+                on_device.append(setting)
+        return baked, on_device
 
 
 def state_tensors(optimizers) -> list[torch.Tensor]:

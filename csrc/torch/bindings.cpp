@@ -102,6 +102,15 @@ PYBIND11_MODULE(_C, m) {
       py::arg("settings"),
       "Whether (param group, key, value) settings still hold, and what changed if not.");
   m.def(
+      "_write_device_settings",
+      [](py::list settings) {
+        std::string changed;
+        const bool written = grape::write_device_settings(settings, changed);
+        return py::make_tuple(written, changed);
+      },
+      py::arg("settings"),
+      "Writes DeviceSettings as before a replay: whether all are numbers, and which is not.");
+  m.def(
       "_grad_held_by_leaf_only",
       [](const at::Tensor& leaf) { return grape::held_by_leaf_only(leaf.grad()); },
       py::arg("leaf"), "Whether nothing but leaf.grad holds the leaf's gradient.");

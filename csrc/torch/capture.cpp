@@ -241,6 +241,9 @@ CaptureOutcome capture(const CaptureContext& context, FlatCall& flat, bool pin_h
   const CaptureGradients gradients(std::move(grad_leaves), pool,
                                    at::cuda::getCurrentCUDAStream(pool.device()).stream());
   EnteredContext stepped_optimizers(context.training.step_watch());
+  // Settings the optimizers can read from device memory are tensors during the capture (Note
+  // [Device settings]); the swap allocates, so it is entered before the CUDA capture begins.
+  EnteredContext device_settings(context.training.device_settings_swap());
   // Tensors f makes from Python values on the device come from pinned memory the graph keeps,
   // where the signature needs it (Note [Host constants]).
   const py::object host_constants =
@@ -303,6 +306,11 @@ CaptureOutcome capture(const CaptureContext& context, FlatCall& flat, bool pin_h
       }
       graph->capture_end();
       r.effects_ok = record_state.collect(log, r.effects, r.effect_values, r.effects_reason);
+      if (r.effects_ok) {
+        const py::object changed = device_settings.get().attr("changed_by_function")();
+        r.effects_ok = changed.is_none();
+        if (!r.effects_ok) r.effects_reason = changed.cast<std::string>();
+      }
       r.backward_ran = gradients.collect(r.effects, r.effect_values, r.grad_guards);
     } catch (py::error_already_set& e) {
       r.result = py::none();
@@ -386,8 +394,10 @@ CaptureOutcome capture(const CaptureContext& context, FlatCall& flat, bool pin_h
     }
   }
   captured->grad_guards = std::move(captured_results.grad_guards);
-  captured->hyperparameters =
-      context.training.bake_optimizers(stepped_optimizers.get(), captured->static_tensors);
+  TrainingState::BakedSettings baked = context.training.bake_optimizers(
+      stepped_optimizers.get(), device_settings.get(), captured->static_tensors);
+  captured->hyperparameters = std::move(baked.hyperparameters);
+  captured->device_settings = std::move(baked.device_settings);
   if (!host_constants.is_none()) captured->host_constants = host_constants.attr("kept");
   outcome.result = core::TryResult::kGraph;
   outcome.graph = std::move(captured);

@@ -79,6 +79,9 @@ struct CapturedGraph {
   std::vector<GradGuard> grad_guards;
   // (param group, key, value): the optimizers' settings the graph baked in.
   py::list hyperparameters;
+  // grape._training.DeviceSettings: the settings it reads from device memory (Note [Device
+  // settings]), written before each replay.
+  py::list device_settings;
   // Pinned host tensors the graph copies to the device (Note [Host constants]).
   py::list host_constants;
 

@@ -53,4 +53,6 @@ py::list PythonHooks::hyperparameters(const py::object& optimizers) const {
   return hooks_.attr("hyperparameters")(optimizers);
 }
 
+py::object PythonHooks::device_settings() const { return hooks_.attr("device_settings")(); }
+
 }  // namespace grape

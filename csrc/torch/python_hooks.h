@@ -45,6 +45,7 @@ class PythonHooks {
   void prepare_backward(int device_index) const;
   py::object state_tensors(const py::object& optimizers) const;
   py::list hyperparameters(const py::object& optimizers) const;
+  py::object device_settings() const;  // Note [Device settings]: a DeviceSettings registry
 
   int traverse(visitproc visit, void* arg) {
     Py_VISIT(hooks_.ptr());

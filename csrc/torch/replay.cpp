@@ -84,6 +84,10 @@ ReplayOutcome replay(const CapturedGraph& g, FlatCall& flat, ReplayContext& cont
 
   c10::cuda::CUDAGuard device_guard(pool.device());
   cudaStream_t stream = at::cuda::getCurrentCUDAStream(pool.device()).stream();
+  // Optimizer settings the graph reads from device memory, written on this stream (Note [Device
+  // settings]); the runtime captures again where one is no longer a number, before this.
+  std::string changed;
+  if (!write_device_settings(g.device_settings, changed)) return refused(changed);
 
   // The executable, patched to this graph's parameters. Launches already queued keep theirs.
   cudaGraphExec_t exec = nullptr;

@@ -183,15 +183,21 @@ namespace allocator = c10::cuda::CUDACachingAllocator;
 
 bool Runtime::drop_if_state_changed(Entry& entry) {
   std::string changed;
-  const auto change = entry.graph->static_state_change(changed);
+  auto change = entry.graph->static_state_change(changed);
+  if (change == CapturedGraph::StateChange::kNone &&
+      !write_device_settings(entry.graph->device_settings, changed)) {
+    change = CapturedGraph::StateChange::kOptimizerSetting;
+  }
   if (change == CapturedGraph::StateChange::kNone) return false;
   ++stats_.recaptures;
   if (change == CapturedGraph::StateChange::kOptimizerSetting && !warned_settings_) {
     warned_settings_ = true;
     const std::string message =
-        "grape: " + changed + " since the step was captured: capturing it again. A setting "
-        "that changes every step (a float lr under a scheduler) makes every step a capture; "
-        "give it as a CUDA tensor, e.g. lr=torch.tensor(1e-3, device='cuda')";
+        "grape: " + changed + ": capturing the step again. A setting that changes every step "
+        "makes every step a capture. Graphs read a float lr from device memory for Adam and AdamW "
+        "(capturable or fused) and fused SGD; a setting the optimizer reads on the host, such as "
+        "the betas or momentum that OneCycleLR and CyclicLR cycle, needs a capture per value "
+        "(OneCycleLR(cycle_momentum=False) keeps them constant)";
     if (PyErr_WarnEx(PyExc_UserWarning, message.c_str(), 1) != 0) throw py::error_already_set();
   }
   last_recapture_reason_ = std::move(changed);

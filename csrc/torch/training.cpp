@@ -43,14 +43,23 @@ void TrainingState::prepare_backward(GraphPool& pool) {
   backward_prepared_ = true;
 }
 
-py::list TrainingState::bake_optimizers(
-    const py::object& watch, std::vector<std::pair<at::Tensor, const void*>>& statics) const {
+py::object TrainingState::device_settings_swap() {
+  if (device_settings_.is_none()) device_settings_ = hooks_.device_settings();
+  const py::object optimizers =
+      seen_optimizers_.is_none() ? py::object(py::list()) : seen_optimizers_;
+  return device_settings_.attr("swap")(optimizers);
+}
+
+TrainingState::BakedSettings TrainingState::bake_optimizers(
+    const py::object& watch, const py::object& swap,
+    std::vector<std::pair<at::Tensor, const void*>>& statics) const {
   const py::list stepped = watch.attr("stepped");
   for (py::handle t : hooks_.state_tensors(stepped)) {
     const at::Tensor& tensor = THPVariable_Unpack(t.ptr());
     statics.emplace_back(tensor, tensor.data_ptr());
   }
-  return hooks_.hyperparameters(stepped);
+  const py::tuple baked = swap.attr("bake")(stepped);
+  return {baked[0], baked[1]};
 }
 
 bool optimizer_settings_hold(const py::list& settings, std::string& changed) {
@@ -68,7 +77,24 @@ bool optimizer_settings_hold(const py::list& settings, std::string& changed) {
     if (equal < 0) throw py::error_already_set();
     if (equal == 0) {
       changed = "the optimizer setting '" + py::str(key).cast<std::string>() +
-                "' changed (a Python value is baked into the graph; a CUDA tensor is not)";
+                "' changed since the step was captured (the graph baked it in)";
+      return false;
+    }
+  }
+  return true;
+}
+
+bool write_device_settings(const py::list& settings, std::string& changed) {
+  for (py::handle setting : settings) {
+    const py::object group = setting.attr("group");
+    const py::object key = setting.attr("key");
+    PyObject* now = PyDict_GetItemWithError(group.ptr(), key.ptr());  // borrowed
+    if (now == nullptr && PyErr_Occurred()) throw py::error_already_set();
+    if (now != nullptr && now == setting.attr("written").ptr()) continue;  // written already
+    const py::object value = now == nullptr ? py::none() : py::reinterpret_borrow<py::object>(now);
+    if (!setting.attr("write")(value).cast<bool>()) {
+      changed = "the optimizer setting '" + key.cast<std::string>() +
+                "' is no longer a number (the graph read it from device memory)";
       return false;
     }
   }

@@ -15,9 +15,11 @@
 //   each replay sets leaf.grad to its own. A gradient the step accumulates into in place is
 //   static, moved out of the pool before the capture. A replay whose gradients are not where the
 //   capture found them (or not None where they were None) captures again.
-// - Optimizer settings that are Python values (a float lr) are baked into the kernels: a replay
-//   after a scheduler changed one captures again (a setting given as a CUDA tensor is read by the
-//   kernels and stays valid).
+// - Optimizer settings that are Python values are baked into the kernels: a replay after one
+//   changed captures again (a setting given as a CUDA tensor is read by the kernels and stays
+//   valid). A float setting the optimizer can read from device memory (a scheduler's lr of
+//   AdamW) is read from a tensor grape writes before each replay instead (Note [Device settings],
+//   grape/_training.py).
 // An output that requires grad (the loss) is returned detached, once the step ran a backward pass;
 // without one the graph could not join the caller's autograd graph, and the capture fails.
 
@@ -63,27 +65,46 @@ class TrainingState {
   // Before the first capture that tracks leaves: a small backward pass on the capture stream,
   // outside any capture (grape._training.prepare_backward).
   void prepare_backward(GraphPool& pool);
+  // A context manager for a capture, entered outside the CUDA capture: the float settings of the
+  // known optimizers that they can read from device memory are tensors while entered
+  // (grape._training.DeviceSettingsSwap, Note [Device settings]).
+  py::object device_settings_swap();
+
   // What a capture baked in of the optimizers that `watch` (a step_watch() it ran in) saw
   // stepped: their state tensors, appended to `statics` with their addresses (static, like
-  // parameters), and the Python settings it returns (for optimizer_settings_hold).
-  py::list bake_optimizers(const py::object& watch,
-                           std::vector<std::pair<at::Tensor, const void*>>& statics) const;
+  // parameters); the Python settings, for optimizer_settings_hold; and the DeviceSettings the
+  // graph reads, for write_device_settings. `swap`: the device_settings_swap() it ran in.
+  struct BakedSettings {
+    py::list hyperparameters;
+    py::list device_settings;
+  };
+  BakedSettings bake_optimizers(const py::object& watch, const py::object& swap,
+                                std::vector<std::pair<at::Tensor, const void*>>& statics) const;
 
   int traverse(visitproc visit, void* arg) {
     Py_VISIT(seen_optimizers_.ptr());
+    Py_VISIT(device_settings_.ptr());
     return 0;
   }
-  void clear() { seen_optimizers_ = py::none(); }
+  void clear() {
+    seen_optimizers_ = py::none();
+    device_settings_ = py::none();
+  }
 
  private:
   const PythonHooks& hooks_;
   py::object seen_optimizers_ = py::none();  // a weakref.WeakSet
+  py::object device_settings_ = py::none();  // a grape._training.DeviceSettings
   bool backward_prepared_ = false;
 };
 
 // Whether the optimizer settings a graph baked in, (param group, key, value) tuples, still hold;
 // if not, `changed` says which.
 bool optimizer_settings_hold(const py::list& settings, std::string& changed);
+// Before a replay, on its stream: writes into each of a graph's DeviceSettings the current value
+// of its setting where that changed (Note [Device settings]). False, with `changed` saying which,
+// where a setting is no longer a number.
+bool write_device_settings(const py::list& settings, std::string& changed);
 
 // Whether nothing but its leaf's .grad holds `grad` (no other tensor, view or Python name).
 bool held_by_leaf_only(const at::Tensor& grad);

@@ -581,10 +581,11 @@ def test_host_constants_are_pinned_for_the_signatures_that_make_them():
     s = grape.stats(compiled_step)
     # One capture per signature, and a chain variant where a predicted allocation site brought
     # the input (run alone, this test makes one; after the rest of the suite, none). The first
-    # compiled-code signature, captured at first sight, would compile inside the capture: that
-    # capture fails, the call warms up, and the next one captures.
+    # compiled-code signature, captured at first sight, may compile inside the capture: that
+    # capture fails, the call warms up, and the next one captures (none fails where Inductor's
+    # on-disk cache holds the kernels from an earlier process).
     assert s["fallbacks"] == [] and s["captures"] - s["chain_variants"] == 3
-    assert s["capture_failures"] == 1
+    assert s["capture_failures"] <= 1
     assert s["pinned_host_constants"] == 1
     assert dynamo_graphs() - graphs == 1
 

@@ -158,3 +158,115 @@ def test_a_capture_reads_the_parameters_and_buffers_that_the_module_gives():
     assert [p.data_ptr() for p in parameters] == [p.data_ptr() for p in scripted.parameters()]
     assert [b.data_ptr() for b in buffers] == [b.data_ptr() for b in scripted.buffers()]
     assert len(parameters) == 4 and len(buffers) == 3
+
+
+# --- Note [Device settings] -----------------------------------------------------------------------
+
+
+def test_device_keys_are_the_settings_the_optimizer_reads_from_device_memory():
+    params = list(model().parameters())
+
+    def keys(opt):
+        return _training.device_keys(opt, opt.param_groups[0])
+
+    assert keys(torch.optim.AdamW(params, capturable=True)) == ("lr",)
+    assert keys(torch.optim.Adam(params, fused=True)) == ("lr",)
+    assert keys(torch.optim.AdamW(params)) == ()  # host-side step: lr is read on the host
+    assert keys(torch.optim.SGD(params, lr=0.1, fused=True)) == ("lr",)
+    assert keys(torch.optim.SGD(params, lr=0.1, momentum=0.9)) == ()
+
+    class MyAdam(torch.optim.Adam):  # may read its settings differently
+        pass
+
+    assert keys(MyAdam(params, capturable=True)) == ()
+
+
+def capturable_adamw(m, **kw):
+    # Capturable AdamW over CPU parameters: constructed, never stepped (torch steps capturable
+    # optimizers on accelerators only); the swap's logic is the same for any device.
+    return torch.optim.AdamW(m.parameters(), lr=0.5, capturable=True, **kw)
+
+
+def test_a_swap_puts_tensors_in_place_of_floats_and_the_floats_back():
+    opt = capturable_adamw(model(), weight_decay=0.1)
+    group = opt.param_groups[0]
+    settings = _training.DeviceSettings()
+    with settings.swap([opt]) as swap:
+        tensor = group["lr"]
+        assert isinstance(tensor, torch.Tensor) and tensor.dtype == torch.float32
+        assert group["betas"] == (0.9, 0.999) and group["weight_decay"] == 0.1  # read on the host
+        baked, on_device = swap.bake([opt])
+        assert swap.changed_by_function() is None
+    assert group["lr"] == 0.5 and type(group["lr"]) is float
+    assert [s.key for s in on_device] == ["lr"] and on_device[0].tensor is tensor
+    assert {key for _, key, _ in baked} == set(group) - {"params", "lr"}
+    # The next capture reads the same tensor: every graph of the function shares it.
+    with settings.swap([opt]):
+        assert group["lr"] is tensor
+    # A group whose lr is a tensor already keeps it (only its identity matters, as before).
+    lr = torch.tensor(0.25)
+    group["lr"] = lr
+    with settings.swap([opt]) as swap:
+        assert group["lr"] is lr and swap.bake([opt])[1] == []
+
+
+def test_a_swap_leaves_optimizers_that_read_on_the_host_alone():
+    opt = torch.optim.SGD(model().parameters(), lr=0.1, momentum=0.9)
+    with _training.DeviceSettings().swap([opt]) as swap:
+        assert opt.param_groups[0]["lr"] == 0.1
+        baked, on_device = swap.bake([opt])
+    assert on_device == [] and ("lr" in {key for _, key, _ in baked})
+
+
+@pytest.mark.parametrize("key, value", [("lr", 0.1), ("betas", (0.5, 0.9)), ("weight_decay", 0.0)])
+def test_a_function_that_changes_a_setting_is_named(key, value):
+    # A scheduler stepped inside the compiled function: its replays would not step it.
+    opt = capturable_adamw(model())
+    with _training.DeviceSettings().swap([opt]) as swap:
+        opt.param_groups[0][key] = value
+        changed = swap.changed_by_function()
+    assert f"'{key}'" in changed and "scheduler" in changed
+    if key == "lr":
+        assert opt.param_groups[0]["lr"] == 0.5  # put back: the eager run changes it once
+
+
+def test_a_device_setting_is_written_when_its_value_changes():
+    opt = capturable_adamw(model())
+    sched = torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=10)
+    with _training.DeviceSettings().swap([opt]) as swap:
+        (setting,) = swap.bake([opt])[1]
+    for _ in range(4):
+        sched.step()
+        lr = opt.param_groups[0]["lr"]
+        assert setting.write(lr)
+        assert setting.tensor.item() == torch.tensor(lr, dtype=torch.float32).item()
+    version = setting.tensor._version
+    assert setting.write(opt.param_groups[0]["lr"]) and setting.tensor._version == version
+    assert not setting.write(torch.tensor(0.1)) and not setting.write(None)
+    assert not setting.write(True)
+
+
+@needs_cuda_build
+def test_device_settings_are_written_before_a_replay_or_name_what_is_not_a_number():
+    opt = capturable_adamw(model())
+    with _training.DeviceSettings().swap([opt]) as swap:
+        settings = swap.bake([opt])[1]
+    group = opt.param_groups[0]
+    assert _C._write_device_settings(settings) == (True, "")
+    assert settings[0].tensor.item() == 0.5 and settings[0].written is group["lr"]
+    group["lr"] = 0.125
+    assert _C._write_device_settings(settings) == (True, "")
+    assert settings[0].tensor.item() == 0.125
+    group["lr"] = torch.tensor(0.25)  # the user's own tensor: the graph must be captured again
+    written, changed = _C._write_device_settings(settings)
+    assert not written and "'lr'" in changed
+
+
+def test_a_scheduler_that_fills_the_swapped_tensor_is_named():
+    # torch's schedulers fill a tensor lr in place rather than rebinding it.
+    opt = capturable_adamw(model())
+    sched = torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=10)
+    with _training.DeviceSettings().swap([opt]) as swap:
+        sched.step()
+        assert "'lr'" in swap.changed_by_function()
+    assert type(opt.param_groups[0]["lr"]) is float

@@ -1,7 +1,7 @@
 """Training steps under grape.compile (Note [Gradients of a captured step]): forward, backward and
 optimizer step captured per shape, parameters, gradients and optimizer state equal to eager's
 on the same weights, for the usual places of zero_grad, AMP, parameter arguments, settings
-changed by a scheduler, and what must run eagerly."""
+changed by a scheduler (Note [Device settings]), and what must run eagerly."""
 
 import copy
 
@@ -167,15 +167,17 @@ def test_parameter_arguments_are_used_in_place():
     assert s["fallbacks"] == [] and s["replays"] == 5
 
 
-def test_float_learning_rate_change_captures_again():
+def test_a_setting_read_on_the_host_captures_again_when_it_changes():
+    # SGD with momentum (foreach) reads its lr on the host: each new value is a capture.
     eager_model = mlp()
     model = copy.deepcopy(eager_model)
-    eager_opt, opt = adamw(eager_model), adamw(model)
+    eager_opt = torch.optim.SGD(eager_model.parameters(), lr=1e-2, momentum=0.9)
+    opt = torch.optim.SGD(model.parameters(), lr=1e-2, momentum=0.9)
     eager_sched = torch.optim.lr_scheduler.StepLR(eager_opt, step_size=3, gamma=0.5)
     sched = torch.optim.lr_scheduler.StepLR(opt, step_size=3, gamma=0.5)
     eager_step = make_step(eager_model, eager_opt, "start")
     step = grape.compile(make_step(model, opt, "start"))
-    with pytest.warns(UserWarning, match="lr"):
+    with pytest.warns(UserWarning, match="'lr' changed"):
         for x, y in batches(9, sizes=(8,)):
             torch.testing.assert_close(step(x, y), eager_step(x, y))
             sched.step()
@@ -183,7 +185,111 @@ def test_float_learning_rate_change_captures_again():
     assert_same_state(model, eager_model, opt, eager_opt)
     s = grape.stats(step)
     assert s["recaptures"] == 2
-    assert "lr" in s["last_recapture_reason"]
+    assert "'lr'" in s["last_recapture_reason"]
+
+
+# Note [Device settings]: each scheduler in common use, over two shapes.
+SCHEDULERS = {
+    "lambda_warmup": lambda opt: torch.optim.lr_scheduler.LambdaLR(
+        opt, lambda step: min(1.0, (step + 1) / 4)),
+    "cosine": lambda opt: torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=12),
+    "one_cycle": lambda opt: torch.optim.lr_scheduler.OneCycleLR(
+        opt, max_lr=2e-2, total_steps=13, cycle_momentum=False),
+    "sequential": lambda opt: torch.optim.lr_scheduler.SequentialLR(
+        opt, [torch.optim.lr_scheduler.LinearLR(opt, start_factor=0.1, total_iters=3),
+              torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=9)], milestones=[3]),
+}
+
+
+def scheduled_steps(make_scheduler, steps=12, **adamw_kw):
+    """eager and grape over `steps` steps of two shapes, the scheduler stepped after each: the
+    compiled step, and whether the params were bit-identical to eager's throughout."""
+    eager_model = mlp()
+    model = copy.deepcopy(eager_model)
+    eager_opt, opt = adamw(eager_model, **adamw_kw), adamw(model, **adamw_kw)
+    eager_sched, sched = make_scheduler(eager_opt), make_scheduler(opt)
+    eager_step = make_step(eager_model, eager_opt, "start")
+    step = grape.compile(make_step(model, opt, "start"))
+    identical = True
+    for x, y in batches(steps):
+        torch.testing.assert_close(step(x, y), eager_step(x, y))
+        identical &= all(torch.equal(a, b) for a, b in zip(model.parameters(),
+                                                            eager_model.parameters()))
+        sched.step()
+        eager_sched.step()
+        # The user's param group holds the scheduler's float, as in eager.
+        lr = opt.param_groups[0]["lr"]
+        assert type(lr) is float and lr == eager_opt.param_groups[0]["lr"]
+    assert_same_state(model, eager_model, opt, eager_opt)
+    return step, identical
+
+
+@pytest.mark.parametrize("name", SCHEDULERS)
+def test_a_scheduler_keeps_one_graph_per_shape(name):
+    step, identical = scheduled_steps(SCHEDULERS[name])
+    s = grape.stats(step)
+    assert s["recaptures"] == 0 and s["graphs"] == 2
+    assert s["replays"] == 12 - 1  # all but the warm-up
+    # The graph reads a float32 lr, which the capturable update rounds to as well.
+    assert identical
+
+
+def test_fused_adamw_under_a_scheduler_keeps_one_graph_per_shape():
+    step, _ = scheduled_steps(SCHEDULERS["cosine"], fused=True)
+    s = grape.stats(step)
+    assert s["recaptures"] == 0 and s["graphs"] == 2 and s["replays"] == 11
+
+
+def test_betas_cycled_by_one_cycle_capture_again_with_the_reason():
+    # Adam reads its betas on the host (torch makes a tensor beta a Python number there).
+    def one_cycle(opt):
+        return torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=2e-2, total_steps=7)
+
+    with pytest.warns(UserWarning, match="'betas' changed"):
+        step, _ = scheduled_steps(one_cycle, steps=6)
+    s = grape.stats(step)
+    assert s["recaptures"] >= 3 and "'betas'" in s["last_recapture_reason"]
+
+
+def test_a_tensor_lr_given_after_the_capture_captures_again():
+    eager_model = mlp()
+    model = copy.deepcopy(eager_model)
+    eager_opt, opt = adamw(eager_model), adamw(model)
+    eager_step = make_step(eager_model, eager_opt, "start")
+    step = grape.compile(make_step(model, opt, "start"))
+    with pytest.warns(UserWarning, match="no longer a number"):
+        for i, (x, y) in enumerate(batches(6, sizes=(8,))):
+            if i == 3:
+                opt.param_groups[0]["lr"] = torch.tensor(5e-3, device=DEV)
+                eager_opt.param_groups[0]["lr"] = torch.tensor(5e-3, device=DEV)
+            torch.testing.assert_close(step(x, y), eager_step(x, y))
+    assert_same_state(model, eager_model, opt, eager_opt)
+    s = grape.stats(step)
+    assert s["recaptures"] == 1 and s["replays"] == 5
+
+
+# A scheduler stepped inside the step: its replays would not step it, so the signature runs
+# eagerly, with the reason.
+@pytest.mark.expects_fallback
+def test_a_scheduler_stepped_inside_the_step_runs_eagerly():
+    model = mlp()
+    opt = adamw(model)
+    sched = torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=10)
+    inner = make_step(model, opt, "start")
+
+    def step(x, y):
+        loss = inner(x, y)
+        sched.step()
+        return loss
+
+    compiled = grape.compile(step)
+    for x, y in batches(4, sizes=(8,)):
+        compiled(x, y)
+        assert type(opt.param_groups[0]["lr"]) is float
+    s = grape.stats(compiled)
+    (fallback,) = s["fallbacks"]
+    assert "'lr'" in fallback["reason"] and "scheduler" in fallback["reason"]
+    assert s["replays"] == 0
 
 
 def test_tensor_learning_rate_keeps_one_graph():
@@ -240,3 +346,166 @@ def test_non_leaf_argument_that_requires_grad_runs_eagerly():
     f(h)
     (fallback,) = grape.stats(f)["fallbacks"]
     assert "not a leaf" in fallback["reason"]
+
+
+# --- the habits of training loops -----------------------------------------------------------------
+
+
+def eager_and_grape(make, **adamw_kw):
+    """(eager step, compiled step, eager model, model, eager opt, opt): `make(model, opt)` builds
+    the user's step, over two copies of one model with AdamW each."""
+    eager_model = mlp()
+    model = copy.deepcopy(eager_model)
+    eager_opt, opt = adamw(eager_model, **adamw_kw), adamw(model, **adamw_kw)
+    return (make(eager_model, eager_opt), grape.compile(make(model, opt)), eager_model, model,
+            eager_opt, opt)
+
+
+@pytest.mark.parametrize("set_to_none", [True, False])
+def test_gradient_accumulation_steps_every_kth_call(set_to_none):
+    k = 3
+
+    def make(model, opt):
+        def step(x, y, apply):
+            loss = F.mse_loss(model(x), y) / k
+            loss.backward()
+            if apply:
+                opt.step()
+                opt.zero_grad(set_to_none=set_to_none)
+            return loss.detach()
+
+        return step
+
+    eager_step, step, eager_model, model, eager_opt, opt = eager_and_grape(make)
+    for i, (x, y) in enumerate(batches(4 * k, sizes=(8,))):
+        apply = (i + 1) % k == 0
+        torch.testing.assert_close(step(x, y, apply), eager_step(x, y, apply))
+        assert_same_state(model, eager_model, opt, eager_opt)
+    s = grape.stats(step)
+    assert s["fallbacks"] == [] and s["replays"] == 4 * k - 1
+    if not set_to_none:
+        # Gradients stay where they are: one graph per signature, never captured again.
+        assert s["recaptures"] == 0 and s["graphs"] == 2
+
+
+def grad_scaler_step(model, opt):
+    """An fp16 step under torch.amp.GradScaler."""
+    scaler = torch.amp.GradScaler("cuda", init_scale=2.0 ** 10)
+
+    def step(x, y):
+        opt.zero_grad()
+        with torch.autocast("cuda", dtype=torch.float16):
+            loss = F.mse_loss(model(x).float(), y)
+        scaler.scale(loss).backward()
+        scaler.step(opt)
+        scaler.update()
+        return loss.detach()
+
+    return step
+
+
+def test_grad_scaler_skips_the_step_on_inf_as_eager():
+    # Fused AdamW takes GradScaler's scale and found-inf on the device: scaler.step does not sync.
+    eager_step, step, eager_model, model, eager_opt, opt = eager_and_grape(grad_scaler_step,
+                                                                           fused=True)
+    before = None
+    for i, (x, y) in enumerate(batches(8, sizes=(8,))):
+        if i == 4:
+            y = y.clone()
+            y[0, 0] = float("inf")  # the loss and gradients overflow: the step is skipped
+            before = [p.clone() for p in model.parameters()]
+        torch.testing.assert_close(step(x, y), eager_step(x, y))
+        if i == 4:
+            assert all(torch.equal(a, b) for a, b in zip(before, model.parameters()))
+        assert_same_state(model, eager_model, opt, eager_opt)
+    s = grape.stats(step)
+    assert s["fallbacks"] == [] and s["replays"] == 7 and s["recaptures"] == 0
+
+
+# Non-fused AdamW under GradScaler: scaler.step reads found-inf on the host (.item()), a sync no
+# capture allows: the signature runs eagerly, with the reason.
+@pytest.mark.expects_fallback
+def test_grad_scaler_with_a_host_side_step_runs_eagerly_with_the_reason():
+    eager_step, step, eager_model, model, eager_opt, opt = eager_and_grape(grad_scaler_step)
+    for x, y in batches(4, sizes=(8,)):
+        torch.testing.assert_close(step(x, y), eager_step(x, y))
+    assert_same_state(model, eager_model, opt, eager_opt)
+    (fallback,) = grape.stats(step)["fallbacks"]
+    assert fallback["kind"] == "host_sync"
+
+
+def test_an_ema_of_the_weights_updated_in_the_step():
+    def make(model, opt):
+        ema = copy.deepcopy(model).requires_grad_(False)
+
+        def step(x, y):
+            opt.zero_grad()
+            loss = F.mse_loss(model(x), y)
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            opt.step()
+            with torch.no_grad():
+                torch._foreach_lerp_(list(ema.parameters()), list(model.parameters()), 0.1)
+            return loss.detach()
+
+        return step, ema
+
+    eager_emas, emas = [], []
+
+    def make_keeping_ema(into):
+        def make_one(model, opt):
+            step, ema = make(model, opt)
+            into.append(ema)
+            return step
+        return make_one
+
+    eager_step, _, eager_model, _, eager_opt, _ = eager_and_grape(make_keeping_ema(eager_emas))
+    _, step, _, model, _, opt = eager_and_grape(make_keeping_ema(emas))
+    for x, y in batches(8):
+        torch.testing.assert_close(step(x, y), eager_step(x, y))
+    assert_same_state(model, eager_model, opt, eager_opt)
+    for a, b in zip(emas[-1].parameters(), eager_emas[0].parameters()):
+        torch.testing.assert_close(a, b)
+    s = grape.stats(step)
+    assert s["fallbacks"] == [] and s["replays"] == 7 and s["recaptures"] == 0
+
+
+@pytest.mark.parametrize("set_to_none", [True, False])
+def test_zero_grad_either_way_keeps_one_graph_per_shape(set_to_none):
+    def make(model, opt):
+        def step(x, y):
+            opt.zero_grad(set_to_none=set_to_none)
+            loss = F.mse_loss(model(x), y)
+            loss.backward()
+            opt.step()
+            return loss.detach()
+
+        return step
+
+    eager_step, step, eager_model, model, eager_opt, opt = eager_and_grape(make)
+    for x, y in batches(8):
+        torch.testing.assert_close(step(x, y), eager_step(x, y))
+        assert_same_state(model, eager_model, opt, eager_opt)
+    s = grape.stats(step)
+    assert s["fallbacks"] == [] and s["replays"] == 7 and s["recaptures"] == 0
+
+
+def test_a_torch_compiled_model_inside_the_step():
+    def make(model, opt):
+        compiled_model = torch.compile(model)
+
+        def step(x, y):
+            opt.zero_grad()
+            loss = F.mse_loss(compiled_model(x), y)
+            loss.backward()
+            opt.step()
+            return loss.detach()
+
+        return step
+
+    eager_step, step, eager_model, model, eager_opt, opt = eager_and_grape(make)
+    for x, y in batches(5, sizes=(8,)):
+        torch.testing.assert_close(step(x, y), eager_step(x, y))
+    assert_same_state(model, eager_model, opt, eager_opt)
+    s = grape.stats(step)
+    assert s["fallbacks"] == [] and s["replays"] == 4
