@@ -9,6 +9,7 @@ see Note [Gradients of a captured step] and docs/design.md, "Training steps".
 from __future__ import annotations
 
 import numbers
+import sys
 import weakref
 from typing import Optional
 
@@ -48,9 +49,18 @@ class StepWatch:
     def __init__(self, seen: weakref.WeakSet):
         self.seen = seen
         self.stepped: list[torch.optim.Optimizer] = []
+        # Why no capture of the function can succeed, seen in a warm-up: the function then runs
+        # eagerly without trying, since a capture that fails half-way leaves Python state (the
+        # GradScaler's per-optimizer stage) that the eager run after it would read.
+        self.refusal: Optional[str] = None
         self._handle = None
 
     def _pre_step(self, optimizer, args, kwargs):
+        if not _capturing() and _stepped_by_grad_scaler() and not getattr(
+                optimizer, "_step_supports_amp_scaling", False):
+            self.refusal = (f"GradScaler.step reads found-inf on the host (.item()) for "
+                            f"{type(optimizer).__name__} without fused=True, a synchronization no "
+                            "capture allows; fused Adam and AdamW take it on the device")
         if _capturing():
             if optimizer not in self.seen:
                 raise RuntimeError(
@@ -70,6 +80,18 @@ class StepWatch:
 
     def __exit__(self, *exc) -> None:
         self._handle.remove()
+
+
+def _stepped_by_grad_scaler() -> bool:
+    """Whether the optimizer step being taken was called by torch.amp.GradScaler.step."""
+    frame = sys._getframe(2)
+    for _ in range(8):  # the optimizer's step wrappers, then GradScaler's
+        if frame is None:
+            return False
+        if frame.f_code.co_name == "_maybe_opt_step" and "grad_scaler" in frame.f_code.co_filename:
+            return True
+        frame = frame.f_back
+    return False
 
 
 def leaves_of(arguments, optimizers, parameters) -> list[torch.Tensor]:
@@ -232,6 +254,12 @@ class DeviceSettingsSwap:
     def __exit__(self, *exc) -> None:
         for setting, value, _ in self._swapped:
             setting.group[setting.key] = value
+
+    def write(self) -> None:
+        """Writes the floats swapped out into their tensors: an eager step run while entered then
+        computes what a replay computes (tests and benchmarks compare the two)."""
+        for setting, value, _ in self._swapped:
+            setting.write(value)
 
     def changed_by_function(self) -> Optional[str]:
         """While entered, after the function ran: which setting it changed, if any. A scheduler

@@ -216,6 +216,7 @@ py::object Runtime::warm_up(Entry& entry, const py::args& args, const py::kwargs
   {
     EnteredContext watch(training_.step_watch());  // optimizers it steps become capturable
     result = run_eager(args, kwargs);
+    training_.remember_refusal(watch.get());
   }
   const int64_t ns = core::elapsed_ns(start);
   entry.costs.warmup_ns += ns;
@@ -248,7 +249,11 @@ std::optional<py::object> Runtime::capture_entry(Entry& entry, FlatCall& flat,
                                                  const py::args& args,
                                                  const py::kwargs& kwargs) {
   CaptureOutcome outcome;
-  if (argument_refusal.empty()) {
+  // Known from a warm-up to fail half-way, leaving state the eager run would read: not tried.
+  const bool known_to_fail = argument_refusal.empty() && !training_.refusal().empty();
+  if (known_to_fail) {
+    outcome.reason = {core::ReasonKind::kHostSync, training_.refusal()};
+  } else if (argument_refusal.empty()) {
     outcome = capture_with_retry(entry, flat, /*variant=*/false);
     if (outcome.graph) {
       entry.graph = std::move(outcome.graph);
@@ -263,8 +268,8 @@ std::optional<py::object> Runtime::capture_entry(Entry& entry, FlatCall& flat,
   // This rank's own argument refusal decides, whatever the common reason says.
   const core::ReasonKind failure =
       argument_refusal.empty() ? outcome.reason.kind : core::ReasonKind::kUnsupportedArgument;
-  if (core::after_failed_capture(warmup_, entry.warmup_runs, failure) ==
-      core::AfterFailure::kWarmUpAndRetry) {
+  if (!known_to_fail && core::after_failed_capture(warmup_, entry.warmup_runs, failure) ==
+                            core::AfterFailure::kWarmUpAndRetry) {
     // This call is its warm-up; the next one captures again, and falls back if that fails too.
     warmup_.failed_at_first_sight();
     outcome.error = py::none();

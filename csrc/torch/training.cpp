@@ -14,6 +14,11 @@ py::object TrainingState::step_watch() {
   return hooks_.step_watch(seen_optimizers_);
 }
 
+void TrainingState::remember_refusal(const py::object& watch) {
+  const py::object refusal = watch.attr("refusal");
+  if (!refusal.is_none()) refusal_ = refusal.cast<std::string>();
+}
+
 std::vector<at::Tensor> TrainingState::tracked_leaves(const py::object& static_module,
                                                       const FlatCall& flat) {
   py::list arguments, parameters;
@@ -145,8 +150,14 @@ bool CaptureGradients::collect(std::vector<Effect>& effects, py::list& values,
       values.append(grad.defined() ? py::reinterpret_steal<py::object>(THPVariable_Wrap(grad))
                                    : py::object(py::none()));
       backward_ran = true;
-      // Where there was no gradient, eager makes one; where there was, eager accumulates.
-      if (!before_[i].defined()) guards.push_back({leaves_[i], nullptr});
+      // Where there was no gradient, eager makes one. Where there was one and f wrote it before
+      // replacing it (accumulated a micro-batch into it, then zero_grad(set_to_none=True): the
+      // optimizer step of gradient accumulation), the graph reads it: it must be where it was.
+      if (!before_[i].defined()) {
+        guards.push_back({leaves_[i], nullptr});
+      } else if (before_[i]._version() != versions_[i]) {
+        guards.push_back({leaves_[i], before_[i].data_ptr()});
+      }
     } else {
       backward_ran |= grad.defined() && grad._version() != versions_[i];
       guards.push_back({leaves_[i], grad.defined() ? grad.data_ptr() : nullptr});

@@ -59,6 +59,10 @@ class TrainingState {
   // A context manager for a warm-up or capture call: the optimizers stepped inside it are
   // remembered (weakly) and made capturable (grape._training.StepWatch).
   py::object step_watch();
+  // After a warm-up call run in `watch` (a step_watch()): why no capture of the function can
+  // succeed, where the warm-up saw a reason (StepWatch.refusal); empty: none so far.
+  void remember_refusal(const py::object& watch);
+  const std::string& refusal() const { return refusal_; }
   // The leaves whose gradients a capture of `flat` watches: parameter arguments, then the
   // parameters that require grad of the known optimizers, `static_module` and module arguments.
   std::vector<at::Tensor> tracked_leaves(const py::object& static_module, const FlatCall& flat);
@@ -95,6 +99,7 @@ class TrainingState {
   const PythonHooks& hooks_;
   py::object seen_optimizers_ = py::none();  // a weakref.WeakSet
   py::object device_settings_ = py::none();  // a grape._training.DeviceSettings
+  std::string refusal_;
   bool backward_prepared_ = false;
 };
 
@@ -120,7 +125,8 @@ class CaptureGradients {
 
   const std::vector<at::Tensor>& leaves() const { return leaves_; }
   // After f: a gradient f replaced is an effect (its new value appended to `values`); one it left
-  // in place is guarded. Returns whether f ran a backward pass that reached the leaves.
+  // in place, or wrote before replacing it, is guarded. Returns whether f ran a backward pass
+  // that reached the leaves.
   bool collect(std::vector<Effect>& effects, py::list& values,
                std::vector<GradGuard>& guards) const;
 

@@ -37,17 +37,21 @@ def mode(losses, lrs, ms=1.0, **more):
 
 
 def test_comparisons_with_eager_and_the_default_optimizer():
-    results = {"eager": mode([2.0, 1.0], [0.1, 0.2], ms=8.0),
+    results = {"eager": mode([2.0, 1.0001], [0.1, 0.2], ms=8.0),
+               "eager_device_lr": mode([2.0, 1.0], [0.1, 0.2], ms=8.0),
                "eager_default": mode([2.0, 1.0005], [0.1, 0.2], ms=8.0),
                "grape": mode([2.0, 1.0], [0.1, 0.2], ms=2.0)}
     train_lm.compare("gpt2-cosine", results)
     g = results["grape"]
+    # Bit for bit against the same update (lr in device memory); by how much against the others.
     assert g["losses_bit_identical"] and g["lr_float_equal_to_eager"]
+    assert g["max_loss_rel_diff_eager"] == pytest.approx(0.0001 / 1.0001)
     assert g["max_loss_rel_diff_default_optimizer"] == pytest.approx(0.0005 / 1.0005)
+    assert g["within_default_optimizer_tolerance"]
     assert g["speedup_vs_eager"] == 4.0 and g["meets_target_speedup"] and g["correct"]
     assert results["eager"]["correct"] == "reference"
     # Another loss, or an lr the user's group no longer holds as a float, is not correct.
-    results["grape"] = mode([2.0, 1.0 + 1e-7], [0.1, 0.2], ms=2.5)
+    results["grape"] = mode([2.0, 1.0 + 1e-6], [0.1, 0.2], ms=2.5)
     train_lm.compare("gpt2-cosine", results)
     assert not results["grape"]["losses_bit_identical"] and not results["grape"]["correct"]
     assert not results["grape"]["meets_target_speedup"]

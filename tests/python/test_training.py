@@ -270,3 +270,19 @@ def test_a_scheduler_that_fills_the_swapped_tensor_is_named():
         sched.step()
         assert "'lr'" in swap.changed_by_function()
     assert type(opt.param_groups[0]["lr"]) is float
+
+
+def test_a_grad_scaler_stepping_an_optimizer_that_reads_found_inf_on_the_host_is_a_refusal():
+    # Its scaler.step calls .item() after unscaling: a capture would fail half-way and leave the
+    # scaler's stage unscaled for the eager run after it, so the runtime never tries.
+    m = model()
+    opt = torch.optim.AdamW(m.parameters())
+    with _training.StepWatch(weakref.WeakSet()) as watch:
+        one_step(m, opt)
+    assert watch.refusal is None
+    scaler = torch.amp.GradScaler("cpu")
+    with _training.StepWatch(weakref.WeakSet()) as watch:
+        scaler.scale(m(torch.randn(3, 4)).sum()).backward()
+        scaler.step(opt)
+        scaler.update()
+    assert "GradScaler" in watch.refusal and "fused=True" in watch.refusal
