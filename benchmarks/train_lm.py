@@ -23,10 +23,11 @@ Modes, each on its own copy of the same initial weights, seeded alike before its
 dropout draws the same masks):
 - eager: the loop with AdamW(capturable=True), as grape makes every optimizer a compiled step
   uses;
-- eager_device_lr: eager with the update grape's graphs run: capturable AdamW reading the
-  scheduler's lr from a float32 device tensor (grape._training's DeviceSettingsSwap, written
-  before each step as before each replay). A float lr rounds differently in torch's capturable
-  update (it divides by the scalar's reciprocal), so this, not eager, is the bit-exact reference;
+- eager_device_lr: eager with the update grape runs: capturable AdamW reading the scheduler's lr
+  from a float32 device tensor (grape._training's DeviceSettingsSwap, written before each step
+  as before each replay), from the second step on (grape's first call is its warm-up, an eager
+  call with the float). A float lr rounds differently in torch's capturable update, so this,
+  not eager, is the bit-exact reference;
 - eager_default: the loop with AdamW's defaults (foreach, the step computed on the host);
 - grape: the step compiled whole with grape.compile, AdamW constructed with its defaults.
 
@@ -163,13 +164,15 @@ def make_train_step(model, opt, loss_of, device_type: str):
 
 def with_device_lr(step, opt):
     """`step`, run eagerly with the device-readable settings of `opt` in device memory, written
-    from the param groups' floats first, as grape's replays read them (Note [Device settings])."""
+    from the param groups' floats first, as grape's replays read them (Note [Device settings]);
+    its first call with the floats, as grape's warm-up."""
     from grape import _training
 
-    settings = _training.DeviceSettings()
+    settings, calls = _training.DeviceSettings(), []
 
     def run(*batch):
-        with settings.swap([opt]) as swap:
+        calls.append(None)
+        with settings.swap([opt] if len(calls) > 1 else []) as swap:
             swap.write()
             return step(*batch)
 
