@@ -44,12 +44,9 @@ ReplayOutcome replay(const CapturedGraph& g, FlatCall& flat, ReplayContext& cont
   // this replay need not move it out of its way; not one the graph reads before replacing it
   // (a guarded one).
   for (const auto& e : g.effects) {
-    if (!e.leaf.defined()) continue;
+    if (!e.leaf.defined() || e.reads_replaced) continue;
     at::Tensor& grad = e.leaf.mutable_grad();
-    const bool read = std::any_of(g.grad_guards.begin(), g.grad_guards.end(), [&](const auto& guard) {
-      return guard.grad != nullptr && guard.leaf.is_same(e.leaf);
-    });
-    if (grad.defined() && !read && held_by_leaf_only(grad)) grad.reset();
+    if (grad.defined() && held_by_leaf_only(grad)) grad.reset();
   }
   pool.prune_live();
 

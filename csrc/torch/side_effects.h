@@ -38,6 +38,7 @@ struct Effect {
   int record = -1;
   py::object attribute;
   at::Tensor leaf;
+  bool reads_replaced = false;  // leaf: the graph reads the gradient it replaces (it is guarded)
 };
 
 // The records' state across one capture; the destructor puts them back as they were.

@@ -157,6 +157,7 @@ bool CaptureGradients::collect(std::vector<Effect>& effects, py::list& values,
         guards.push_back({leaves_[i], nullptr});
       } else if (before_[i]._version() != versions_[i]) {
         guards.push_back({leaves_[i], before_[i].data_ptr()});
+        effects.back().reads_replaced = true;
       }
     } else {
       backward_ran |= grad.defined() && grad._version() != versions_[i];
