@@ -13,7 +13,6 @@ import os
 import sys
 import traceback
 import warnings
-import weakref
 from typing import Any, Optional
 
 import torch
@@ -139,14 +138,14 @@ class RuntimeHooks:
         return PinnedHostConstants()
 
     # --- training steps (Note [Gradients of a captured step]) -------------------------------------
-    def optimizer_set(self) -> weakref.WeakSet:
-        return weakref.WeakSet()
+    def training_seen(self) -> _training.Seen:
+        return _training.Seen()
 
-    def step_watch(self, seen: weakref.WeakSet) -> _training.StepWatch:
+    def step_watch(self, seen: _training.Seen) -> _training.StepWatch:
         return _training.StepWatch(seen)
 
-    def leaves_of(self, arguments, optimizers, parameters) -> list:
-        return _training.leaves_of(arguments, optimizers, parameters)
+    def leaves_of(self, arguments, seen: _training.Seen, parameters) -> list:
+        return _training.leaves_of(arguments, seen, parameters)
 
     def prepare_backward(self, device_index: int) -> None:
         _training.prepare_backward(torch.device("cuda", device_index))

@@ -15,11 +15,13 @@ from typing import Optional
 
 import torch
 from torch.optim.optimizer import register_optimizer_step_pre_hook
+from torch.utils.weak import WeakIdKeyDictionary
 
 from grape._predicate import _capturing
 
-__all__ = ["DeviceSetting", "DeviceSettings", "DeviceSettingsSwap", "StepWatch", "device_keys",
-           "hyperparameters", "leaves_of", "prepare_backward", "state_tensors"]
+__all__ = ["DeviceSetting", "DeviceSettings", "DeviceSettingsSwap", "Seen", "StepWatch",
+           "device_keys", "hyperparameters", "leaves_of", "leaves_reached", "prepare_backward",
+           "state_tensors"]
 
 
 def _make_capturable(optimizer: torch.optim.Optimizer) -> None:
@@ -40,13 +42,25 @@ def _make_capturable(optimizer: torch.optim.Optimizer) -> None:
             state["step"] = step.to(param.device, torch.float32)
 
 
-class StepWatch:
-    """While entered: every optimizer that steps is remembered in ``seen`` (a WeakSet the
-    runtime keeps across calls) and made capturable. Outside a capture that is a setting change;
-    inside one, an optimizer that is not capturable yet (or has no state yet) cannot be fixed
-    without host work, so its step raises with what to do."""
+class Seen:
+    """What a compiled function's warm-ups and captures have seen of its training steps, held
+    weakly across calls: the optimizers it stepped, and the leaves its backward passes reached
+    (whose ``.grad`` its graphs set or accumulate into)."""
 
-    def __init__(self, seen: weakref.WeakSet):
+    def __init__(self):
+        self.optimizers: weakref.WeakSet = weakref.WeakSet()
+        self.leaves = WeakIdKeyDictionary()  # tensor -> None, in the order first seen
+
+
+class StepWatch:
+    """While entered: every optimizer that steps is remembered in ``seen.optimizers`` and made
+    capturable, and every leaf a backward pass reaches in ``seen.leaves``. Outside a capture that
+    is a setting change; inside one, an optimizer that is not capturable yet (or has no state
+    yet), cannot be fixed without host work, so its step raises with what to do; a backward pass
+    that reaches a leaf whose gradient the capture does not track is remembered, and fails the
+    capture once the function returned if the leaf outlives the call (untracked_leaves_kept)."""
+
+    def __init__(self, seen: Seen):
         self.seen = seen
         self.stepped: list[torch.optim.Optimizer] = []
         # Why no capture of the function can succeed, seen in a warm-up: the function then runs
@@ -54,6 +68,10 @@ class StepWatch:
         # GradScaler's per-optimizer stage) that the eager run after it would read.
         self.refusal: Optional[str] = None
         self._handle = None
+        self._backward = None
+        # In a capture: the leaves its backward passes reached untracked, with their gradients
+        # before (Note [Gradients of a captured step]).
+        self._untracked: list[tuple[weakref.ref, Optional[torch.Tensor]]] = []
 
     def _pre_step(self, optimizer, args, kwargs):
         if not _capturing() and _stepped_by_grad_scaler() and not getattr(
@@ -62,7 +80,7 @@ class StepWatch:
                             f"{type(optimizer).__name__} without fused=True, a synchronization no "
                             "capture allows; fused Adam and AdamW take it on the device")
         if _capturing():
-            if optimizer not in self.seen:
+            if optimizer not in self.seen.optimizers:
                 raise RuntimeError(
                     f"{type(optimizer).__name__}.step() ran for the first time while capturing; grape "
                     "makes optimizers capturable during warm-up calls (use warmup >= 1)")
@@ -70,16 +88,81 @@ class StepWatch:
                 raise RuntimeError(f"{type(optimizer).__name__} has capturable=False")
         else:
             _make_capturable(optimizer)
-        self.seen.add(optimizer)
+        self.seen.optimizers.add(optimizer)
         if not any(o is optimizer for o in self.stepped):
             self.stepped.append(optimizer)
 
+    def _pre_backward(self, tensors, inputs) -> None:
+        known = self.seen.leaves
+        for leaf in leaves_reached(tensors, inputs):
+            if leaf not in known:
+                known[leaf] = None
+                if _capturing():
+                    self._untracked.append((weakref.ref(leaf), leaf.grad))
+
+    def untracked_leaves_kept(self) -> Optional[str]:
+        """After a capture's function returned: why the capture cannot be used, where its backward
+        passes reached leaves it did not track that outlive the call (a leaf the function made,
+        such as an input it set requires_grad on, dies with the call and does not count). Their
+        gradients are put back when the watch is left; they are known from now on."""
+        kept = sum(ref() is not None for ref, _ in self._untracked)
+        if not kept:
+            return None
+        return (f"a backward pass reached {kept} tensor(s) whose .grad grape did not track when "
+                "the capture began (parameters of a module that is neither compiled, an argument, "
+                "nor stepped by an optimizer seen in a warm-up); they are tracked from now on")
+
     def __enter__(self) -> "StepWatch":
         self._handle = register_optimizer_step_pre_hook(self._pre_step)
+        # Tensor.backward calls torch.autograd.backward through the module: one place sees every
+        # backward pass that sets .grad (torch.autograd.grad sets none).
+        self._backward = original = torch.autograd.backward
+
+        def backward(tensors, *args, **kwargs):
+            inputs = kwargs.get("inputs", args[4] if len(args) > 4 else None)
+            self._pre_backward(tensors, inputs)
+            return original(tensors, *args, **kwargs)
+
+        torch.autograd.backward = backward
         return self
 
     def __exit__(self, *exc) -> None:
+        torch.autograd.backward = self._backward
         self._handle.remove()
+        for ref, grad in self._untracked:
+            leaf = ref()
+            if leaf is not None:
+                leaf.grad = grad
+        self._untracked.clear()
+
+
+def leaves_reached(tensors, inputs=None) -> list[torch.Tensor]:
+    """The leaves whose ``.grad`` a backward pass from ``tensors`` (a tensor, gradient edge, or a
+    sequence of them) accumulates into: ``inputs`` where given, else the variables of the
+    AccumulateGrad nodes its autograd graph reaches."""
+    if inputs is not None:
+        inputs = (inputs,) if isinstance(inputs, torch.Tensor) else inputs
+        return [t for t in inputs if isinstance(t, torch.Tensor) and t.is_leaf and t.requires_grad]
+    roots = (tensors,) if isinstance(tensors, torch.Tensor) else tensors
+    leaves, stack, visited = [], [], set()
+    for root in roots:
+        if isinstance(root, torch.Tensor):
+            if root.grad_fn is not None:
+                stack.append(root.grad_fn)
+            elif root.requires_grad:
+                leaves.append(root)
+        elif getattr(root, "node", None) is not None:  # torch.autograd.graph.GradientEdge
+            stack.append(root.node)
+    while stack:
+        node = stack.pop()
+        if node is None or node in visited:
+            continue
+        visited.add(node)
+        variable = getattr(node, "variable", None) if type(node).__name__ == "AccumulateGrad" else None
+        if variable is not None:
+            leaves.append(variable)
+        stack.extend(edge[0] for edge in node.next_functions)
+    return leaves
 
 
 def _stepped_by_grad_scaler() -> bool:
@@ -94,10 +177,11 @@ def _stepped_by_grad_scaler() -> bool:
     return False
 
 
-def leaves_of(arguments, optimizers, parameters) -> list[torch.Tensor]:
+def leaves_of(arguments, seen: Seen, parameters) -> list[torch.Tensor]:
     """The tensors whose ``.grad`` a captured step may set: the tensor arguments that require
-    grad, then the parameters that require grad of the optimizers, then ``parameters`` (the
-    modules', which the runtime reads from them), each once."""
+    grad, then the parameters that require grad of the optimizers seen, then the leaves backward
+    passes were seen to reach, then ``parameters`` (the modules', which the runtime reads from
+    them), each once. All of them are seen leaves from then on: a capture tracks them."""
     leaves, ids = [], set()
 
     def add(p):
@@ -107,12 +191,16 @@ def leaves_of(arguments, optimizers, parameters) -> list[torch.Tensor]:
 
     for p in arguments:
         add(p)
-    for optimizer in optimizers:
+    for optimizer in seen.optimizers:
         for group in optimizer.param_groups:
             for p in group["params"]:
                 add(p)
+    for p in list(seen.leaves.keys()):
+        add(p)
     for p in parameters:
         add(p)
+    for p in leaves:
+        seen.leaves[p] = None
     return leaves
 
 

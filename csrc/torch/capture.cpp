@@ -312,6 +312,13 @@ CaptureOutcome capture(const CaptureContext& context, FlatCall& flat, bool pin_h
         if (!r.effects_ok) r.effects_reason = changed.cast<std::string>();
       }
       r.backward_ran = gradients.collect(r.effects, r.effect_values, r.grad_guards);
+      if (r.effects_ok) {
+        // A gradient no guard or effect covers would be written by every replay where this
+        // capture left it (Note [Gradients of a captured step]).
+        const py::object untracked = stepped_optimizers.get().attr("untracked_leaves_kept")();
+        r.effects_ok = untracked.is_none();
+        if (!r.effects_ok) r.effects_reason = untracked.cast<std::string>();
+      }
     } catch (py::error_already_set& e) {
       r.result = py::none();
       // The capture ends before any more Python runs (a failing __str__ must not leave it open).

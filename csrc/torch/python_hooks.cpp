@@ -30,15 +30,15 @@ py::object PythonHooks::pinned_host_constants() const {
   return hooks_.attr("pinned_host_constants")();
 }
 
-py::object PythonHooks::optimizer_set() const { return hooks_.attr("optimizer_set")(); }
+py::object PythonHooks::training_seen() const { return hooks_.attr("training_seen")(); }
 
 py::object PythonHooks::step_watch(const py::object& seen) const {
   return hooks_.attr("step_watch")(seen);
 }
 
-py::object PythonHooks::leaves_of(const py::list& arguments, const py::object& optimizers,
+py::object PythonHooks::leaves_of(const py::list& arguments, const py::object& seen,
                                   const py::list& parameters) const {
-  return hooks_.attr("leaves_of")(arguments, optimizers, parameters);
+  return hooks_.attr("leaves_of")(arguments, seen, parameters);
 }
 
 void PythonHooks::prepare_backward(int device_index) const {

@@ -38,9 +38,9 @@ class PythonHooks {
   py::object pinned_host_constants() const;
 
   // Training steps (Note [Gradients of a captured step]).
-  py::object optimizer_set() const;  // a weakref.WeakSet
+  py::object training_seen() const;  // a grape._training.Seen
   py::object step_watch(const py::object& seen) const;
-  py::object leaves_of(const py::list& arguments, const py::object& optimizers,
+  py::object leaves_of(const py::list& arguments, const py::object& seen,
                        const py::list& parameters) const;
   void prepare_backward(int device_index) const;
   py::object state_tensors(const py::object& optimizers) const;

@@ -9,10 +9,12 @@
 
 namespace grape {
 
-py::object TrainingState::step_watch() {
-  if (seen_optimizers_.is_none()) seen_optimizers_ = hooks_.optimizer_set();
-  return hooks_.step_watch(seen_optimizers_);
+const py::object& TrainingState::seen() {
+  if (seen_.is_none()) seen_ = hooks_.training_seen();
+  return seen_;
 }
+
+py::object TrainingState::step_watch() { return hooks_.step_watch(seen()); }
 
 void TrainingState::remember_refusal(const py::object& watch) {
   const py::object refusal = watch.attr("refusal");
@@ -32,10 +34,8 @@ std::vector<at::Tensor> TrainingState::tracked_leaves(const py::object& static_m
   };
   if (!static_module.is_none()) add_parameters(static_module);
   for (const auto& m : flat.modules) add_parameters(m);
-  const py::object optimizers =
-      seen_optimizers_.is_none() ? py::object(py::list()) : seen_optimizers_;
   std::vector<at::Tensor> leaves;
-  for (py::handle t : hooks_.leaves_of(arguments, optimizers, parameters)) {
+  for (py::handle t : hooks_.leaves_of(arguments, seen(), parameters)) {
     leaves.push_back(THPVariable_Unpack(t.ptr()));
   }
   return leaves;
@@ -50,9 +50,7 @@ void TrainingState::prepare_backward(GraphPool& pool) {
 
 py::object TrainingState::device_settings_swap() {
   if (device_settings_.is_none()) device_settings_ = hooks_.device_settings();
-  const py::object optimizers =
-      seen_optimizers_.is_none() ? py::object(py::list()) : seen_optimizers_;
-  return device_settings_.attr("swap")(optimizers);
+  return device_settings_.attr("swap")(seen().attr("optimizers"));
 }
 
 TrainingState::BakedSettings TrainingState::bake_optimizers(

@@ -8,8 +8,13 @@
 // - Parameters and optimizer state are static, like a module's parameters: the graph reads and
 //   writes them in place, and a replay whose parameters or optimizer state moved captures again.
 //   The *tracked leaves* are the parameters that require grad of the compiled module, of module
-//   arguments, of parameter arguments, and of every optimizer the function stepped during its
-//   warm-up (grape._training.StepWatch, which also sets capturable=True on them).
+//   arguments, of parameter arguments, of every optimizer the function stepped during its
+//   warm-up (grape._training.StepWatch, which also sets capturable=True on them), and every leaf
+//   a backward pass of the function reached (a closure's model stepped outside the function). A
+//   capture whose backward pass reached a leaf it did not track, one that outlives the call,
+//   fails, and the signature warms up and captures again, tracking it: an untracked gradient
+//   would be written by replays where the capture left it, whatever the caller did with .grad
+//   since. A leaf the function makes (an input it sets requires_grad on) dies with the call.
 // - A gradient the step replaces (optimizer.zero_grad() sets it to None, backward makes a new
 //   one) is an effect, like a rebound attribute: the new gradient is an output of the graph, and
 //   each replay sets leaf.grad to its own. A gradient the step accumulates into in place is
@@ -86,18 +91,21 @@ class TrainingState {
                                 std::vector<std::pair<at::Tensor, const void*>>& statics) const;
 
   int traverse(visitproc visit, void* arg) {
-    Py_VISIT(seen_optimizers_.ptr());
+    Py_VISIT(seen_.ptr());
     Py_VISIT(device_settings_.ptr());
     return 0;
   }
   void clear() {
-    seen_optimizers_ = py::none();
+    seen_ = py::none();
     device_settings_ = py::none();
   }
 
  private:
   const PythonHooks& hooks_;
-  py::object seen_optimizers_ = py::none();  // a weakref.WeakSet
+  // What warm-ups and captures saw stepped and reached (a grape._training.Seen), made on first use.
+  const py::object& seen();
+
+  py::object seen_ = py::none();
   py::object device_settings_ = py::none();  // a grape._training.DeviceSettings
   std::string refusal_;
   bool backward_prepared_ = false;

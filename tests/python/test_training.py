@@ -2,8 +2,6 @@
 grape watches, the settings a graph bakes in, and which arguments that require grad can be
 captured (Note [Gradients of a captured step])."""
 
-import weakref
-
 import pytest
 import torch
 
@@ -23,42 +21,104 @@ def one_step(m, opt):
 def test_step_watch_records_the_optimizers_stepped_while_entered():
     m = model()
     opt = torch.optim.Adam(m.parameters(), lr=1e-3)
-    seen = weakref.WeakSet()
+    seen = _training.Seen()
     with _training.StepWatch(seen) as watch:
         one_step(m, opt)
         one_step(m, opt)
-    assert opt in seen and watch.stepped == [opt]
+    assert opt in seen.optimizers and watch.stepped == [opt]
     # CPU parameters cannot be capturable (the GPU tests check that CUDA ones are made so).
     assert opt.param_groups[0]["capturable"] is False
     # The hook is gone once the watch is left.
     other = torch.optim.SGD(model().parameters(), lr=0.1)
     one_step(model(), other)
-    assert other not in seen
+    assert other not in seen.optimizers
 
 
 def test_optimizers_without_the_option_are_left_alone():
     m = model()
     opt = torch.optim.SGD(m.parameters(), lr=0.1, momentum=0.9)
-    with _training.StepWatch(weakref.WeakSet()) as watch:
+    with _training.StepWatch(_training.Seen()) as watch:
         one_step(m, opt)
     assert watch.stepped == [opt] and "capturable" not in opt.param_groups[0]
 
 
 def test_step_watch_forgets_optimizers_that_die():
-    seen = weakref.WeakSet()
+    seen = _training.Seen()
     m = model()
     opt = torch.optim.AdamW(m.parameters())
     with _training.StepWatch(seen):
         one_step(m, opt)
     del opt
-    assert len(seen) == 0
+    assert len(seen.optimizers) == 0
+    del m
+    assert len(seen.leaves) == 0
+
+
+def test_step_watch_records_the_leaves_every_backward_pass_reaches():
+    m = model()
+    m[2].bias.requires_grad_(False)
+    seen = _training.Seen()
+    with _training.StepWatch(seen):
+        m(torch.randn(3, 4)).sum().backward()  # no optimizer: a closure's model, stepped outside
+    assert {id(p) for p in seen.leaves} == {id(m[0].weight), id(m[0].bias), id(m[2].weight)}
+    assert len(seen.leaves) == 3
+    # torch.autograd.backward with inputs= accumulates into those only; and the watch is gone
+    # once left.
+    other = model()
+    seen = _training.Seen()
+    with _training.StepWatch(seen):
+        torch.autograd.backward(other(torch.randn(3, 4)).sum(), inputs=[other[2].weight])
+    model()(torch.randn(3, 4)).sum().backward()
+    assert [id(p) for p in seen.leaves] == [id(other[2].weight)]
+
+
+def test_leaves_reached_follow_the_autograd_graph_to_its_accumulate_grad_nodes():
+    m = model()
+    x = torch.randn(3, 4, requires_grad=True)
+    out = m(x).sum()
+    reached = {id(p) for p in _training.leaves_reached(out)}
+    assert reached == {id(p) for p in m.parameters()} | {id(x)}
+    assert _training.leaves_reached([out, x]) and _training.leaves_reached(x) == [x]
+    assert _training.leaves_reached(m(torch.randn(3, 4)).detach()) == []
+
+
+def test_a_backward_pass_reaching_untracked_leaves_fails_the_capture_and_tracks_them(monkeypatch):
+    # Inside a capture (simulated here) an untracked gradient would be written where the capture
+    # left it by every replay: the capture is refused once the function returned, the gradient is
+    # put back, and the retry tracks it. A leaf the function made and dropped does not count.
+    m = model()
+    seen = _training.Seen()
+    tracked = _training.leaves_of([], seen, list(m[0].parameters()))
+    assert [id(p) for p in tracked] == [id(m[0].weight), id(m[0].bias)]
+    monkeypatch.setattr(_training, "_capturing", lambda: True)
+    with _training.StepWatch(seen) as watch:
+        m(torch.randn(3, 4)).sum().backward()
+        assert m[2].weight.grad is not None
+        reason = watch.untracked_leaves_kept()
+    assert "reached 2 tensor(s) whose .grad grape did not track" in reason
+    assert m[2].weight.grad is None and m[0].weight.grad is not None  # put back; tracked kept
+    with _training.StepWatch(seen) as watch:
+        m(torch.randn(3, 4)).sum().backward()  # now tracked
+        made = torch.randn(3, 4)[:, None].requires_grad_()  # as Wav2Vec2's feature encoder does
+        (m(made.squeeze(1)).sum()).backward()
+        del made
+        assert watch.untracked_leaves_kept() is None
+    assert m[2].weight.grad is not None
+    assert len(_training.leaves_of([], seen, [])) == 4
+
+
+def seen_stepping(*optimizers):
+    seen = _training.Seen()
+    for optimizer in optimizers:
+        seen.optimizers.add(optimizer)
+    return seen
 
 
 def test_leaves_are_parameters_that_require_grad_once():
     m = model()
     m[2].bias.requires_grad_(False)
     opt = torch.optim.AdamW(list(m[0].parameters()) + list(m[2].parameters()))
-    leaves = _training.leaves_of([], [opt], [*m.parameters(), *m[0].parameters()])
+    leaves = _training.leaves_of([], seen_stepping(opt), [*m.parameters(), *m[0].parameters()])
     assert [id(p) for p in leaves] == [id(m[0].weight), id(m[0].bias), id(m[2].weight)]
 
 
@@ -67,7 +127,7 @@ def test_leaves_start_with_the_arguments_that_require_grad_once():
     opt = torch.optim.AdamW(m[0].parameters())
     extra = torch.zeros(2, requires_grad=True)
     arguments = [m[2].weight, extra, extra, torch.zeros(2)]
-    leaves = _training.leaves_of(arguments, [opt], list(m.parameters()))
+    leaves = _training.leaves_of(arguments, seen_stepping(opt), list(m.parameters()))
     assert [id(p) for p in leaves] == [id(m[2].weight), id(extra), id(m[0].weight),
                                        id(m[0].bias), id(m[2].bias)]
 
@@ -277,11 +337,11 @@ def test_a_grad_scaler_stepping_an_optimizer_that_reads_found_inf_on_the_host_is
     # scaler's stage unscaled for the eager run after it, so the runtime never tries.
     m = model()
     opt = torch.optim.AdamW(m.parameters())
-    with _training.StepWatch(weakref.WeakSet()) as watch:
+    with _training.StepWatch(_training.Seen()) as watch:
         one_step(m, opt)
     assert watch.refusal is None
     scaler = torch.amp.GradScaler("cpu")
-    with _training.StepWatch(weakref.WeakSet()) as watch:
+    with _training.StepWatch(_training.Seen()) as watch:
         scaler.scale(m(torch.randn(3, 4)).sum()).backward()
         scaler.step(opt)
         scaler.update()

@@ -367,12 +367,7 @@ def eager_and_grape(make, **adamw_kw):
             eager_opt, opt)
 
 
-@pytest.mark.parametrize("set_to_none", [
-    pytest.param(True, marks=pytest.mark.xfail(strict=True, reason=(
-        "known bug: after the stepping call set the gradients to None, the first micro-batch's "
-        "graph, captured accumulating into the earlier gradients, replays without being captured "
-        "again and leaves them None"))),
-    False])
+@pytest.mark.parametrize("set_to_none", [True, False])
 def test_gradient_accumulation_steps_every_kth_call(set_to_none):
     k = 3
 
@@ -403,6 +398,68 @@ def test_gradient_accumulation_steps_every_kth_call(set_to_none):
         # The first micro-batch makes the gradients, the others accumulate into them where the
         # last one left them: each cycle moves them, and captures again.
         assert s["recaptures"] > 0
+
+
+@pytest.mark.parametrize("set_to_none", [True, False])
+def test_forward_and_backward_compiled_with_the_optimizer_stepped_outside(set_to_none):
+    """The model is the step's closure and no optimizer steps inside it: the gradients it sets
+    are known from the backward pass of its warm-up (Note [Gradients of a captured step])."""
+    def make(model, opt):
+        def forward_backward(x, y):
+            loss = F.mse_loss(model(x), y)
+            loss.backward()
+            return loss.detach()
+
+        return forward_backward
+
+    eager_step, step, eager_model, model, eager_opt, opt = eager_and_grape(make)
+    for x, y in batches(8):
+        torch.testing.assert_close(step(x, y), eager_step(x, y))
+        assert_same_state(model, eager_model, opt, eager_opt)
+        for o in (opt, eager_opt):
+            o.step()
+            o.zero_grad(set_to_none=set_to_none)
+        assert_same_state(model, eager_model, opt, eager_opt)
+    s = grape.stats(step)
+    assert s["fallbacks"] == [] and s["capture_failures"] == 0
+    assert s["graphs"] == 2 and s["replays"] == 7 and s["recaptures"] == 0
+
+
+def test_a_backward_pass_reaching_new_parameters_captures_once_they_are_known():
+    """A signature whose backward pass reaches parameters no warm-up saw (a head used only for
+    it, stepped outside): its capture at first sight fails with the reason, it warms up, and the
+    next call captures tracking their gradients."""
+    heads = []
+
+    def make(model, opt):
+        torch.manual_seed(3)
+        head = torch.nn.Linear(4, 1).to(DEV)
+        heads.append(head)
+
+        def forward_backward(x, y, with_head):
+            out = model(x)
+            loss = F.mse_loss(out, y)
+            if with_head:
+                loss = loss + head(out).square().mean()
+            loss.backward()
+            return loss.detach()
+
+        return forward_backward
+
+    eager_step, step, eager_model, model, eager_opt, opt = eager_and_grape(make)
+    eager_head, head = heads
+    for i, (x, y) in enumerate(batches(8, sizes=(8,))):
+        with_head = i >= 2
+        torch.testing.assert_close(step(x, y, with_head), eager_step(x, y, with_head))
+        assert_same_state(model, eager_model, opt, eager_opt)
+        assert (head.weight.grad is None) == (eager_head.weight.grad is None)
+        if with_head:
+            torch.testing.assert_close(head.weight.grad, eager_head.weight.grad)
+        for m in (model, eager_model, head, eager_head):
+            m.zero_grad(set_to_none=False)
+    s = grape.stats(step)
+    assert s["fallbacks"] == [] and s["capture_failures"] == 1
+    assert s["graphs"] == 2 and s["recaptures"] == 0
 
 
 def grad_scaler_step(model, opt):
