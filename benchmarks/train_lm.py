@@ -36,10 +36,6 @@ Timing: the first pass runs --steps steps, each timed with a device sync: `first
 which no step warms up, captures or runs eagerly; eager: within 1.25x of its steady step). Then
 --reps passes of STEADY_STEPS steps over the first pass's batches, each timed as a block with no
 sync between steps: `ms_per_step` is the median pass over STEADY_STEPS (the steady state).
-Eager's `step_kernel_ms`: the GPU time of the kernels one steady step launches (torch.profiler
-over one more pass), which no graph of the step beats; grape's `vs_eager_kernel_time` is its
-ms_per_step over that (1.0: nothing but the GPU's work is left; harness.kernel_ms says where
-the sum is not to be trusted, as for wav2vec2's cuDNN convolutions).
 The scheduler's schedule spans every step of the mode. `recaptures` (grape) counts captures
 that replaced a graph because its state changed (a setting baked in that changed).
 Losses: the first pass's, one per step. `losses_bit_identical` compares with eager_device_lr,
@@ -198,8 +194,7 @@ def run_mode(case_name: str, case: dict, mode: str, reps: int, device: str) -> d
     opt = torch.optim.AdamW(model.parameters(), lr=case["lr"], weight_decay=case["weight_decay"],
                             capturable=capturable)
     batches = case["batches"]
-    # Every step of eager's, its profiled pass included (the same schedule in every mode).
-    sched = scheduler(case_name, opt, len(batches) + (reps + 1) * STEADY_STEPS)
+    sched = scheduler(case_name, opt, len(batches) + reps * STEADY_STEPS)
     step = make_train_step(model, opt, case["loss_of"], device)
     if mode == "grape":
         step = grape.compile(step)
@@ -221,19 +216,15 @@ def run_mode(case_name: str, case: dict, mode: str, reps: int, device: str) -> d
         lrs.append(opt.param_groups[0]["lr"])
         if counters is not None:
             changes.append(counters.change())
-    def steady_pass():
-        for batch in batches[:STEADY_STEPS]:
-            step(*batch)
-            sched.step()
-
-    pass_steps = min(STEADY_STEPS, len(batches))
     passes = []
     for _ in range(reps):
         sync(device)
         start = time.perf_counter()
-        steady_pass()
+        for batch in batches[:STEADY_STEPS]:
+            step(*batch)
+            sched.step()
         sync(device)
-        passes.append((time.perf_counter() - start) * 1e3 / pass_steps)
+        passes.append((time.perf_counter() - start) * 1e3 / min(STEADY_STEPS, len(batches)))
 
     r = {"ms_per_step": harness.median(passes), "steady_passes_ms_per_step": passes,
          "first_call_s": seconds[0], "first_pass_s": sum(seconds),
@@ -247,8 +238,6 @@ def run_mode(case_name: str, case: dict, mode: str, reps: int, device: str) -> d
     r["losses"] = torch.stack(losses).float().tolist()
     if device == "cuda":
         r["peak_allocated_bytes"] = torch.cuda.max_memory_allocated()
-        if mode == "eager":
-            r["step_kernel_ms"] = harness.kernel_ms(steady_pass)["kernel_ms"] / pass_steps
     if mode == "grape":
         r.update(harness.grape_stats(step, GRAPE_STATS))
     if "peak_allocated_bytes" in r:
@@ -276,8 +265,6 @@ def compare(case_name: str, results: dict) -> None:
             r["lr_float_equal_to_eager"] = r["lr_is_float"] and r["lrs"] == eager["lrs"]
             if eager.get("ms_per_step") and r.get("ms_per_step"):
                 r["speedup_vs_eager"] = eager["ms_per_step"] / r["ms_per_step"]
-            if eager.get("step_kernel_ms") and r.get("ms_per_step"):
-                r["vs_eager_kernel_time"] = r["ms_per_step"] / eager["step_kernel_ms"]
             if eager.get("gpu_mem_bytes") and r.get("gpu_mem_bytes"):
                 r["mem_ratio_to_eager"] = r["gpu_mem_bytes"] / eager["gpu_mem_bytes"]
         if default and not default.get("error") and mode != "eager_default":
@@ -296,7 +283,6 @@ def markdown(cases: list[dict]) -> str:
                harness.value_column("first step s", "first_call_s", "{:.2f}"),
                harness.value_column("to steady s", "time_to_steady_s", "{:.2f}"),
                harness.value_column("steps to steady", "calls_to_steady", "{}"),
-               harness.value_column("vs eager kernel time", "vs_eager_kernel_time", "{:.2f}x"),
                harness.value_column("recaptures", "recaptures", "{}"),
                harness.value_column("losses = eager", "losses_bit_identical", "{}"),
                harness.value_column("max rel. diff vs default", "max_loss_rel_diff_default_optimizer",
