@@ -72,6 +72,22 @@ def test_step_watch_records_the_leaves_every_backward_pass_reaches():
     assert [id(p) for p in seen.leaves] == [id(other[2].weight)]
 
 
+def test_step_watches_nest_and_put_backward_back_even_after_an_error():
+    # A compiled function calling another warms up inside the outer one's watch: both see the
+    # backward pass, and each leaves torch.autograd.backward as it found it.
+    original = torch.autograd.backward
+    m = model()
+    outer, inner = _training.Seen(), _training.Seen()
+    with _training.StepWatch(outer):
+        with pytest.raises(ZeroDivisionError):
+            with _training.StepWatch(inner):
+                m(torch.randn(3, 4)).sum().backward()
+                1 / 0
+        assert torch.autograd.backward is not original
+    assert torch.autograd.backward is original
+    assert len(inner.leaves) == len(outer.leaves) == 4
+
+
 def test_leaves_reached_follow_the_autograd_graph_to_its_accumulate_grad_nodes():
     m = model()
     x = torch.randn(3, 4, requires_grad=True)
