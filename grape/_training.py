@@ -17,6 +17,7 @@ import torch
 from torch.optim.optimizer import register_optimizer_step_pre_hook
 from torch.utils.weak import WeakIdKeyDictionary
 
+from grape import _C
 from grape._predicate import _capturing
 
 __all__ = ["DeviceSetting", "DeviceSettings", "DeviceSettingsSwap", "Seen", "StepWatch",
@@ -218,15 +219,6 @@ def hyperparameters(optimizers) -> list[tuple]:
     return settings
 
 
-def _same_setting(now, then) -> bool:
-    # A tensor setting is read by the kernels: only its identity matters (and == would sync).
-    if now is then:
-        return True
-    if isinstance(now, torch.Tensor) or isinstance(then, torch.Tensor):
-        return False
-    return bool(now == then)
-
-
 # Note [Device settings]
 # ~~~~~~~~~~~~~~~~~~~~~~
 # A learning-rate scheduler changes group["lr"] before every step. A graph bakes a Python float
@@ -355,11 +347,10 @@ class DeviceSettingsSwap:
         swapped = {(id(s.group), s.key): (s, version) for s, _, version in self._swapped}
         for group, key, value in self._before:
             setting, version = swapped.get((id(group), key), (None, 0))
-            now = group.get(key)
             if setting is not None:
-                changed = now is not setting.tensor or setting.tensor._version != version
-            else:
-                changed = not _same_setting(now, value)
+                changed = group.get(key) is not setting.tensor or setting.tensor._version != version
+            else:  # compared as a replay compares what its graph baked in
+                changed = not _C._optimizer_settings_hold([(group, key, value)])[0]
             if changed:
                 return (f"the function changed the optimizer setting '{key}', which its replays "
                         "would not do (a learning-rate scheduler stepped inside it?); step "
