@@ -153,8 +153,5 @@ class RuntimeHooks:
     def state_tensors(self, optimizers) -> list:
         return _training.state_tensors(optimizers)
 
-    def hyperparameters(self, optimizers) -> list:
-        return _training.hyperparameters(optimizers)
-
     def device_settings(self) -> _training.DeviceSettings:
         return _training.DeviceSettings()

@@ -314,8 +314,9 @@ class DeviceSettingsSwap:
     def __init__(self, settings: DeviceSettings, optimizers: list):
         self._settings = settings
         self._optimizers = optimizers
-        # Each setting swapped in, the value put back on exit, and its tensor's version on entry.
-        self._swapped: list[tuple[DeviceSetting, object, int]] = []
+        # Each setting swapped in, by (id(group), key): it, the value put back on exit, and its
+        # tensor's version on entry.
+        self._swapped: dict[tuple[int, str], tuple[DeviceSetting, object, int]] = {}
         self._before: list[tuple] = []
 
     def __enter__(self) -> "DeviceSettingsSwap":
@@ -327,26 +328,26 @@ class DeviceSettingsSwap:
                     value = group[key]
                     if _is_number(value):
                         setting = self._settings.setting(group, key, device)
-                        self._swapped.append((setting, value, setting.tensor._version))
+                        self._swapped[(id(group), key)] = (setting, value,
+                                                           setting.tensor._version)
                         group[key] = setting.tensor
         return self
 
     def __exit__(self, *exc) -> None:
-        for setting, value, _ in self._swapped:
+        for setting, value, _ in self._swapped.values():
             setting.group[setting.key] = value
 
     def write(self) -> None:
         """Writes the floats swapped out into their tensors: an eager step run while entered then
         computes what a replay computes (tests and benchmarks compare the two)."""
-        for setting, value, _ in self._swapped:
+        for setting, value, _ in self._swapped.values():
             setting.write(value)
 
     def changed_by_function(self) -> Optional[str]:
         """While entered, after the function ran: which setting it changed, if any. A scheduler
         rebinds a float setting, and fills a tensor one in place."""
-        swapped = {(id(s.group), s.key): (s, version) for s, _, version in self._swapped}
         for group, key, value in self._before:
-            setting, version = swapped.get((id(group), key), (None, 0))
+            setting, _, version = self._swapped.get((id(group), key), (None, None, 0))
             if setting is not None:
                 changed = group.get(key) is not setting.tensor or setting.tensor._version != version
             else:  # compared as a replay compares what its graph baked in
@@ -360,14 +361,13 @@ class DeviceSettingsSwap:
     def bake(self, stepped) -> tuple[list, list]:
         """For a graph that stepped ``stepped``: the settings it baked in (see hyperparameters)
         and the DeviceSettings it reads."""
-        swapped = {(id(s.group), s.key): s for s, _, _ in self._swapped}
         baked, on_device = [], []
         for group, key, value in hyperparameters(stepped):
-            setting = swapped.get((id(group), key))
-            if setting is None:
+            swapped = self._swapped.get((id(group), key))
+            if swapped is None:
                 baked.append((group, key, value))
             else:
-                on_device.append(setting)
+                on_device.append(swapped[0])
         return baked, on_device
 
 

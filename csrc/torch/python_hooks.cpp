@@ -49,10 +49,6 @@ py::object PythonHooks::state_tensors(const py::object& optimizers) const {
   return hooks_.attr("state_tensors")(optimizers);
 }
 
-py::list PythonHooks::hyperparameters(const py::object& optimizers) const {
-  return hooks_.attr("hyperparameters")(optimizers);
-}
-
 py::object PythonHooks::device_settings() const { return hooks_.attr("device_settings")(); }
 
 }  // namespace grape

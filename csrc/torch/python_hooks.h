@@ -44,7 +44,6 @@ class PythonHooks {
                        const py::list& parameters) const;
   void prepare_backward(int device_index) const;
   py::object state_tensors(const py::object& optimizers) const;
-  py::list hyperparameters(const py::object& optimizers) const;
   py::object device_settings() const;  // Note [Device settings]: a DeviceSettings registry
 
   int traverse(visitproc visit, void* arg) {
