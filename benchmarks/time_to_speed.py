@@ -43,8 +43,9 @@ with the prompt, then the longer prompt's):
           "patch"} (grape.stats' <name>_seconds, in ms); graphs and fallbacks at the end
   static_compile:  compiles_per_call (graphs torch.compile compiled in each call), compiled_by_hf
 Before a case's modes, throwaway copies of its model generate once with each prompt, eagerly and
-(where grape is among the modes) through a throwaway grape.compile (config `process_warmup_ms`,
-per path): the process's first-use costs (CUDA context, cuBLAS handles, kernels loaded lazily,
+(where grape is among the modes) through a throwaway grape.compile, which calls the prompt twice
+so that its capture of the prompt's signature comes too (config `process_warmup_ms`, per path and
+call): the process's first-use costs (CUDA context, cuBLAS handles, kernels loaded lazily,
 and the per-shape plans of cuDNN's attention, which eager pays at the first call of each length
 too, and which a captured forward needs apart from eager's because Hugging Face builds the
 attention mask when it cannot look at it on the host) would otherwise fall on whichever mode runs
@@ -229,7 +230,10 @@ def run_case(base, model: str, name: str, batch: int, calls: int, new_tokens: in
         throwaway = copy.deepcopy(base)
         if path == "grape":
             grape.compile(throwaway)
-        warmup[path], _, _ = timed_calls(throwaway, [inputs[0], inputs[-1]], case["kwargs"],
+        # grape's throwaway calls the prompt twice: its second call captures the prompt's
+        # signature (the first warms up), which needs cuDNN plans of its own.
+        first_use = [inputs[0]] * (2 if path == "grape" else 1) + [inputs[-1]]
+        warmup[path], _, _ = timed_calls(throwaway, first_use, case["kwargs"],
                                          harness.Counters(dict), f"process warm-up ({path})")
         del throwaway
         harness.clear_memory()

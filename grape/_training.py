@@ -52,6 +52,12 @@ class Seen:
         self.optimizers: weakref.WeakSet = weakref.WeakSet()
         self.leaves = WeakIdKeyDictionary()  # tensor -> None, in the order first seen
 
+    @property
+    def training(self) -> bool:
+        """Whether a backward pass or an optimizer step was seen: until then a capture tracks
+        no module's parameters (Note [Gradients of a captured step])."""
+        return len(self.leaves) > 0 or len(self.optimizers) > 0
+
 
 class StepWatch:
     """While entered: every optimizer that steps is remembered in ``seen.optimizers`` and made

@@ -12,6 +12,13 @@
 //     nearly all recent such launches found it. Then the GPU waits for the host and patching
 //     would delay the launch. Where work is queued, patching overlaps it and a slot would only
 //     take memory;
+//   - and there only once the shape has paid for it (SlotRent, rent or buy): until what its
+//     patches cost while the GPU waited reaches what an instantiation of its group cost, it is
+//     patched. Whether a slot pays depends on how often the shape comes back, unknown at its
+//     first replay: a shape that comes back a few times (a prompt's lengths) then costs no
+//     instantiation, one that comes back for ever costs at most about twice the cheaper choice,
+//     and a loop's second pass over its shapes (a generation's lengths) patches them instead of
+//     instantiating every slot at once, which made that pass several times slower than the next;
 //   - once it is full, a shape without a slot is patched into the most recently used slot other
 //     than the last launched one. Replacing the most recently used (not the least) keeps a cyclic
 //     order of shapes (a generation's growing lengths, an epoch's batches) from evicting each slot
@@ -40,6 +47,18 @@ struct SlotChoice {
   enum class Kind { kHit, kNewSlot, kPatch };
   Kind kind;
   size_t slot = 0;  // kHit and kPatch: which slot
+};
+
+// What one shape without a slot of its own has paid in patches (Note [Executable slots]).
+struct SlotRent {
+  // A patch delays the launch it serves by its own time and, measured, by about as much again at
+  // that launch (docs/results.md, "Figures behind design rules"), so it is charged twice.
+  static constexpr int64_t kChargePerPatchTime = 2;
+  int64_t paid_ns = 0;
+  // A patch of `patch_ns` while the GPU waited for the host.
+  void patched(int64_t patch_ns) { paid_ns += kChargePerPatchTime * patch_ns; }
+  // Whether a slot costing `slot_ns` to make (its group's latest instantiation) is paid for.
+  bool paid_for(int64_t slot_ns) const { return paid_ns >= slot_ns; }
 };
 
 // Where `shape` should run among a group's resident `slots`. `room`: the executable cache can take

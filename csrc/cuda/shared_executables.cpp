@@ -131,6 +131,7 @@ size_t SharedExecutables::instantiate(Group& group, cudaStream_t stream) {
     check(uploaded, "cudaGraphUpload");
   }
   record_instantiation(free_before > free_after ? free_before - free_after : 0, group.nodes.size());
+  group.slot_price_ns = core::elapsed_ns(start);
   // Executables of one graph are of one size, so a group's are charged alike, at the estimate
   // refined by this instantiation: a charge fixed at the first would keep the first
   // instantiations' chunks (several times an executable's share) for the group's lifetime.
@@ -160,12 +161,21 @@ void SharedExecutables::destroy_slot(Group& group, size_t slot) {
 }
 
 size_t SharedExecutables::slot_for(Group& group, uint32_t shape, cudaStream_t stream,
-                                   bool host_paced) {
+                                   bool host_paced, bool* rents) {
   // Whether the group grows is asked only where the shape would be patched: a hit, the most
   // common choice on the replay path, makes no stream query.
   core::SlotChoice choice = core::choose_slot(group.slots, shape, false);
   if (choice.kind == core::SlotChoice::Kind::kPatch) {
-    choice = choose(group, shape, grows(group, stream, host_paced));
+    bool grow = false;
+    if (room_for_slot(group)) {
+      if (growth_ == SlotGrowth::kWhileRoom) {
+        grow = true;
+      } else if (gpu_waits(stream, host_paced)) {
+        grow = group.rent[shape].paid_for(group.slot_price_ns);
+        if (rents != nullptr) *rents = !grow;
+      }
+    }
+    choice = choose(group, shape, grow);
   }
   if (choice.kind != core::SlotChoice::Kind::kNewSlot) return choice.slot;
   try {
@@ -187,9 +197,7 @@ bool SharedExecutables::room_for_slot(const Group& group) const {
   return cache_bytes_ == SIZE_MAX || cached_bytes_ + bytes <= cache_bytes_;
 }
 
-bool SharedExecutables::grows(const Group& group, cudaStream_t stream, bool host_paced) {
-  if (!room_for_slot(group)) return false;
-  if (growth_ == SlotGrowth::kWhileRoom) return true;
+bool SharedExecutables::gpu_waits(cudaStream_t stream, bool host_paced) {
   // A capture's join, or a launch right after a capture or an eager run: the stream drained while
   // the host did that work, which says nothing about whether launches alone keep the GPU busy.
   if (!host_paced) return false;
@@ -227,44 +235,41 @@ SharedExecutables::Member SharedExecutables::add(cudaGraph_t graph, cudaStream_t
   const bool shareable = share && contents.readable;
   if (share && !contents.readable) unshareable_reason_ = contents.why_not;
 
-  core::NodeGraph aligned;  // a shareable graph's view for alignment; kept if it starts a group
+  // A shareable graph's view for alignment, made when first needed (not for a graph that joins a
+  // group of its own topology as it is); kept if the graph starts a group.
+  core::NodeGraph aligned;
+  bool viewed = false;
+  auto view = [&]() -> const core::NodeGraph& {
+    if (!viewed) aligned = alignment_view(contents);
+    viewed = true;
+    return aligned;
+  };
   if (shareable) {
-    aligned = alignment_view(contents);
     std::vector<uint32_t> tried;  // groups of this topology, joined or not
     auto [first, last] = by_topology_.equal_range(contents.topology);
     for (auto it = first; it != last; ++it) {
       Group& group = *groups_[it->second];
       tried.push_back(it->second);
-      // cudaGraphExecUpdate takes graphs of the group's base topology only, and would not make
-      // the nodes the graph lacks no-ops: into a union (its anchors are no captured graph's
-      // nodes), or a group registered by a near join, a graph joins by alignment.
+      // Into a union (its anchors are no captured graph's nodes), or a group registered by a
+      // near join, a graph joins by alignment: node i of the group is not node i of the graph.
       if (group.start != nullptr || contents.topology != group.topologies.front()) {
         Member joined;
-        if (join_aligned(it->second, aligned, contents, stream, joined)) return joined;
+        if (join_aligned(it->second, view(), contents, stream, joined)) return joined;
         continue;
       }
       if (group.nodes.size() != contents.nodes.size() || group.kinds != contents.kinds) continue;
-      // The update both asks the driver whether the graph may share this group's executables and
-      // writes its parameters into the slot it will replay in: one holding no live shape, a new
-      // one where the cache has room, else the one a shape without a slot is patched into.
-      const size_t slots_before = group.slots.size();
-      const size_t slot = slot_for(group, core::ExecutableSlot::kNoShape, stream, false);
-      const bool fresh = group.slots.size() > slots_before;
-      cudaGraphExecUpdateResultInfo info{};
-      if (cudaGraphExecUpdate(group.executables[slot].exec, graph, &info) != cudaSuccess) {
-        (void)cudaGetLastError();
-        if (fresh) {
-          destroy_slot(group, slot);
-        } else {
-          group.slots[slot].shape = core::ExecutableSlot::kNoShape;  // maybe partly updated
-        }
-        continue;
+      // Patching the graph's parameters into the slot it will replay in asks the driver, node by
+      // node, whether they may share this group's executables: the nodes the slot's shape already
+      // holds were asked when that shape joined. cudaGraphExecUpdate of the whole graph would ask
+      // the same for every node, at several times the cost (docs/results.md).
+      try {
+        const uint32_t shape = join_as_is(group, contents.blobs, stream);
+        ++group.members;
+        ++counters_.joins;
+        return {it->second, shape};
+      } catch (const std::runtime_error&) {
+        continue;  // the driver refused a node's parameters
       }
-      const uint32_t shape = group.params->add(contents.blobs);
-      group.slots[slot] = {shape, ++clock_};
-      ++group.members;
-      ++counters_.joins;
-      return {it->second, shape};
     }
     // A graph of no group's topology (or one whose update the driver refused, which alignment
     // would not check better) may join the most recent groups of a near topology.
@@ -281,7 +286,7 @@ SharedExecutables::Member SharedExecutables::add(cudaGraph_t graph, cudaStream_t
         }
         ++near_tried;
         Member joined;
-        if (join_aligned(static_cast<uint32_t>(index), aligned, contents, stream, joined)) {
+        if (join_aligned(static_cast<uint32_t>(index), view(), contents, stream, joined)) {
           return joined;
         }
       }
@@ -293,7 +298,10 @@ SharedExecutables::Member SharedExecutables::add(cudaGraph_t graph, cudaStream_t
   group->graph = graph;
   owner.graph = nullptr;
   const size_t count = contents.nodes.size();
-  group->shape = std::move(aligned);  // without an order, no graph joins it by alignment
+  if (shareable) {
+    view();
+    group->shape = std::move(aligned);  // without an order, no graph joins it by alignment
+  }
   group->nodes = std::move(contents.nodes);
   group->kinds = std::move(contents.kinds);
   group->smallest_member = count;
@@ -422,6 +430,7 @@ void SharedExecutables::remove(Member member) {
   if (group.params) {
     group.params->remove(member.shape);
     group.kernels.erase(member.shape);
+    group.rent.erase(member.shape);
     if (member.shape != core::ParamTable::kBase) {  // the base's parameters stay readable
       for (auto& slot : group.slots) {
         if (slot.shape == member.shape) slot.shape = core::ExecutableSlot::kNoShape;
@@ -446,8 +455,12 @@ void SharedExecutables::remove(Member member) {
 
 cudaGraphExec_t SharedExecutables::prepare(Member member, cudaStream_t stream, bool host_paced) {
   Group& group = *groups_.at(member.group);
-  const size_t slot = slot_for(group, member.shape, stream, host_paced);
-  if (group.slots[slot].shape != member.shape) patch(group, slot, member.shape);
+  bool rents = false;
+  const size_t slot = slot_for(group, member.shape, stream, host_paced, &rents);
+  if (group.slots[slot].shape != member.shape) {
+    const int64_t ns = patch(group, slot, member.shape);
+    if (rents) group.rent[member.shape].patched(ns);
+  }
   group.slots[slot].last_used = ++clock_;
   return group.executables[slot].exec;
 }
@@ -456,6 +469,8 @@ void SharedExecutables::prepare_ahead(Member member) {
   if (!member.valid() || member.group >= groups_.size() || !groups_[member.group]) return;
   Group& group = *groups_[member.group];
   if (group.slots.empty() || !group.params || !group.params->contains(member.shape)) return;
+  // Where the cache has room, prepare() decides, as the launch finds the GPU: a slot of its own,
+  // or a patch that pays towards one (rent).
   const core::SlotChoice choice = choose(group, member.shape, room_for_slot(group));
   if (choice.kind != core::SlotChoice::Kind::kPatch) return;
   patch(group, choice.slot, member.shape);
@@ -479,7 +494,7 @@ void SharedExecutables::launched(Member member) {
   }
 }
 
-void SharedExecutables::patch(Group& group, size_t slot, uint32_t shape) {
+int64_t SharedExecutables::patch(Group& group, size_t slot, uint32_t shape) {
   const auto start = core::Clock::now();
   std::vector<uint32_t> changed;
   const uint32_t from = group.slots[slot].shape;
@@ -500,7 +515,9 @@ void SharedExecutables::patch(Group& group, size_t slot, uint32_t shape) {
   group.slots[slot].shape = shape;
   ++counters_.switches;
   counters_.nodes_patched += static_cast<int64_t>(changed.size());
-  counters_.patch_ns += core::elapsed_ns(start);
+  const int64_t ns = core::elapsed_ns(start);
+  counters_.patch_ns += ns;
+  return ns;
 }
 
 int SharedExecutables::evict_to(size_t bytes, Member keep) {

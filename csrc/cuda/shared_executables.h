@@ -11,8 +11,9 @@
 //     one is instantiated again from the base graph on demand); which shape runs in which slot is
 //     Note [Executable slots];
 //   - every member's node parameters, compressed (Note [Graph parameter codec]).
-// A new graph joins a group whose topology key matches if cudaGraphExecUpdate of the group's
-// executable with it succeeds: the driver, not this file, decides what may share. The graph is
+// A new graph joins a group whose topology key matches if the driver takes its parameters,
+// patched node by node into the executable it will replay in: the driver, not this file, decides
+// what may share. The graph is
 // then read and destroyed; only its parameters stay. Launching a member without a slot of its own
 // first patches the nodes whose parameters differ from what its slot holds. Patching never touches
 // launches already queued ("modifications only affect future launches"), so with the cache empty
@@ -131,12 +132,15 @@ class SharedExecutables {
   // A new slot of `group`, instantiated from its base graph (holding the base's parameters);
   // returns its index.
   size_t instantiate(Group& group, cudaStream_t stream);
-  void patch(Group& group, size_t slot, uint32_t shape);  // requires a shareable group
+  // Returns the time it took; requires a shareable group.
+  int64_t patch(Group& group, size_t slot, uint32_t shape);
   void destroy_slot(Group& group, size_t slot);
   // The slot `shape` runs in (Note [Executable slots]), instantiated if new; where instantiation
   // fails (out of memory) and the group has slots, one of them. `host_paced`: chosen for a launch
-  // that follows launches only (prepare), not for a capture's join.
-  size_t slot_for(Group& group, uint32_t shape, cudaStream_t stream, bool host_paced);
+  // that follows launches only (prepare), not for a capture's join. `rents`, where given: set
+  // where `shape` is to be patched while the GPU waits, towards a slot of its own.
+  size_t slot_for(Group& group, uint32_t shape, cudaStream_t stream, bool host_paced,
+                  bool* rents = nullptr);
   // choose_slot for `shape`, told which slots would change the fewest kernels.
   core::SlotChoice choose(Group& group, uint32_t shape, bool room);
   // Per node of `shape`, the kernel it runs (its function or kernel handle; kAbsentKernel where
@@ -146,10 +150,9 @@ class SharedExecutables {
   size_t kernel_swaps(Group& group, uint32_t from, uint32_t to);
   // Whether the executable cache can take another slot of `group`.
   bool room_for_slot(const Group& group) const;
-  // Whether a shape of `group` gets a new slot: room, and the growth policy's condition (for
-  // kWhenGpuWaits: chosen for a host-paced launch on `stream`, which has no work queued, as
-  // nearly all recent such launches had: idle_share_).
-  bool grows(const Group& group, cudaStream_t stream, bool host_paced);
+  // For kWhenGpuWaits: whether the GPU waits for a host-paced launch on `stream`, which has no
+  // work queued, as nearly all recent such launches had (idle_share_, which this updates).
+  bool gpu_waits(cudaStream_t stream, bool host_paced);
 
   Sharing sharing_;
   size_t cache_bytes_;

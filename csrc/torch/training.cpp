@@ -22,22 +22,38 @@ void TrainingState::remember_refusal(const py::object& watch) {
 }
 
 std::vector<at::Tensor> TrainingState::tracked_leaves(const py::object& static_module,
-                                                      const FlatCall& flat) {
-  py::list arguments, parameters;
-  for (const auto& t : flat.static_leaves) {
-    arguments.append(py::reinterpret_steal<py::object>(THPVariable_Wrap(t)));
-  }
+                                                      const FlatCall& flat, GraphPool& pool) {
+  std::vector<at::Tensor> parameters;
   auto add_parameters = [&](const py::handle& module) {
-    for (const at::Tensor& p : module_tensors(module).parameters) {
-      parameters.append(py::reinterpret_steal<py::object>(THPVariable_Wrap(p)));
+    for (at::Tensor& p : module_tensors(module).parameters) {
+      if (p.requires_grad()) parameters.push_back(std::move(p));
     }
   };
   if (!static_module.is_none()) add_parameters(static_module);
   for (const auto& m : flat.modules) add_parameters(m);
+  // A backward pass may reach them, tracked or not: its lazy initialization happens before the
+  // function's first capture, as for a training step.
+  if (!parameters.empty()) prepare_backward(pool);
+  // Until a warm-up or capture saw the function train, its modules' parameters are not tracked:
+  // checking them cost an inference function's every capture more than reading its graph
+  // (docs/results.md), and a backward pass that reaches them all the same fails that capture once
+  // and tracks them from then on (StepWatch.untracked_leaves_kept).
+  const bool training = seen().attr("training").cast<bool>();
+  if (!training && flat.static_leaves.empty()) return {};
+  py::list arguments, parameter_list;
+  for (const auto& t : flat.static_leaves) {
+    arguments.append(py::reinterpret_steal<py::object>(THPVariable_Wrap(t)));
+  }
+  if (training) {
+    for (const auto& p : parameters) {
+      parameter_list.append(py::reinterpret_steal<py::object>(THPVariable_Wrap(p)));
+    }
+  }
   std::vector<at::Tensor> leaves;
-  for (py::handle t : hooks_.leaves_of(arguments, seen(), parameters)) {
+  for (py::handle t : hooks_.leaves_of(arguments, seen(), parameter_list)) {
     leaves.push_back(THPVariable_Unpack(t.ptr()));
   }
+  if (!leaves.empty()) prepare_backward(pool);
   return leaves;
 }
 

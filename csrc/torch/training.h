@@ -7,10 +7,12 @@
 // it leaves outside the arguments:
 // - Parameters and optimizer state are static, like a module's parameters: the graph reads and
 //   writes them in place, and a replay whose parameters or optimizer state moved captures again.
-//   The *tracked leaves* are the parameters that require grad of the compiled module, of module
-//   arguments, of parameter arguments, of every optimizer the function stepped during its
-//   warm-up (grape._training.StepWatch, which also sets capturable=True on them), and every leaf
-//   a backward pass of the function reached (a closure's model stepped outside the function). A
+//   The *tracked leaves* are the parameter arguments that require grad and, once a warm-up or
+//   capture saw the function run a backward pass or step an optimizer, the parameters that
+//   require grad of the compiled module, of module arguments, of every optimizer the function
+//   stepped during its warm-up (grape._training.StepWatch, which also sets capturable=True on
+//   them), and every leaf a backward pass of the function reached (a closure's model stepped
+//   outside the function). An inference function's captures track no module's parameters. A
 //   capture whose backward pass reached a leaf it did not track, one that outlives the call,
 //   fails, and the signature warms up and captures again, tracking it: an untracked gradient
 //   would be written by replays where the capture left it, whatever the caller did with .grad
@@ -68,12 +70,13 @@ class TrainingState {
   // succeed, where the warm-up saw a reason (StepWatch.refusal); empty: none so far.
   void remember_refusal(const py::object& watch);
   const std::string& refusal() const { return refusal_; }
-  // The leaves whose gradients a capture of `flat` watches: parameter arguments, then the
-  // parameters that require grad of the known optimizers, `static_module` and module arguments.
-  std::vector<at::Tensor> tracked_leaves(const py::object& static_module, const FlatCall& flat);
-  // Before the first capture that tracks leaves: a small backward pass on the capture stream,
+  // The leaves whose gradients a capture of `flat` watches: parameter arguments, then, once the
+  // function was seen training, the parameters that require grad of the known optimizers,
+  // `static_module` and module arguments. Where any of those requires grad, prepares `pool`'s
+  // capture stream for a backward pass first (once per function): a small backward pass on it,
   // outside any capture (grape._training.prepare_backward).
-  void prepare_backward(GraphPool& pool);
+  std::vector<at::Tensor> tracked_leaves(const py::object& static_module, const FlatCall& flat,
+                                         GraphPool& pool);
   // A context manager for a capture, entered outside the CUDA capture: the float settings of the
   // known optimizers that they can read from device memory are tensors while entered
   // (grape._training.DeviceSettingsSwap, Note [Device settings]).
@@ -107,6 +110,8 @@ class TrainingState {
 
   py::object seen_ = py::none();
   py::object device_settings_ = py::none();  // a grape._training.DeviceSettings
+  void prepare_backward(GraphPool& pool);
+
   std::string refusal_;
   bool backward_prepared_ = false;
 };

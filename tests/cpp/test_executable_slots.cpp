@@ -8,6 +8,7 @@
 using grape::core::choose_slot;
 using grape::core::ExecutableSlot;
 using grape::core::SlotChoice;
+using grape::core::SlotRent;
 
 namespace {
 
@@ -113,4 +114,28 @@ TEST(ExecutableSlots, APatchTakesTheSlotWhoseShapeRunsTheMostOfTheSameKernels) {
   // A hit and room come first.
   EXPECT_EQ(choose_slot(slots, 0, false, &swaps).kind, SlotChoice::Kind::kHit);
   EXPECT_EQ(choose_slot(slots, 9, true, &swaps).kind, SlotChoice::Kind::kNewSlot);
+}
+
+TEST(ExecutableSlots, AShapeBuysItsSlotOnceItsPatchesCostAnInstantiation) {
+  // Rent or buy: an instantiation of 1000 ns against patches of 150 ns charged twice (the patch
+  // and the launch after it): patched at its first four launches, a slot of its own at the fifth.
+  constexpr int64_t kSlotNs = 1000, kPatchNs = 150;
+  SlotRent rent;
+  int patched = 0;
+  while (!rent.paid_for(kSlotNs)) {
+    rent.patched(kPatchNs);
+    ++patched;
+  }
+  EXPECT_EQ(patched, 4);
+  EXPECT_EQ(rent.paid_ns, 4 * SlotRent::kChargePerPatchTime * kPatchNs);
+  // Paid at most about twice what either choice alone would have cost: the rent, then the slot.
+  EXPECT_LE(rent.paid_ns, kSlotNs + SlotRent::kChargePerPatchTime * kPatchNs);
+}
+
+TEST(ExecutableSlots, AShapeWhosePatchesCostNothingYetPaysForNoSlot) {
+  EXPECT_TRUE(SlotRent{}.paid_for(0)) << "a free instantiation is paid for at once";
+  EXPECT_FALSE(SlotRent{}.paid_for(1));
+  SlotRent rent;
+  rent.patched(0);
+  EXPECT_FALSE(rent.paid_for(1));
 }

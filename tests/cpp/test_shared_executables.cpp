@@ -422,20 +422,56 @@ TEST_F(SharedExecutablesOnGpu, ShapesGetSlotsOfTheirOwnOnlyWhereTheGpuWaitsForTh
   }
   EXPECT_EQ(ex.stats().resident, 1) << "a slot made where the GPU waited at half the launches";
   // Idle before each prepare (replay() waits for each launch): once nearly all recent launches
-  // found the GPU waiting, every shape gets a slot.
-  for (int round = 0; round < 16; ++round) {
+  // found the GPU waiting, each shape is patched until its patches paid for a slot of its own
+  // (rent or buy), then gets one.
+  int rounds = 0;
+  for (; rounds < 2000 && ex.stats().resident < 4; ++rounds) {
     for (int i : {2, 0, 3, 1}) {
       ASSERT_NO_FATAL_FAILURE(replay(ex, members[static_cast<size_t>(i)], b, stream_));
       expect_shape(b, i, kFourSizes[static_cast<size_t>(i)]);
     }
   }
-  EXPECT_EQ(ex.stats().resident, 4);
+  EXPECT_EQ(ex.stats().resident, 4) << "after " << rounds << " rounds";
   const auto switches = ex.stats().switches;
   for (int i : {3, 2, 1, 0}) {
     ASSERT_NO_FATAL_FAILURE(replay(ex, members[static_cast<size_t>(i)], b, stream_));
   }
   EXPECT_EQ(ex.stats().switches, switches) << "a shape with a slot of its own was patched";
   CUDA_OK(cudaFree(busy));
+}
+
+TEST_F(SharedExecutablesOnGpu, AShapeIsPatchedUntilItsPatchesPaidForASlotOfItsOwn) {
+  // Note [Executable slots], rent or buy: the GPU waits at every launch (replay() waits for each),
+  // but a shape's first launches patch it into the one executable; it gets a slot of its own only
+  // once those patches cost what an instantiation of the group did.
+  Buffers b(stream_, 4);
+  SharedExecutables ex(Sharing::kTopology, SIZE_MAX,
+                       SharedExecutables::SlotGrowth::kWhenGpuWaits);
+  std::vector<SharedExecutables::Member> members;
+  for (int i = 0; i < 4; ++i) {
+    members.push_back(
+        ex.add(capture_shape(b, i, kFourSizes[static_cast<size_t>(i)], stream_), stream_));
+  }
+  const int64_t switches = ex.stats().switches;
+  for (int i : {2, 0, 3, 1}) {
+    ASSERT_NO_FATAL_FAILURE(replay(ex, members[static_cast<size_t>(i)], b, stream_));
+    expect_shape(b, i, kFourSizes[static_cast<size_t>(i)]);
+  }
+  EXPECT_EQ(ex.stats().resident, 1) << "a slot made at a shape's first launch";
+  EXPECT_EQ(ex.stats().switches - switches, 4) << "each launch patches the one executable";
+  int rounds = 1;
+  for (; rounds < 2000 && ex.stats().resident < 4; ++rounds) {
+    for (int i : {2, 0, 3, 1}) {
+      ASSERT_NO_FATAL_FAILURE(replay(ex, members[static_cast<size_t>(i)], b, stream_));
+      expect_shape(b, i, kFourSizes[static_cast<size_t>(i)]);
+    }
+  }
+  EXPECT_EQ(ex.stats().resident, 4) << "after " << rounds << " rounds";
+  const int64_t before = ex.stats().switches;
+  for (int i : {3, 2, 1, 0}) {
+    ASSERT_NO_FATAL_FAILURE(replay(ex, members[static_cast<size_t>(i)], b, stream_));
+  }
+  EXPECT_EQ(ex.stats().switches, before) << "a shape with a slot of its own was patched";
 }
 
 TEST_F(SharedExecutablesOnGpu, ShapesWithSlotsOfTheirOwnReplayWithoutPatching) {

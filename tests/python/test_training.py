@@ -123,6 +123,19 @@ def test_a_backward_pass_reaching_untracked_leaves_fails_the_capture_and_tracks_
     assert len(_training.leaves_of([], seen, [])) == 4
 
 
+def test_a_function_is_seen_training_once_a_backward_pass_or_a_step_was_seen():
+    m = model()
+    seen = _training.Seen()
+    with _training.StepWatch(seen):
+        with torch.no_grad():
+            m(torch.randn(3, 4))
+    assert not seen.training
+    with _training.StepWatch(seen):
+        m(torch.randn(3, 4)).sum().backward()
+    assert seen.training
+    assert seen_stepping(torch.optim.SGD(m.parameters(), lr=0.1)).training
+
+
 def seen_stepping(*optimizers):
     seen = _training.Seen()
     for optimizer in optimizers:

@@ -462,6 +462,33 @@ def test_a_backward_pass_reaching_new_parameters_captures_once_they_are_known():
     assert s["graphs"] == 2 and s["recaptures"] == 0
 
 
+def test_a_module_compiled_for_inference_tracks_its_parameters_once_a_backward_reaches_them():
+    """Captures of a function never seen training track no module's parameters (Seen.training):
+    a later signature whose backward pass reaches them fails its capture at first sight with the
+    reason, warms up, and captures tracking their gradients at its next call."""
+    def make(model, opt):
+        def forward(x, y, train):
+            if not train:
+                with torch.no_grad():
+                    return model(x)
+            loss = F.mse_loss(model(x), y)
+            loss.backward()
+            return loss.detach()
+
+        return forward
+
+    eager_step, step, eager_model, model, eager_opt, opt = eager_and_grape(make)
+    for i, (x, y) in enumerate(batches(8, sizes=(8,))):
+        train = i >= 4
+        torch.testing.assert_close(step(x, y, train), eager_step(x, y, train))
+        assert_same_state(model, eager_model, opt, eager_opt)
+        for m in (model, eager_model):
+            m.zero_grad(set_to_none=False)
+    s = grape.stats(step)
+    assert s["fallbacks"] == [] and s["capture_failures"] == 1
+    assert s["graphs"] == 2 and s["replays"] == 6 and s["recaptures"] == 0
+
+
 def grad_scaler_step(model, opt):
     """An fp16 step under torch.amp.GradScaler."""
     scaler = torch.amp.GradScaler("cuda", init_scale=2.0 ** 10)
