@@ -39,6 +39,22 @@ uint64_t hash_bytes(uint64_t seed, const uint8_t* data, size_t size) {
   return h;
 }
 
+// The first index from `i` on where `value` differs from `base` (zeros past its end), or
+// value.size(). Most of a shape's bytes equal the base's: they are skipped a word at a time.
+size_t next_difference(const Blob& base, const Blob& value, size_t i) {
+  const size_t common = std::min(base.size(), value.size());
+  for (; i + sizeof(uint64_t) <= common; i += sizeof(uint64_t)) {
+    uint64_t a, b;
+    std::memcpy(&a, base.data() + i, sizeof a);
+    std::memcpy(&b, value.data() + i, sizeof b);
+    if (a != b) break;
+  }
+  for (; i < value.size(); ++i) {
+    if (value[i] != (i < base.size() ? base[i] : 0)) return i;
+  }
+  return i;
+}
+
 }  // namespace
 
 Blob encode_patch(const Blob& base, const Blob& value) {
@@ -47,11 +63,7 @@ Blob encode_patch(const Blob& base, const Blob& value) {
   auto base_at = [&](size_t i) -> uint8_t { return i < base.size() ? base[i] : 0; };
   size_t end = 0;  // end of the previous run
   size_t i = 0;
-  while (i < value.size()) {
-    if (value[i] == base_at(i)) {
-      ++i;
-      continue;
-    }
+  while ((i = next_difference(base, value, i)) < value.size()) {
     // A run from i: extend while bytes differ or equal stretches are short.
     size_t run_end = i + 1;
     size_t j = run_end;

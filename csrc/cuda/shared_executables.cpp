@@ -223,13 +223,15 @@ SharedExecutables::Member SharedExecutables::add(cudaGraph_t graph, cudaStream_t
   const auto read_start = core::Clock::now();
   GraphContents contents = read_graph(graph, share);
   counters_.read_ns += core::elapsed_ns(read_start);
-  // The rest of add() is joining, but for the instantiations it makes (timed on their own).
+  // The rest of add() is joining, but for the instantiations and patches it makes (timed on
+  // their own).
   struct ChargeJoin {
     ExecutableStats& counters;
     core::Clock::time_point start = core::Clock::now();
-    int64_t instantiating_before = counters.instantiate_ns;
+    int64_t timed_apart_before = counters.instantiate_ns + counters.patch_ns;
     ~ChargeJoin() {
-      counters.join_ns += core::elapsed_ns(start) - (counters.instantiate_ns - instantiating_before);
+      counters.join_ns += core::elapsed_ns(start) -
+                          (counters.instantiate_ns + counters.patch_ns - timed_apart_before);
     }
   } charge_join{counters_};
   const bool shareable = share && contents.readable;
