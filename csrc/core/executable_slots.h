@@ -7,20 +7,20 @@
 // launch whenever the host, not the GPU, is the bottleneck,
 // and patching the executable that is still running may have to wait for it. So:
 //   - a shape gets a slot of its own while the function's executable cache has room, and, in
-//     grape's runtime (SharedExecutables::SlotGrowth::kWhenGpuWaits), only where the host is the
-//     bottleneck: for a launch that follows launches only, on a stream with no work queued, as
-//     nearly all recent such launches found it. Then the GPU waits for the host and patching
-//     would delay the launch. Where work is queued, patching overlaps it and a slot would only
-//     take memory;
-//   - and there only once the shape has paid for it (SlotRent, rent or buy): until what its
-//     patches cost while the GPU waited reaches what an instantiation of its group cost, it is
-//     patched. Whether a slot pays depends on how often the shape comes back, unknown at its
-//     first replay: a shape that comes back a few times (a prompt's lengths) then costs no
-//     instantiation, one that comes back for ever costs at most about twice the cheaper choice,
-//     and a loop's second pass over its shapes (a generation's lengths) patches them instead of
-//     instantiating every slot at once, which made that pass several times slower than the next;
-//   - once it is full, a shape without a slot is patched into the most recently used slot other
-//     than the last launched one. Replacing the most recently used (not the least) keeps a cyclic
+//     grape's runtime (SharedExecutables::SlotGrowth::kWhenGpuWaits), only once it has shown that
+//     it comes back at launches where patching costs (SlotAdmission): where the host is the
+//     bottleneck, at a launch that follows launches only and finds the previous one done, the
+//     GPU waits for the host and the patch delays the launch. Where work is queued, the patch
+//     overlaps it and costs nothing, and a slot would only take memory. A shape is patched at its
+//     first such launch and gets its slot at the next: one seen once (a prompt's length) costs no
+//     instantiation, and a loop's second pass over its shapes (a generation's lengths) patches
+//     them instead of instantiating every slot at once, which made that pass several times slower
+//     than the next;
+//   - a shape without a slot of its own is patched into a slot that was not made for its shape,
+//     while there is one (the group's first executable): patching a slot made for a shape would
+//     make that shape, admitted already, take another;
+//   - once the cache is full and every slot bought, it is patched into the most recently used
+//     slot other than the last launched one. Replacing the most recently used (not the least) keeps a cyclic
 //     order of shapes (a generation's growing lengths, an epoch's batches) from evicting each slot
 //     just before it is needed again: the slots hold a stable part of the cycle and the rest
 //     alternates between two slots, so the one just launched is never patched under a replay.
@@ -41,6 +41,9 @@ struct ExecutableSlot {
   static constexpr uint32_t kNoShape = UINT32_MAX;  // holds no live shape (removed or unknown)
   uint32_t shape = kNoShape;
   uint64_t last_used = 0;  // a clock value; the largest is the slot launched last
+  // Made for `shape` (admitted, SlotAdmission, or while the cache had room): shapes without a
+  // slot of their own are patched into the other slots while there are any.
+  bool bought = false;
 };
 
 struct SlotChoice {
@@ -49,16 +52,13 @@ struct SlotChoice {
   size_t slot = 0;  // kHit and kPatch: which slot
 };
 
-// What one shape without a slot of its own has paid in patches (Note [Executable slots]).
-struct SlotRent {
-  // A patch delays the launch it serves by its own time and, measured, by about as much again at
-  // that launch (docs/results.md, "Figures behind design rules"), so it is charged twice.
-  static constexpr int64_t kChargePerPatchTime = 2;
-  int64_t paid_ns = 0;
-  // A patch of `patch_ns` while the GPU waited for the host.
-  void patched(int64_t patch_ns) { paid_ns += kChargePerPatchTime * patch_ns; }
-  // Whether a slot costing `slot_ns` to make (its group's latest instantiation) is paid for.
-  bool paid_for(int64_t slot_ns) const { return paid_ns >= slot_ns; }
+// When a shape without a slot of its own gets one (Note [Executable slots]): at its launch after a
+// costly patch (one the GPU waited for). That patch shows the shape comes back, as a cache that
+// admits an entry at its second access does; a shape seen once costs no instantiation.
+struct SlotAdmission {
+  int costly_patches = 0;
+  void patched() { ++costly_patches; }
+  bool admitted() const { return costly_patches >= 1; }
 };
 
 // Where `shape` should run among a group's resident `slots`. `room`: the executable cache can take

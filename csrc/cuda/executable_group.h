@@ -50,10 +50,8 @@ struct ExecutableGroup {
   std::vector<core::ExecutableSlot> slots;
   std::vector<Executable> executables;
   size_t executable_bytes = 0;  // each executable's charge (SharedExecutables::instantiate)
-  // What the latest instantiation took, and per shape without a slot what its patches paid
-  // towards one (core::SlotRent).
-  int64_t slot_price_ns = 0;
-  std::unordered_map<uint32_t, core::SlotRent> rent;
+  // Per shape without a slot of its own, its costly patches (core::SlotAdmission).
+  std::unordered_map<uint32_t, core::SlotAdmission> admission;
   std::unordered_map<uint32_t, std::vector<uint64_t>> kernels;  // kernels_of, by shape
 };
 

@@ -91,6 +91,7 @@ SharedExecutables::SharedExecutables(Sharing sharing, size_t cache_bytes, SlotGr
     : sharing_(sharing), cache_bytes_(cache_bytes), growth_(growth) {}
 
 SharedExecutables::~SharedExecutables() {
+  if (launch_done_ != nullptr) (void)cudaEventDestroy(launch_done_);
   for (auto& group : groups_) {
     if (!group) continue;
     for (const Executable& e : group->executables) (void)cudaGraphExecDestroy(e.exec);
@@ -131,7 +132,6 @@ size_t SharedExecutables::instantiate(Group& group, cudaStream_t stream) {
     check(uploaded, "cudaGraphUpload");
   }
   record_instantiation(free_before > free_after ? free_before - free_after : 0, group.nodes.size());
-  group.slot_price_ns = core::elapsed_ns(start);
   // Executables of one graph are of one size, so a group's are charged alike, at the estimate
   // refined by this instantiation: a charge fixed at the first would keep the first
   // instantiations' chunks (several times an executable's share) for the group's lifetime.
@@ -161,7 +161,7 @@ void SharedExecutables::destroy_slot(Group& group, size_t slot) {
 }
 
 size_t SharedExecutables::slot_for(Group& group, uint32_t shape, cudaStream_t stream,
-                                   bool host_paced, bool* rents) {
+                                   bool host_paced, bool* costly) {
   // Whether the group grows is asked only where the shape would be patched: a hit, the most
   // common choice on the replay path, makes no stream query.
   core::SlotChoice choice = core::choose_slot(group.slots, shape, false);
@@ -171,8 +171,8 @@ size_t SharedExecutables::slot_for(Group& group, uint32_t shape, cudaStream_t st
       if (growth_ == SlotGrowth::kWhileRoom) {
         grow = true;
       } else if (gpu_waits(stream, host_paced)) {
-        grow = group.rent[shape].paid_for(group.slot_price_ns);
-        if (rents != nullptr) *rents = !grow;
+        grow = group.admission[shape].admitted();
+        if (costly != nullptr) *costly = !grow;
       }
     }
     choice = choose(group, shape, grow);
@@ -202,19 +202,16 @@ bool SharedExecutables::gpu_waits(cudaStream_t stream, bool host_paced) {
   // the host did that work, which says nothing about whether launches alone keep the GPU busy.
   if (!host_paced) return false;
   // Where work is still queued, patching overlaps it and delays nothing; a slot would only take
-  // memory. Where the stream is idle, the GPU waits for this launch and patching delays it.
-  const cudaError_t queried = cudaStreamQuery(stream);
+  // memory. Where the previous launch is done, the GPU waits for this one and patching delays it.
+  const cudaError_t queried =
+      launch_done_ != nullptr ? cudaEventQuery(launch_done_) : cudaStreamQuery(stream);
   const bool idle = queried != cudaErrorNotReady;
   if (idle) {
     check(queried, "cudaStreamQuery");
   } else {
     (void)cudaGetLastError();  // not an error; cleared as c10's CUDAStream::query does
   }
-  // A slot is worth its memory where nearly every patch finds the GPU waiting (the host is the
-  // bottleneck: a decode loop), not where the queue drains now and then (shuffled lengths whose
-  // shorter ones the host outpaces; docs/design.md, "Slots").
-  idle_share_ += ((idle ? 1.0 : 0.0) - idle_share_) * kIdleShareWeight;
-  return idle && idle_share_ >= kIdleShareToGrow;
+  return idle;
 }
 
 SharedExecutables::Member SharedExecutables::add(cudaGraph_t graph, cudaStream_t stream) {
@@ -378,8 +375,10 @@ uint32_t SharedExecutables::join_as_is(Group& group, const std::vector<core::Blo
   const uint32_t shape = group.params->add(blobs);
   try {
     // Patching the shape in now also asks the driver whether it takes these parameters.
+    const size_t slots_before = group.slots.size();
     const size_t slot = slot_for(group, shape, stream, false);
     patch(group, slot, shape);
+    if (group.slots.size() > slots_before) group.slots[slot].bought = true;
     group.slots[slot].last_used = ++clock_;
   } catch (...) {
     group.params->remove(shape);
@@ -415,6 +414,7 @@ uint32_t SharedExecutables::join_grown(uint32_t index, const GraphContents& cont
   slots_refused_ = false;
   grown->params = std::move(group.params);
   grown->kernels = std::move(group.kernels);
+  grown->admission = std::move(group.admission);
   grown->params->add_nodes(plan.added.size());
   const uint32_t shape = grown->params->add(blobs);
   grown->slots.front() = {shape, ++clock_};
@@ -432,10 +432,10 @@ void SharedExecutables::remove(Member member) {
   if (group.params) {
     group.params->remove(member.shape);
     group.kernels.erase(member.shape);
-    group.rent.erase(member.shape);
+    group.admission.erase(member.shape);
     if (member.shape != core::ParamTable::kBase) {  // the base's parameters stay readable
       for (auto& slot : group.slots) {
-        if (slot.shape == member.shape) slot.shape = core::ExecutableSlot::kNoShape;
+        if (slot.shape == member.shape) slot = {core::ExecutableSlot::kNoShape, slot.last_used};
       }
     }
   }
@@ -457,12 +457,14 @@ void SharedExecutables::remove(Member member) {
 
 cudaGraphExec_t SharedExecutables::prepare(Member member, cudaStream_t stream, bool host_paced) {
   Group& group = *groups_.at(member.group);
-  bool rents = false;
-  const size_t slot = slot_for(group, member.shape, stream, host_paced, &rents);
+  bool costly = false;
+  const size_t slots_before = group.slots.size();
+  const size_t slot = slot_for(group, member.shape, stream, host_paced, &costly);
   if (group.slots[slot].shape != member.shape) {
-    const int64_t ns = patch(group, slot, member.shape);
-    if (rents) group.rent[member.shape].patched(ns);
+    patch(group, slot, member.shape);
+    if (costly) group.admission[member.shape].patched();
   }
+  if (group.slots.size() > slots_before) group.slots[slot].bought = true;
   group.slots[slot].last_used = ++clock_;
   return group.executables[slot].exec;
 }
@@ -472,14 +474,23 @@ void SharedExecutables::prepare_ahead(Member member) {
   Group& group = *groups_[member.group];
   if (group.slots.empty() || !group.params || !group.params->contains(member.shape)) return;
   // Where the cache has room, prepare() decides, as the launch finds the GPU: a slot of its own,
-  // or a patch that pays towards one (rent).
+  // or a patch that counts towards one. The executable just launched is left to prepare()
+  // too (the one slot a shape without its own may take can be it).
   const core::SlotChoice choice = choose(group, member.shape, room_for_slot(group));
   if (choice.kind != core::SlotChoice::Kind::kPatch) return;
+  const uint64_t chosen_use = group.slots[choice.slot].last_used;
+  const bool launched_last = std::all_of(group.slots.begin(), group.slots.end(),
+                                         [&](const auto& s) { return s.last_used <= chosen_use; });
+  if (launched_last && group.slots.size() > 1) return;
   patch(group, choice.slot, member.shape);
   ++counters_.patches_ahead;
 }
 
-void SharedExecutables::launched(Member member) {
+void SharedExecutables::launched(Member member, cudaStream_t stream) {
+  if (launch_done_ == nullptr) {
+    check(cudaEventCreateWithFlags(&launch_done_, cudaEventDisableTiming), "cudaEventCreate");
+  }
+  check(cudaEventRecord(launch_done_, stream), "cudaEventRecord");
   // Graphs tend to follow one another in the same order (a generation's growing shapes). A
   // successor seen once predicts nothing in a shuffled order (an epoch's batches), where a patch
   // ahead would only be undone by the next launch.
@@ -496,7 +507,7 @@ void SharedExecutables::launched(Member member) {
   }
 }
 
-int64_t SharedExecutables::patch(Group& group, size_t slot, uint32_t shape) {
+void SharedExecutables::patch(Group& group, size_t slot, uint32_t shape) {
   const auto start = core::Clock::now();
   std::vector<uint32_t> changed;
   const uint32_t from = group.slots[slot].shape;
@@ -508,6 +519,7 @@ int64_t SharedExecutables::patch(Group& group, size_t slot, uint32_t shape) {
     counters_.kernels_swapped += static_cast<int64_t>(kernel_swaps(group, from, shape));
   }
   group.slots[slot].shape = core::ExecutableSlot::kNoShape;  // until every node is written
+  group.slots[slot].bought = false;  // a bought slot patched to another shape is the buyer's no more
   core::Blob blob;
   cudaGraphExec_t exec = group.executables[slot].exec;
   for (uint32_t node : changed) {
@@ -517,9 +529,7 @@ int64_t SharedExecutables::patch(Group& group, size_t slot, uint32_t shape) {
   group.slots[slot].shape = shape;
   ++counters_.switches;
   counters_.nodes_patched += static_cast<int64_t>(changed.size());
-  const int64_t ns = core::elapsed_ns(start);
-  counters_.patch_ns += ns;
-  return ns;
+  counters_.patch_ns += core::elapsed_ns(start);
 }
 
 int SharedExecutables::evict_to(size_t bytes, Member keep) {

@@ -64,9 +64,9 @@ class SharedExecutables {
   // When a shape without a slot of its own gets a new one (Note [Executable slots]).
   enum class SlotGrowth {
     kWhileRoom,     // whenever the executable cache has room
-    kWhenGpuWaits,  // and only for a launch that follows launches only, on a stream with no work
-                    // queued, as nearly all recent ones found it: the GPU waits for the host,
-                    // so patching would delay the launch
+    kWhenGpuWaits,  // and only for a shape patched before at a launch that followed launches
+                    // only and found the previous one done (the GPU waited for the host, so
+                    // patching delayed the launch): core::SlotAdmission
   };
 
   // `cache_bytes`: device memory that the executables beyond one per group may take
@@ -93,11 +93,12 @@ class SharedExecutables {
   // after a launch with the member predicted to come next, the patching overlaps the launched work
   // instead of delaying the next launch. Does nothing for an ended or evicted group.
   void prepare_ahead(Member member);
-  // After a launch of `member`: remembers which member followed the previously launched one and,
+  // After a launch of `member` on `stream`: records when its work is done (gpu_waits), remembers
+  // which member followed the previously launched one and,
   // where the same one followed `member` the last two times, patches its slot now via
   // prepare_ahead, so the patch overlaps the launched work. A successor seen once is not trusted:
   // in a shuffled order (an epoch's batches) it rarely repeats.
-  void launched(Member member);
+  void launched(Member member, cudaStream_t stream);
   // Destroys resident executables, least recently prepared first, until they hold at most `bytes`
   // of device memory; never the one serving `keep`. Returns how many it destroyed.
   int evict_to(size_t bytes, Member keep);
@@ -132,15 +133,14 @@ class SharedExecutables {
   // A new slot of `group`, instantiated from its base graph (holding the base's parameters);
   // returns its index.
   size_t instantiate(Group& group, cudaStream_t stream);
-  // Returns the time it took; requires a shareable group.
-  int64_t patch(Group& group, size_t slot, uint32_t shape);
+  void patch(Group& group, size_t slot, uint32_t shape);  // requires a shareable group
   void destroy_slot(Group& group, size_t slot);
   // The slot `shape` runs in (Note [Executable slots]), instantiated if new; where instantiation
   // fails (out of memory) and the group has slots, one of them. `host_paced`: chosen for a launch
-  // that follows launches only (prepare), not for a capture's join. `rents`, where given: set
-  // where `shape` is to be patched while the GPU waits, towards a slot of its own.
+  // that follows launches only (prepare), not for a capture's join. `costly`, where given: set
+  // where `shape` is to be patched while the GPU waits (core::SlotAdmission).
   size_t slot_for(Group& group, uint32_t shape, cudaStream_t stream, bool host_paced,
-                  bool* rents = nullptr);
+                  bool* costly = nullptr);
   // choose_slot for `shape`, told which slots would change the fewest kernels.
   core::SlotChoice choose(Group& group, uint32_t shape, bool room);
   // Per node of `shape`, the kernel it runs (its function or kernel handle; kAbsentKernel where
@@ -150,8 +150,8 @@ class SharedExecutables {
   size_t kernel_swaps(Group& group, uint32_t from, uint32_t to);
   // Whether the executable cache can take another slot of `group`.
   bool room_for_slot(const Group& group) const;
-  // For kWhenGpuWaits: whether the GPU waits for a host-paced launch on `stream`, which has no
-  // work queued, as nearly all recent such launches had (idle_share_, which this updates).
+  // For kWhenGpuWaits: whether the GPU waits for a host-paced launch on `stream`: the previous
+  // launch's work is done (launched_done_), or, before any, `stream` has no work queued.
   bool gpu_waits(cudaStream_t stream, bool host_paced);
 
   Sharing sharing_;
@@ -160,12 +160,6 @@ class SharedExecutables {
   size_t cached_bytes_ = 0;  // the executables beyond the first of each group
   size_t device_limit_ = SIZE_MAX;
   bool slots_refused_ = false;  // an instantiation failed: no new slots until memory is freed
-  // The share of recent host-paced launches that needed a patch and found the stream idle, as an
-  // exponential moving average (over ~16 launches); a slot is made at or above kIdleShareToGrow,
-  // where the GPU waited at nearly every launch.
-  static constexpr double kIdleShareWeight = 1.0 / 16;
-  static constexpr double kIdleShareToGrow = 0.95;
-  double idle_share_ = 1.0;
   std::vector<std::unique_ptr<Group>> groups_;  // null where a group ended
   std::unordered_multimap<uint64_t, uint32_t> by_topology_;
   uint64_t clock_ = 0;
@@ -180,6 +174,11 @@ class SharedExecutables {
     bool confirmed = false;
   };
   Member last_launched_;
+  // Recorded after each launch (launched()): where it completed before the next launch is
+  // prepared, the GPU waits for the host. The stream may also hold what the caller queued since
+  // (a generation's token bookkeeping: microseconds of work), which is no queue to hide a patch
+  // behind.
+  cudaEvent_t launch_done_ = nullptr;
   std::unordered_map<uint64_t, Successor> successor_;
 };
 

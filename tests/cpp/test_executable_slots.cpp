@@ -8,7 +8,7 @@
 using grape::core::choose_slot;
 using grape::core::ExecutableSlot;
 using grape::core::SlotChoice;
-using grape::core::SlotRent;
+using grape::core::SlotAdmission;
 
 namespace {
 
@@ -116,26 +116,26 @@ TEST(ExecutableSlots, APatchTakesTheSlotWhoseShapeRunsTheMostOfTheSameKernels) {
   EXPECT_EQ(choose_slot(slots, 9, true, &swaps).kind, SlotChoice::Kind::kNewSlot);
 }
 
-TEST(ExecutableSlots, AShapeBuysItsSlotOnceItsPatchesCostAnInstantiation) {
-  // Rent or buy: an instantiation of 1000 ns against patches of 150 ns charged twice (the patch
-  // and the launch after it): patched at its first four launches, a slot of its own at the fifth.
-  constexpr int64_t kSlotNs = 1000, kPatchNs = 150;
-  SlotRent rent;
-  int patched = 0;
-  while (!rent.paid_for(kSlotNs)) {
-    rent.patched(kPatchNs);
-    ++patched;
-  }
-  EXPECT_EQ(patched, 4);
-  EXPECT_EQ(rent.paid_ns, 4 * SlotRent::kChargePerPatchTime * kPatchNs);
-  // Paid at most about twice what either choice alone would have cost: the rent, then the slot.
-  EXPECT_LE(rent.paid_ns, kSlotNs + SlotRent::kChargePerPatchTime * kPatchNs);
+TEST(ExecutableSlots, AShapeIsAdmittedToASlotAfterOneCostlyPatch) {
+  SlotAdmission admission;
+  EXPECT_FALSE(admission.admitted()) << "a shape seen once would cost an instantiation";
+  admission.patched();
+  EXPECT_TRUE(admission.admitted());
 }
 
-TEST(ExecutableSlots, AShapeWhosePatchesCostNothingYetPaysForNoSlot) {
-  EXPECT_TRUE(SlotRent{}.paid_for(0)) << "a free instantiation is paid for at once";
-  EXPECT_FALSE(SlotRent{}.paid_for(1));
-  SlotRent rent;
-  rent.patched(0);
-  EXPECT_FALSE(rent.paid_for(1));
+TEST(ExecutableSlots, AShapeWithoutASlotIsPatchedIntoASlotMadeForNoShape) {
+  // Slots 1 and 2 were made for their shapes; shape 9, without one, is patched into slot 0 even
+  // though slot 2 was used more recently, and even when slot 0 was launched last.
+  std::vector<ExecutableSlot> slots = {{0, 1, false}, {1, 2, true}, {2, 3, true}};
+  SlotChoice c = choose_slot(slots, 9, /*room=*/false);
+  EXPECT_EQ(c.kind, SlotChoice::Kind::kPatch);
+  EXPECT_EQ(c.slot, 0u);
+  slots[0].last_used = 4;
+  EXPECT_EQ(choose_slot(slots, 9, false).slot, 0u);
+  // Room, where the shape is admitted to a slot of its own, makes a new one.
+  EXPECT_EQ(choose_slot(slots, 9, true).kind, SlotChoice::Kind::kNewSlot);
+  // Every slot made for its shape (the cache full): the most recently used other than the last
+  // launched.
+  slots[0].bought = true;
+  EXPECT_EQ(choose_slot(slots, 9, false).slot, 2u);
 }

@@ -410,9 +410,10 @@ TEST_F(SharedExecutablesOnGpu, ShapesGetSlotsOfTheirOwnOnlyWhereTheGpuWaitsForTh
     expect_shape(b, i, kFourSizes[static_cast<size_t>(i)]);
   }
   EXPECT_EQ(ex.stats().resident, 1) << "a slot made while work was queued";
-  // Busy and idle in turn (a GPU-bound function that the host outpaces now and then): the GPU
-  // waits at half the launches only, so no slot either.
-  for (int round = 0; round < 3; ++round) {
+  // Busy and idle in turn (a GPU-bound function that the host outpaces now and then): shapes 3
+  // and 1 find the GPU waiting and get slots at their launch after such a patch; shapes 2 and 0
+  // always find work queued, their patches cost nothing, and they get none.
+  auto busy_and_idle = [&] {
     for (int i : {2, 0, 3, 1}) {
       b.clear();
       if (i % 2 == 0) keep_busy();
@@ -420,13 +421,16 @@ TEST_F(SharedExecutablesOnGpu, ShapesGetSlotsOfTheirOwnOnlyWhereTheGpuWaitsForTh
       CUDA_OK(cudaStreamSynchronize(stream_));
       expect_shape(b, i, kFourSizes[static_cast<size_t>(i)]);
     }
-  }
-  EXPECT_EQ(ex.stats().resident, 1) << "a slot made where the GPU waited at half the launches";
-  // Idle before each prepare (replay() waits for each launch): once nearly all recent launches
-  // found the GPU waiting, each shape is patched until its patches paid for a slot of its own
-  // (rent or buy), then gets one.
+  };
+  int paying = 0;
+  for (; paying < 3 && ex.stats().resident < 3; ++paying) busy_and_idle();
+  EXPECT_EQ(ex.stats().resident, 3) << "after " << paying << " rounds";
+  for (int round = 0; round < 20; ++round) busy_and_idle();
+  EXPECT_EQ(ex.stats().resident, 3) << "a slot made for shapes launched while work was queued";
+  // Idle before each prepare (replay() waits for each launch): shapes 2 and 0, patched while the
+  // GPU waits, get slots of their own at their next launch (one of them keeps the first).
   int rounds = 0;
-  for (; rounds < 2000 && ex.stats().resident < 4; ++rounds) {
+  for (; rounds < 3 && ex.stats().resident < 4; ++rounds) {
     for (int i : {2, 0, 3, 1}) {
       ASSERT_NO_FATAL_FAILURE(replay(ex, members[static_cast<size_t>(i)], b, stream_));
       expect_shape(b, i, kFourSizes[static_cast<size_t>(i)]);
@@ -441,10 +445,10 @@ TEST_F(SharedExecutablesOnGpu, ShapesGetSlotsOfTheirOwnOnlyWhereTheGpuWaitsForTh
   CUDA_OK(cudaFree(busy));
 }
 
-TEST_F(SharedExecutablesOnGpu, AShapeIsPatchedUntilItsPatchesPaidForASlotOfItsOwn) {
-  // Note [Executable slots], rent or buy: the GPU waits at every launch (replay() waits for each),
-  // but a shape's first launches patch it into the one executable; it gets a slot of its own only
-  // once those patches cost what an instantiation of the group did.
+TEST_F(SharedExecutablesOnGpu, AShapeGetsASlotOfItsOwnAtItsLaunchAfterACostlyPatch) {
+  // Note [Executable slots], SlotAdmission: the GPU waits at every launch (replay() waits for
+  // each), but a shape's first launch patches it into the one executable; it gets a slot of its
+  // own at its next launch, and keeps it.
   Buffers b(stream_, 4);
   SharedExecutables ex(Sharing::kTopology, SIZE_MAX,
                        SharedExecutables::SlotGrowth::kWhenGpuWaits);
@@ -460,17 +464,16 @@ TEST_F(SharedExecutablesOnGpu, AShapeIsPatchedUntilItsPatchesPaidForASlotOfItsOw
   }
   EXPECT_EQ(ex.stats().resident, 1) << "a slot made at a shape's first launch";
   EXPECT_EQ(ex.stats().switches - switches, 4) << "each launch patches the one executable";
-  int rounds = 1;
-  for (; rounds < 2000 && ex.stats().resident < 4; ++rounds) {
-    for (int i : {2, 0, 3, 1}) {
-      ASSERT_NO_FATAL_FAILURE(replay(ex, members[static_cast<size_t>(i)], b, stream_));
-      expect_shape(b, i, kFourSizes[static_cast<size_t>(i)]);
-    }
-  }
-  EXPECT_EQ(ex.stats().resident, 4) << "after " << rounds << " rounds";
-  const int64_t before = ex.stats().switches;
-  for (int i : {3, 2, 1, 0}) {
+  for (int i : {2, 0, 3, 1}) {
     ASSERT_NO_FATAL_FAILURE(replay(ex, members[static_cast<size_t>(i)], b, stream_));
+    expect_shape(b, i, kFourSizes[static_cast<size_t>(i)]);
+  }
+  // Shapes 2, 0 and 3 got slots; shape 1, which the first executable held, replayed in it.
+  EXPECT_EQ(ex.stats().resident, 4);
+  const int64_t before = ex.stats().switches;
+  for (int i : {3, 2, 1, 0, 1, 3}) {
+    ASSERT_NO_FATAL_FAILURE(replay(ex, members[static_cast<size_t>(i)], b, stream_));
+    expect_shape(b, i, kFourSizes[static_cast<size_t>(i)]);
   }
   EXPECT_EQ(ex.stats().switches, before) << "a shape with a slot of its own was patched";
 }
@@ -505,8 +508,10 @@ TEST_F(SharedExecutablesOnGpu, ShapesWithSlotsOfTheirOwnReplayWithoutPatching) {
     EXPECT_EQ(ex.stats().switches, 3 + 1);  // and shape 2's new slot
   }
   {
-    // With room for one more executable, two slots alternate: the shape predicted next is
-    // patched into the slot not launched last, and prepare() then has nothing to write.
+    // With room for one more executable, shape 1's join takes it and keeps it (Note [Executable
+    // slots]); shapes 0 and 2 take turns in the first. A patch ahead goes into an executable other
+    // than the one just launched; where that is the one they may take, prepare() patches it, and
+    // the launch still running keeps its parameters.
     Buffers b(stream_, 3);
     const size_t sizes[] = {512, 2000, 3000};
     SharedExecutables ex(Sharing::kTopology, 0);
@@ -527,12 +532,21 @@ TEST_F(SharedExecutablesOnGpu, ShapesWithSlotsOfTheirOwnReplayWithoutPatching) {
         const int next = (i + 1) % 3;
         const auto before = ex.stats().switches;
         ex.prepare_ahead(members[static_cast<size_t>(next)]);
-        // Three shapes in two slots: every next shape is patched ahead, into the other slot.
-        EXPECT_EQ(ex.stats().switches - before, 1);
-        const auto at_prepare = ex.stats().switches;
-        EXPECT_NE(ex.prepare(members[static_cast<size_t>(next)], stream_), launched)
-            << "the next shape was patched into the executable just launched";
-        EXPECT_EQ(ex.stats().switches, at_prepare) << "prepare() patched after prepare_ahead()";
+        const auto ahead = ex.stats().switches - before;
+        cudaGraphExec_t next_exec = ex.prepare(members[static_cast<size_t>(next)], stream_);
+        const auto at_prepare = ex.stats().switches - before - ahead;
+        if (next == 1) {  // its own executable
+          EXPECT_EQ(ahead + at_prepare, 0);
+          EXPECT_NE(next_exec, launched);
+        } else if (i == 1) {  // the first executable is not running: patched ahead
+          EXPECT_EQ(ahead, 1);
+          EXPECT_EQ(at_prepare, 0) << "prepare() patched after prepare_ahead()";
+          EXPECT_NE(next_exec, launched);
+        } else {  // shape 2 runs in the first executable: shape 0 is patched in by prepare()
+          EXPECT_EQ(ahead, 0) << "patched ahead into the executable just launched";
+          EXPECT_EQ(at_prepare, 1);
+          EXPECT_EQ(next_exec, launched);
+        }
         CUDA_OK(cudaStreamSynchronize(stream_));
         expect_shape(b, i, sizes[i]);
       }
@@ -560,7 +574,7 @@ TEST_F(SharedExecutablesOnGpu, PatchesAheadOnlyTheShapeThatFollowedTheLaunchedOn
         EXPECT_EQ(ex.stats().switches, switches) << "prepare() patched after a patch ahead";
       }
       ahead = ex.stats().patches_ahead;
-      ex.launched(m);
+      ex.launched(m, stream_);
       EXPECT_EQ(cudaStreamSynchronize(stream_), cudaSuccess);
       expect_shape(b, i, sizes[static_cast<size_t>(i)]);
     }
