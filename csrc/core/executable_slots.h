@@ -9,8 +9,8 @@
 //   - a shape gets a slot of its own while the function's executable cache has room, and, in
 //     grape's runtime (SharedExecutables::SlotGrowth::kWhenGpuWaits), only once it has shown that
 //     it comes back at launches where patching costs (SlotAdmission): where the host is the
-//     bottleneck, at a launch that follows launches only and finds the previous one done, the
-//     GPU waits for the host and the patch delays the launch. Where work is queued, the patch
+//     bottleneck, for a launch that follows launches only and finds the stream idle once the
+//     patch is written, the GPU waited for the host and the patch delayed the launch. Where work is queued, the patch
 //     overlaps it and costs nothing, and a slot would only take memory. A shape is patched at its
 //     first such launch and gets its slot at the next: one seen once (a prompt's length) costs no
 //     instantiation, and a loop's second pass over its shapes (a generation's lengths) patches

@@ -91,7 +91,6 @@ SharedExecutables::SharedExecutables(Sharing sharing, size_t cache_bytes, SlotGr
     : sharing_(sharing), cache_bytes_(cache_bytes), growth_(growth) {}
 
 SharedExecutables::~SharedExecutables() {
-  if (launch_done_ != nullptr) (void)cudaEventDestroy(launch_done_);
   for (auto& group : groups_) {
     if (!group) continue;
     for (const Executable& e : group->executables) (void)cudaGraphExecDestroy(e.exec);
@@ -170,7 +169,7 @@ size_t SharedExecutables::slot_for(Group& group, uint32_t shape, cudaStream_t st
     if (room_for_slot(group)) {
       if (growth_ == SlotGrowth::kWhileRoom) {
         grow = true;
-      } else if (gpu_waits(stream, host_paced)) {
+      } else if (host_paced) {
         grow = group.admission[shape].admitted();
         if (costly != nullptr) *costly = !grow;
       }
@@ -197,14 +196,12 @@ bool SharedExecutables::room_for_slot(const Group& group) const {
   return cache_bytes_ == SIZE_MAX || cached_bytes_ + bytes <= cache_bytes_;
 }
 
-bool SharedExecutables::gpu_waits(cudaStream_t stream, bool host_paced) {
-  // A capture's join, or a launch right after a capture or an eager run: the stream drained while
-  // the host did that work, which says nothing about whether launches alone keep the GPU busy.
-  if (!host_paced) return false;
-  // Where work is still queued, patching overlaps it and delays nothing; a slot would only take
-  // memory. Where the previous launch is done, the GPU waits for this one and patching delays it.
-  const cudaError_t queried =
-      launch_done_ != nullptr ? cudaEventQuery(launch_done_) : cudaStreamQuery(stream);
+bool SharedExecutables::gpu_waits(cudaStream_t stream) {
+  // Asked right after a patch, before the launch it served: where the stream still has work
+  // queued, the patch overlapped that work and delayed nothing. Where it is idle, the GPU ran out
+  // of work while the host patched (the few microseconds a generation queues between its
+  // forwards end well within a patch), and the patch delayed the launch.
+  const cudaError_t queried = cudaStreamQuery(stream);
   const bool idle = queried != cudaErrorNotReady;
   if (idle) {
     check(queried, "cudaStreamQuery");
@@ -462,7 +459,9 @@ cudaGraphExec_t SharedExecutables::prepare(Member member, cudaStream_t stream, b
   const size_t slot = slot_for(group, member.shape, stream, host_paced, &costly);
   if (group.slots[slot].shape != member.shape) {
     patch(group, slot, member.shape);
-    if (costly) group.admission[member.shape].patched();
+    // A capture's join, or a launch right after a capture or an eager run (not host-paced): the
+    // stream drained while the host did that work, which says nothing of launches alone.
+    if (costly && gpu_waits(stream)) group.admission[member.shape].patched();
   }
   if (group.slots.size() > slots_before) group.slots[slot].bought = true;
   group.slots[slot].last_used = ++clock_;
@@ -486,11 +485,7 @@ void SharedExecutables::prepare_ahead(Member member) {
   ++counters_.patches_ahead;
 }
 
-void SharedExecutables::launched(Member member, cudaStream_t stream) {
-  if (launch_done_ == nullptr) {
-    check(cudaEventCreateWithFlags(&launch_done_, cudaEventDisableTiming), "cudaEventCreate");
-  }
-  check(cudaEventRecord(launch_done_, stream), "cudaEventRecord");
+void SharedExecutables::launched(Member member) {
   // Graphs tend to follow one another in the same order (a generation's growing shapes). A
   // successor seen once predicts nothing in a shuffled order (an epoch's batches), where a patch
   // ahead would only be undone by the next launch.

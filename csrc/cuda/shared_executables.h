@@ -64,8 +64,8 @@ class SharedExecutables {
   // When a shape without a slot of its own gets a new one (Note [Executable slots]).
   enum class SlotGrowth {
     kWhileRoom,     // whenever the executable cache has room
-    kWhenGpuWaits,  // and only for a shape patched before at a launch that followed launches
-                    // only and found the previous one done (the GPU waited for the host, so
+    kWhenGpuWaits,  // and only for a shape patched before for a launch that followed launches
+                    // only, with the stream idle once patched (the GPU waited for the host, so
                     // patching delayed the launch): core::SlotAdmission
   };
 
@@ -93,12 +93,11 @@ class SharedExecutables {
   // after a launch with the member predicted to come next, the patching overlaps the launched work
   // instead of delaying the next launch. Does nothing for an ended or evicted group.
   void prepare_ahead(Member member);
-  // After a launch of `member` on `stream`: records when its work is done (gpu_waits), remembers
-  // which member followed the previously launched one and,
+  // After a launch of `member`: remembers which member followed the previously launched one and,
   // where the same one followed `member` the last two times, patches its slot now via
   // prepare_ahead, so the patch overlaps the launched work. A successor seen once is not trusted:
   // in a shuffled order (an epoch's batches) it rarely repeats.
-  void launched(Member member, cudaStream_t stream);
+  void launched(Member member);
   // Destroys resident executables, least recently prepared first, until they hold at most `bytes`
   // of device memory; never the one serving `keep`. Returns how many it destroyed.
   int evict_to(size_t bytes, Member keep);
@@ -150,9 +149,9 @@ class SharedExecutables {
   size_t kernel_swaps(Group& group, uint32_t from, uint32_t to);
   // Whether the executable cache can take another slot of `group`.
   bool room_for_slot(const Group& group) const;
-  // For kWhenGpuWaits: whether the GPU waits for a host-paced launch on `stream`: the previous
-  // launch's work is done (launched_done_), or, before any, `stream` has no work queued.
-  bool gpu_waits(cudaStream_t stream, bool host_paced);
+  // For kWhenGpuWaits, right after a patch for a host-paced launch on `stream`: whether the GPU
+  // waited for it (the stream has no work queued).
+  bool gpu_waits(cudaStream_t stream);
 
   Sharing sharing_;
   size_t cache_bytes_;
@@ -174,11 +173,6 @@ class SharedExecutables {
     bool confirmed = false;
   };
   Member last_launched_;
-  // Recorded after each launch (launched()): where it completed before the next launch is
-  // prepared, the GPU waits for the host. The stream may also hold what the caller queued since
-  // (a generation's token bookkeeping: microseconds of work), which is no queue to hide a patch
-  // behind.
-  cudaEvent_t launch_done_ = nullptr;
   std::unordered_map<uint64_t, Successor> successor_;
 };
 

@@ -162,7 +162,7 @@ ReplayOutcome replay(const CapturedGraph& g, FlatCall& flat, ReplayContext& cont
   }
   if (!segments.empty()) C10_CUDA_CHECK(cuda::launch_batched_copy(segments, stream));
   // The graph predicted to come next is patched in while this one runs.
-  g.executables->launched(g.member, stream);
+  g.executables->launched(g.member);
 
   // 4. Outputs.
   ReplayOutcome outcome;

@@ -574,7 +574,7 @@ TEST_F(SharedExecutablesOnGpu, PatchesAheadOnlyTheShapeThatFollowedTheLaunchedOn
         EXPECT_EQ(ex.stats().switches, switches) << "prepare() patched after a patch ahead";
       }
       ahead = ex.stats().patches_ahead;
-      ex.launched(m, stream_);
+      ex.launched(m);
       EXPECT_EQ(cudaStreamSynchronize(stream_), cudaSuccess);
       expect_shape(b, i, sizes[static_cast<size_t>(i)]);
     }
