@@ -168,8 +168,8 @@ def test_shapes_replayed_while_the_gpu_is_busy_share_one_executable():
     assert s["replays"] >= 2 * len(lengths) and not s["fallbacks"]
     assert s["resident_executables"] == s["topology_groups"] < s["shapes"]
     assert s["executable_switches"] > 0
-    # The same shapes in a host-bound loop: once nearly all recent launches found the GPU
-    # waiting, each shape is patched once, then gets an executable of its own.
+    # The same shapes in a host-bound loop: each shape is patched once while the GPU waits, then
+    # gets an executable of its own.
     passes_until_every_shape_is_resident(
         compiled, lambda: expect_shapes(compiled, lengths, expected, host_bound=True))
     assert grape.stats(compiled)["resident_executables"] == s["shapes"]
