@@ -1,6 +1,8 @@
 // The slot policy of shared executables (Note [Executable slots]), simulated without a GPU.
 #include <gtest/gtest.h>
 
+#include <unordered_map>
+#include <utility>
 #include <vector>
 
 #include "core/executable_slots.h"
@@ -40,6 +42,45 @@ struct Simulation {
     }
     slots[slot].last_used = ++clock;
     ++launches;
+  }
+};
+
+// The same group as grape's runtime grows it (SharedExecutables::SlotGrowth::kWhenGpuWaits): a
+// shape gets a slot of its own, while there is room, at its launch after a patch the GPU waited
+// for (every patch here, as in a host-bound generation), and keeps it.
+struct AdmittingSimulation {
+  AdmittingSimulation(size_t capacity, uint32_t first_shape) : capacity(capacity) {
+    slots.push_back({first_shape, 0, false});  // the group's first executable
+  }
+  size_t capacity;
+  std::vector<ExecutableSlot> slots;
+  std::unordered_map<uint32_t, SlotAdmission> admission;
+  uint64_t clock = 0;
+  int patches = 0;
+  int new_slots = 0;
+
+  void replay(uint32_t shape) {
+    SlotChoice c = choose_slot(slots, shape, false);
+    if (c.kind == SlotChoice::Kind::kPatch) {
+      c = choose_slot(slots, shape, slots.size() < capacity && admission[shape].admitted());
+    }
+    size_t slot = c.slot;
+    if (c.kind == SlotChoice::Kind::kNewSlot) {
+      slots.push_back({shape, 0, true});
+      slot = slots.size() - 1;
+      ++new_slots;
+    } else if (c.kind == SlotChoice::Kind::kPatch) {
+      slots[slot] = {shape, slots[slot].last_used, false};
+      admission[shape].patched();
+      ++patches;
+    }
+    slots[slot].last_used = ++clock;
+  }
+  // One pass over shapes [0, n), as a generation's forwards; returns {patches, new slots}.
+  std::pair<int, int> pass(uint32_t n) {
+    const int p = patches, s = new_slots;
+    for (uint32_t shape = 0; shape < n; ++shape) replay(shape);
+    return {patches - p, new_slots - s};
   }
 };
 
@@ -138,4 +179,28 @@ TEST(ExecutableSlots, AShapeWithoutASlotIsPatchedIntoASlotMadeForNoShape) {
   // launched.
   slots[0].bought = true;
   EXPECT_EQ(choose_slot(slots, 9, false).slot, 2u);
+}
+
+TEST(ExecutableSlots, AGenerationPatchesItsShapesOnceThenReplaysEachInItsOwnSlot) {
+  // 128 shapes, the first executable holding the last one captured (127): the second call
+  // (pass 1) patches every shape into it, the third makes a slot for each but the one it holds
+  // then, the fourth patches nothing.
+  AdmittingSimulation sim(/*capacity=*/1000, /*first_shape=*/127);
+  EXPECT_EQ(sim.pass(128), std::make_pair(128, 0));
+  EXPECT_EQ(sim.pass(128), std::make_pair(0, 127));
+  EXPECT_EQ(sim.pass(128), std::make_pair(0, 0));
+  EXPECT_EQ(sim.slots.size(), 128u);
+}
+
+TEST(ExecutableSlots, BeyondTheCacheAdmittedShapesKeepTheirSlotsAndTheRestShareTheFirst) {
+  // Room for 64 executables, 128 shapes: the 63 admitted first keep their slots pass after pass;
+  // the other 65 take turns in the first executable instead of patching an admitted shape's slot,
+  // which would make that shape take another.
+  AdmittingSimulation sim(/*capacity=*/64, /*first_shape=*/127);
+  sim.pass(128);
+  EXPECT_EQ(sim.pass(128), std::make_pair(65, 63));
+  for (int round = 0; round < 3; ++round) {
+    EXPECT_EQ(sim.pass(128), std::make_pair(65, 0)) << "round " << round;
+  }
+  EXPECT_EQ(sim.slots.size(), 64u);
 }
