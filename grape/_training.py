@@ -51,12 +51,13 @@ class Seen:
     def __init__(self):
         self.optimizers: weakref.WeakSet = weakref.WeakSet()
         self.leaves = WeakIdKeyDictionary()  # tensor -> None, in the order first seen
+        self.backward_seen = False
 
     @property
     def training(self) -> bool:
         """Whether a backward pass or an optimizer step was seen: until then a capture tracks
-        no module's parameters (Note [Gradients of a captured step])."""
-        return len(self.leaves) > 0 or len(self.optimizers) > 0
+        no module's parameters that has no gradient (Note [Gradients of a captured step])."""
+        return self.backward_seen or len(self.optimizers) > 0
 
 
 class StepWatch:
@@ -100,6 +101,7 @@ class StepWatch:
             self.stepped.append(optimizer)
 
     def _pre_backward(self, tensors, inputs) -> None:
+        self.seen.backward_seen = True
         known = self.seen.leaves
         for leaf in leaves_reached(tensors, inputs):
             if leaf not in known:

@@ -16,14 +16,17 @@
 //     instantiation, and a loop's second pass over its shapes (a generation's lengths) patches
 //     them instead of instantiating every slot at once, which made that pass several times slower
 //     than the next;
-//   - a shape without a slot of its own is patched into a slot that was not made for its shape,
-//     while there is one (the group's first executable): patching a slot made for a shape would
-//     make that shape, admitted already, take another;
-//   - once the cache is full and every slot bought, it is patched into the most recently used
-//     slot other than the last launched one. Replacing the most recently used (not the least) keeps a cyclic
-//     order of shapes (a generation's growing lengths, an epoch's batches) from evicting each slot
-//     just before it is needed again: the slots hold a stable part of the cycle and the rest
-//     alternates between two slots, so the one just launched is never patched under a replay.
+//   - a shape without a slot of its own is patched into a slot not made for a shape, while there
+//     is one (the group's first executable): patching a slot made for a shape would make that
+//     shape, admitted already, take another. Where that slot is the one just launched, the patch
+//     changes only later launches (CUDA keeps a queued launch's parameters), and a patch ahead
+//     leaves it to the next launch;
+//   - where every slot was made for a shape (the cache full, after an eviction), a shape is
+//     patched into the most recently used slot other than the last launched one. Replacing the
+//     most recently used (not the least) keeps a cyclic order of shapes (a generation's growing
+//     lengths, an epoch's batches) from evicting each slot just before it is needed again: the
+//     slots hold a stable part of the cycle and the rest alternates between two slots, so the
+//     one just launched is not patched under a replay.
 //   - a slot whose shape was removed is used before any other, and before a new slot.
 //   - among the slots a shape may be patched into, the one whose shape runs the most of the same
 //     kernels wins: a patch that changes a node's kernel makes the next launch slower for each

@@ -253,7 +253,12 @@ SharedExecutables::Member SharedExecutables::add(cudaGraph_t graph, cudaStream_t
         if (join_aligned(it->second, view(), contents, stream, joined)) return joined;
         continue;
       }
-      if (group.nodes.size() != contents.nodes.size() || group.kinds != contents.kinds) continue;
+      // Node by node, what a patch may not change (a copy's memory kinds, a memset's element
+      // size) must agree too: the topology key leaves those to the per-node keys.
+      if (group.nodes.size() != contents.nodes.size() || group.kinds != contents.kinds ||
+          group.shape.keys != contents.keys) {
+        continue;
+      }
       // Patching the graph's parameters into the slot it will replay in asks the driver, node by
       // node, whether they may share this group's executables: the nodes the slot's shape already
       // holds were asked when that shape joined. cudaGraphExecUpdate of the whole graph would ask
@@ -264,7 +269,10 @@ SharedExecutables::Member SharedExecutables::add(cudaGraph_t graph, cudaStream_t
         ++counters_.joins;
         return {it->second, shape};
       } catch (const std::runtime_error&) {
-        continue;  // the driver refused a node's parameters
+        // The driver refused a node's parameters; without an executable, the group could not
+        // instantiate one (out of memory), which another group would not help.
+        if (group.slots.empty()) throw;
+        continue;
       }
     }
     // A graph of no group's topology (or one whose update the driver refused, which alignment
@@ -370,14 +378,19 @@ bool SharedExecutables::join_aligned(uint32_t index, const core::NodeGraph& grap
 uint32_t SharedExecutables::join_as_is(Group& group, const std::vector<core::Blob>& blobs,
                                        cudaStream_t stream) {
   const uint32_t shape = group.params->add(blobs);
+  const size_t slots_before = group.slots.size();
   try {
     // Patching the shape in now also asks the driver whether it takes these parameters.
-    const size_t slots_before = group.slots.size();
     const size_t slot = slot_for(group, shape, stream, false);
     patch(group, slot, shape);
-    if (group.slots.size() > slots_before) group.slots[slot].bought = true;
+    // A slot made for this shape is its own; a group's only executable is every shape's.
+    if (slots_before > 0 && group.slots.size() > slots_before) group.slots[slot].bought = true;
     group.slots[slot].last_used = ++clock_;
   } catch (...) {
+    if (slots_before > 0 && group.slots.size() > slots_before) {
+      destroy_slot(group, group.slots.size() - 1);  // made for this join
+    }
+    group.kernels.erase(shape);
     group.params->remove(shape);
     throw;
   }
@@ -430,10 +443,12 @@ void SharedExecutables::remove(Member member) {
     group.params->remove(member.shape);
     group.kernels.erase(member.shape);
     group.admission.erase(member.shape);
-    if (member.shape != core::ParamTable::kBase) {  // the base's parameters stay readable
-      for (auto& slot : group.slots) {
-        if (slot.shape == member.shape) slot = {core::ExecutableSlot::kNoShape, slot.last_used};
-      }
+    for (auto& slot : group.slots) {
+      if (slot.shape != member.shape) continue;
+      // The base's parameters stay readable (other shapes are patched from them), but its slot is
+      // no shape's own any more.
+      slot = {member.shape == core::ParamTable::kBase ? slot.shape : core::ExecutableSlot::kNoShape,
+              slot.last_used};
     }
   }
   if (--group.members > 0) return;
@@ -463,7 +478,9 @@ cudaGraphExec_t SharedExecutables::prepare(Member member, cudaStream_t stream, b
     // stream drained while the host did that work, which says nothing of launches alone.
     if (costly && gpu_waits(stream)) group.admission[member.shape].patched();
   }
-  if (group.slots.size() > slots_before) group.slots[slot].bought = true;
+  // A slot made for this shape is its own; a group's only executable (made again after an
+  // eviction) is every shape's.
+  if (slots_before > 0 && group.slots.size() > slots_before) group.slots[slot].bought = true;
   group.slots[slot].last_used = ++clock_;
   return group.executables[slot].exec;
 }

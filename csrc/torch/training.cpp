@@ -24,9 +24,12 @@ void TrainingState::remember_refusal(const py::object& watch) {
 std::vector<at::Tensor> TrainingState::tracked_leaves(const py::object& static_module,
                                                       const FlatCall& flat, GraphPool& pool) {
   std::vector<at::Tensor> parameters;
+  bool any_gradient = false;  // set by a backward pass, or by the caller (.grad = ...)
   auto add_parameters = [&](const py::handle& module) {
     for (at::Tensor& p : module_tensors(module).parameters) {
-      if (p.requires_grad()) parameters.push_back(std::move(p));
+      if (!p.requires_grad()) continue;
+      any_gradient = any_gradient || p.grad().defined();
+      parameters.push_back(std::move(p));
     }
   };
   if (!static_module.is_none()) add_parameters(static_module);
@@ -34,11 +37,12 @@ std::vector<at::Tensor> TrainingState::tracked_leaves(const py::object& static_m
   // A backward pass may reach them, tracked or not: its lazy initialization happens before the
   // function's first capture, as for a training step.
   if (!parameters.empty()) prepare_backward(pool);
-  // Until a warm-up or capture saw the function train, its modules' parameters are not tracked:
-  // checking them cost an inference function's every capture more than reading its graph
-  // (docs/results.md), and a backward pass that reaches them all the same fails that capture once
-  // and tracks them from then on (StepWatch.untracked_leaves_kept).
-  const bool training = seen().attr("training").cast<bool>();
+  // Until a warm-up or capture saw the function train, or one of its modules' parameters has a
+  // gradient (which f may read or replace: clip_grad_norm_, zero_grad), those parameters are not
+  // tracked: checking them cost an inference function's every capture more than reading its
+  // graph (docs/results.md), and a backward pass that reaches them all the same fails that
+  // capture once and tracks them from then on (StepWatch.untracked_leaves_kept).
+  const bool training = any_gradient || seen().attr("training").cast<bool>();
   if (!training && flat.static_leaves.empty()) return {};
   py::list arguments, parameter_list;
   for (const auto& t : flat.static_leaves) {

@@ -8,7 +8,8 @@
 // - Parameters and optimizer state are static, like a module's parameters: the graph reads and
 //   writes them in place, and a replay whose parameters or optimizer state moved captures again.
 //   The *tracked leaves* are the parameter arguments that require grad and, once a warm-up or
-//   capture saw the function run a backward pass or step an optimizer, the parameters that
+//   capture saw the function run a backward pass or step an optimizer, or once a parameter of
+//   its modules has a gradient, the parameters that
 //   require grad of the compiled module, of module arguments, of every optimizer the function
 //   stepped during its warm-up (grape._training.StepWatch, which also sets capturable=True on
 //   them), and every leaf a backward pass of the function reached (a closure's model stepped

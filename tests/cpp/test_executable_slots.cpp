@@ -14,8 +14,10 @@ using grape::core::SlotAdmission;
 
 namespace {
 
-// A group of at most `capacity` slots replaying `order` `rounds` times, as SharedExecutables
-// would; counts the replays that patched a slot and checks none patched the slot launched last.
+// A group of at most `capacity` slots none of which is held as its shape's own (every slot made
+// while the cache has room and patched since, as after an eviction), replaying shapes as
+// SharedExecutables would; counts the replays that patched a slot and checks none patched the
+// slot launched last.
 struct Simulation {
   explicit Simulation(size_t capacity) : capacity(capacity) {}
   size_t capacity;

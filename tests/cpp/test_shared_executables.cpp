@@ -588,11 +588,11 @@ TEST_F(SharedExecutablesOnGpu, PatchesAheadOnlyTheShapeThatFollowedTheLaunchedOn
 }
 
 TEST_F(SharedExecutablesOnGpu, GraphsOfOneTopologyRunningDifferentKernelsEachReplayTheirOwnKernel) {
-  // A topology leaves the kernel to executable updates, so these graphs (memset, kernel, memcpy;
-  // only the kernel differs) have one topology and the second joins the first's group through
-  // cudaGraphExecUpdate, which the driver lets change a node's function. Replays alternate the
-  // kernels: with one executable (cache 0) each one swaps the function back by a node update;
-  // with a slot each, the whole-graph update swapped it once.
+  // A topology leaves the kernel to node updates, so these graphs (memset, kernel, memcpy; only
+  // the kernel differs) have one topology and the second joins the first's group by a node
+  // update, which the driver lets change a node's function. Replays alternate the kernels: with
+  // one executable (cache 0) each one swaps the function back by a node update; with a slot
+  // each, the join's update swapped it once.
   for (size_t cache : {size_t{0}, SIZE_MAX}) {
     Buffers b(stream_, 0);
     SharedExecutables ex(Sharing::kNearTopologies, cache);

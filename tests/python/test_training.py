@@ -134,6 +134,10 @@ def test_a_function_is_seen_training_once_a_backward_pass_or_a_step_was_seen():
         m(torch.randn(3, 4)).sum().backward()
     assert seen.training
     assert seen_stepping(torch.optim.SGD(m.parameters(), lr=0.1)).training
+    # Leaves tracked for a parameter argument are not training.
+    fresh = _training.Seen()
+    _training.leaves_of([m[0].weight], fresh, [])
+    assert not fresh.training
 
 
 def seen_stepping(*optimizers):

@@ -489,6 +489,34 @@ def test_a_module_compiled_for_inference_tracks_its_parameters_once_a_backward_r
     assert s["graphs"] == 2 and s["replays"] == 6 and s["recaptures"] == 0
 
 
+@pytest.mark.parametrize("set_to_none", [True, False])
+def test_a_function_that_only_reads_and_scales_gradients_tracks_them(set_to_none):
+    """No backward pass or optimizer step runs in the function (gradient clipping after an eager
+    backward), but its modules' parameters have gradients: they are tracked (Note [Gradients of a
+    captured step]), so a gradient replaced since the capture captures again instead of the
+    replay scaling memory that is no longer the gradient."""
+    def make(model, opt):
+        def clip():
+            return torch.nn.utils.clip_grad_norm_(model.parameters(), 0.5)
+
+        return clip
+
+    eager_clip, clip, eager_model, model, eager_opt, opt = eager_and_grape(make)
+    for x, y in batches(6, sizes=(8,)):
+        for m in (model, eager_model):
+            F.mse_loss(m(x), y).backward()
+        torch.testing.assert_close(clip(), eager_clip())
+        assert_same_state(model, eager_model, opt, eager_opt)
+        for m in (model, eager_model):
+            m.zero_grad(set_to_none=set_to_none)
+    s = grape.stats(clip)
+    assert s["fallbacks"] == [] and s["captures"] >= 1
+    if set_to_none:  # new gradients at every call: each capture's guards send the next one back
+        assert s["recaptures"] >= 1
+    else:  # gradients zeroed in place: one graph, replayed
+        assert s["replays"] >= 4 and s["recaptures"] == 0
+
+
 def grad_scaler_step(model, opt):
     """An fp16 step under torch.amp.GradScaler."""
     scaler = torch.amp.GradScaler("cuda", init_scale=2.0 ** 10)
