@@ -39,8 +39,11 @@ uint64_t hash_bytes(uint64_t seed, const uint8_t* data, size_t size) {
   return h;
 }
 
-// The first index from `i` on where `value` differs from `base` (zeros past its end), or
-// value.size(). Most of a shape's bytes equal the base's: they are skipped a word at a time.
+// Byte `i` of `base`, zeros past its end: what a patch's value is compared with.
+uint8_t base_at(const Blob& base, size_t i) { return i < base.size() ? base[i] : 0; }
+
+// The first index from `i` on where `value` differs from `base`, or value.size(). Most of a
+// shape's bytes equal the base's: they are skipped a word at a time.
 size_t next_difference(const Blob& base, const Blob& value, size_t i) {
   const size_t common = std::min(base.size(), value.size());
   for (; i + sizeof(uint64_t) <= common; i += sizeof(uint64_t)) {
@@ -50,7 +53,7 @@ size_t next_difference(const Blob& base, const Blob& value, size_t i) {
     if (a != b) break;
   }
   for (; i < value.size(); ++i) {
-    if (value[i] != (i < base.size() ? base[i] : 0)) return i;
+    if (value[i] != base_at(base, i)) return i;
   }
   return i;
 }
@@ -60,7 +63,6 @@ size_t next_difference(const Blob& base, const Blob& value, size_t i) {
 Blob encode_patch(const Blob& base, const Blob& value) {
   Blob patch;
   put_varint(patch, value.size());
-  auto base_at = [&](size_t i) -> uint8_t { return i < base.size() ? base[i] : 0; };
   size_t end = 0;  // end of the previous run
   size_t i = 0;
   while ((i = next_difference(base, value, i)) < value.size()) {
@@ -68,7 +70,7 @@ Blob encode_patch(const Blob& base, const Blob& value) {
     size_t run_end = i + 1;
     size_t j = run_end;
     while (j < value.size()) {
-      if (value[j] != base_at(j)) {
+      if (value[j] != base_at(base, j)) {
         run_end = ++j;
       } else if (j - run_end < kMaxGapInRun) {
         ++j;

@@ -162,7 +162,7 @@ void SharedExecutables::destroy_slot(Group& group, size_t slot) {
 size_t SharedExecutables::slot_for(Group& group, uint32_t shape, cudaStream_t stream,
                                    bool host_paced, bool* costly) {
   // Whether the group grows is asked only where the shape would be patched: a hit, the most
-  // common choice on the replay path, makes no stream query.
+  // common choice on the replay path, asks nothing more.
   core::SlotChoice choice = core::choose_slot(group.slots, shape, false);
   if (choice.kind == core::SlotChoice::Kind::kPatch) {
     bool grow = false;
@@ -275,8 +275,8 @@ SharedExecutables::Member SharedExecutables::add(cudaGraph_t graph, cudaStream_t
         continue;
       }
     }
-    // A graph of no group's topology (or one whose update the driver refused, which alignment
-    // would not check better) may join the most recent groups of a near topology.
+    // A graph of no group's topology (or one whose parameters the driver refused, which
+    // alignment would not check better) may join the most recent groups of a near topology.
     if (sharing_ == Sharing::kNearTopologies) {
       int near_tried = 0;
       for (size_t index = groups_.size(); index-- > 0 && near_tried < kNearGroupsTried;) {

@@ -34,30 +34,30 @@ std::vector<at::Tensor> TrainingState::tracked_leaves(const py::object& static_m
   };
   if (!static_module.is_none()) add_parameters(static_module);
   for (const auto& m : flat.modules) add_parameters(m);
-  // A backward pass may reach them, tracked or not: its lazy initialization happens before the
-  // function's first capture, as for a training step.
-  if (!parameters.empty()) prepare_backward(pool);
   // Until a warm-up or capture saw the function train, or one of its modules' parameters has a
   // gradient (which f may read or replace: clip_grad_norm_, zero_grad), those parameters are not
   // tracked: checking them cost an inference function's every capture more than reading its
   // graph (docs/results.md), and a backward pass that reaches them all the same fails that
   // capture once and tracks them from then on (StepWatch.untracked_leaves_kept).
   const bool training = any_gradient || seen().attr("training").cast<bool>();
-  if (!training && flat.static_leaves.empty()) return {};
-  py::list arguments, parameter_list;
-  for (const auto& t : flat.static_leaves) {
-    arguments.append(py::reinterpret_steal<py::object>(THPVariable_Wrap(t)));
-  }
-  if (training) {
-    for (const auto& p : parameters) {
-      parameter_list.append(py::reinterpret_steal<py::object>(THPVariable_Wrap(p)));
+  std::vector<at::Tensor> leaves;
+  if (training || !flat.static_leaves.empty()) {
+    py::list arguments, parameter_list;
+    for (const auto& t : flat.static_leaves) {
+      arguments.append(py::reinterpret_steal<py::object>(THPVariable_Wrap(t)));
+    }
+    if (training) {
+      for (const auto& p : parameters) {
+        parameter_list.append(py::reinterpret_steal<py::object>(THPVariable_Wrap(p)));
+      }
+    }
+    for (py::handle t : hooks_.leaves_of(arguments, seen(), parameter_list)) {
+      leaves.push_back(THPVariable_Unpack(t.ptr()));
     }
   }
-  std::vector<at::Tensor> leaves;
-  for (py::handle t : hooks_.leaves_of(arguments, seen(), parameter_list)) {
-    leaves.push_back(THPVariable_Unpack(t.ptr()));
-  }
-  if (!leaves.empty()) prepare_backward(pool);
+  // A backward pass may reach the parameters, tracked or not: its lazy initialization happens
+  // before the function's first capture, as for a training step.
+  if (!parameters.empty() || !leaves.empty()) prepare_backward(pool);
   return leaves;
 }
 
