@@ -13,7 +13,8 @@ placeholders); grape; grape_copy (grape with alias prediction off). All in one p
 and inputs, outputs compared with eager's (`correct`). A step is one call of the workload's
 function (a decode step; an encoder call): `ms_per_step` is the median of --reps passes after
 warm-up passes (graph modes: every shape captured; grape: passes until one captures nothing, its
-sites learned and their variants captured: `warm_passes`) over the calls of a pass;
+sites learned: `warm_passes`; a graph captured before its input came from a site buffer copies it
+until the copies pay for a chain variant, docs/design.md, "Capture") over the calls of a pass;
 `speedup_vs_eager` is eager's over the mode's, `ratio_to_ptgraph` the mode's over ptgraph's.
 Counters come from one such steady pass.
 
@@ -62,7 +63,8 @@ def grape_counters(step, before: dict, calls: int) -> dict:
 
 def warm_up(step, mode, run_pass, limit=8) -> int:
     """Passes until the mode's steady state: every call a replay of a graph already captured
-    (grape: after learning its sites and capturing their variants). Returns the number of passes."""
+    (grape: after learning its sites; chain variants come once copies paid for them). Returns the
+    number of passes."""
     if not mode.startswith("grape"):
         for _ in range(2 if mode == "ptgraph" else 1):
             run_pass(step, False)

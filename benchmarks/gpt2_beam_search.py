@@ -129,7 +129,8 @@ def run(case: Case, reps: int, modes) -> dict:
                 extra = {"host_syncs_checked": True,
                          "replays_per_generation": (s["replays"] - before["replays"]) // reps,
                          # The first generation after the captures reads the caller's first inputs
-                         # from allocation-site buffers: one chain variant per step.
+                         # from allocation-site buffers: copied, until the copies pay for a chain
+                         # variant (docs/design.md, "Capture").
                          "captures_in_first_steady_generation": before["captures"] - first["captures"],
                          "captures_during_timing": s["captures"] - before["captures"],
                          "eager_calls": s["eager_calls"], "fallbacks": s["fallbacks"],

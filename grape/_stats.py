@@ -66,6 +66,9 @@ TABLE: list[tuple[tuple[str, ...], str]] = [
      'input bytes the hits did not copy'),
     (('chain_variants',),
      'extra graphs captured so that a signature reads chained inputs or input buffers in place'),
+    (('chain_variants_deferred',),
+     'calls whose graph copied inputs that a chain variant, not yet worth its capture, would read '
+     'in place (docs/design.md, "Capture")'),
     (('input_sites',),
      "code positions learned as allocating this function's inputs"),
     (('site_allocations',),

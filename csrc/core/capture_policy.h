@@ -14,10 +14,11 @@
 //     as its warm-up, and is captured again at its next call, unless memory ran out (a warm-up
 //     does not help) or no graph can take its arguments; otherwise it falls back to eager.
 //   - Which graph serves a call: a signature's graph, or one of its chain variants (graphs of the
-//     same signature whose placeholders are other graphs' outputs, made for a signature called
-//     twice in a row, Note [Chain variants]).
+//     same signature whose placeholders are other graphs' outputs or site buffers), and when a
+//     variant is worth its capture (Note [Chain variants]).
 
 #include <cstddef>
+#include <cstdint>
 
 #include "core/reasons.h"
 
@@ -89,6 +90,14 @@ AfterFailure after_failed_capture(const WarmupPolicy& policy, int signature_warm
 // around the other's input). At most kMaxChainVariants per signature; none under
 // torch.distributed, where a capture one rank alone takes would leave the ranks' capture points
 // apart (Note [Capture points agree across ranks]).
+// Those last two are captured at once: the graph could not take the call, or the loop would copy
+// its whole state at every call. Elsewhere a variant only saves copies, often of a few bytes (a
+// generation's position, its prompt's mask, which the next call brings in another site buffer),
+// so it is bought like a rental (VariantRent): each call the graph serves while copying inputs a
+// variant would read in place is charged what those copies cost (CopyCost), and the variant is
+// captured once the charges reach what capturing the signature cost. The copies then never cost
+// more than twice what the better choice in hindsight would have, and a signature that misfits
+// now and then is not captured twice.
 struct GraphChoice {
   enum class Kind { kUse, kCaptureVariant };
   Kind kind = Kind::kUse;
@@ -101,24 +110,56 @@ struct ChainPolicy {
   bool ranks_agree = false;  // capture points are agreed with other ranks
 };
 
+// What copying inputs into a graph's placeholders costs a replay, as VariantRent charges it: the
+// launch of a batched copy, unless the replay copies other inputs anyway, and the bytes at a
+// device's copy bandwidth. A rough estimate on purpose: the rent only has to tell a copy of a few
+// bytes from one of the whole state (figures in docs/results.md, "Figures behind design rules").
+struct CopyCost {
+  static constexpr int64_t kLaunchNs = 4000;
+  static constexpr int64_t kBytesPerNs = 1000;
+  static int64_t of(size_t bytes, bool launched_anyway) {
+    return (launched_anyway ? 0 : kLaunchNs) + static_cast<int64_t>(bytes) / kBytesPerNs;
+  }
+};
+
+// A signature's next chain variant, bought like a rental (Note [Chain variants]).
+class VariantRent {
+ public:
+  // Charges one call's copies, `copy_ns`; whether the charges reached `capture_ns`, what a capture
+  // of the signature cost, and so the variant is worth capturing now.
+  bool charge(int64_t copy_ns, int64_t capture_ns) {
+    charged_ns_ += copy_ns;
+    return charged_ns_ >= capture_ns;
+  }
+  // A variant was captured: the next one starts a rent of its own.
+  void bought() { charged_ns_ = 0; }
+  int64_t charged_ns() const { return charged_ns_; }
+
+ private:
+  int64_t charged_ns_ = 0;
+};
+
 // Which graph serves a call, of a signature with `variants` chain variants. `fits(i)`: graph i
 // (0: the signature's, i > 0: variant i - 1) finds every input it reads in place where it is and
 // copies none that a capture could chain; `chainable()`: some input could be read in place by a
-// new capture; `may_move_outputs()`: a variant may lay out this signature's outputs anew (no other
-// graph reads them in place, or the function's previous call had this signature too). Each is
-// asked lazily, in the order a replay needs it.
-template <class Fits, class Chainable, class MayMoveOutputs>
+// new capture; `needed()`: a variant is needed at once (the signature's graph would copy into a
+// site buffer another tensor holds, or the function's previous call had this signature too);
+// `may_move_outputs()`: no other graph reads this signature's outputs in place; `rent_due()`:
+// charges this call's copies to the signature's VariantRent and says whether the variant is worth
+// capturing now. Each is asked lazily, in the order a replay needs it.
+template <class Fits, class Chainable, class Needed, class MayMoveOutputs, class RentDue>
 GraphChoice choose_graph(const ChainPolicy& policy, size_t variants, Fits fits,
-                         Chainable chainable, MayMoveOutputs may_move_outputs) {
+                         Chainable chainable, Needed needed, MayMoveOutputs may_move_outputs,
+                         RentDue rent_due) {
   if (!policy.alias_prediction || fits(size_t{0})) return {};
   for (size_t i = 1; i <= variants; ++i) {
     if (fits(i)) return {GraphChoice::Kind::kUse, i};
   }
-  if (policy.ranks_agree || variants >= ChainPolicy::kMaxChainVariants || !chainable() ||
-      !may_move_outputs()) {
-    return {};
+  if (policy.ranks_agree || variants >= ChainPolicy::kMaxChainVariants || !chainable()) return {};
+  if (needed() || (may_move_outputs() && rent_due())) {
+    return {GraphChoice::Kind::kCaptureVariant, 0};
   }
-  return {GraphChoice::Kind::kCaptureVariant, 0};
+  return {};
 }
 
 }  // namespace grape::core

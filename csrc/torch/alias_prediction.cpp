@@ -59,13 +59,27 @@ bool Runtime::site_buffer_held(const CapturedGraph& g, const FlatCall& flat) con
   return false;
 }
 
-bool Runtime::may_move_outputs(const Entry& entry, bool repeated, const FlatCall& flat) const {
-  if (repeated || site_buffer_held(*entry.graph, flat)) return true;
-  if (*entry.graph->outputs_read_in_place) return false;
+bool Runtime::outputs_read_in_place(const Entry& entry) {
+  if (*entry.graph->outputs_read_in_place) return true;
   for (const auto& variant : entry.chain_variants) {
-    if (*variant->outputs_read_in_place) return false;
+    if (*variant->outputs_read_in_place) return true;
   }
-  return true;
+  return false;
+}
+
+int64_t Runtime::copies_a_variant_saves_ns(const CapturedGraph& g, const FlatCall& flat) const {
+  size_t saved_bytes = 0;
+  bool copies_others = false;  // its batched copy is launched anyway
+  for (size_t i = 0; i < flat.tensors.size(); ++i) {
+    const auto& ph = g.placeholders[i];
+    if (in_place(flat.tensors[i], ph)) continue;
+    if (!can_alias(flat, i, nullptr)) {
+      copies_others = true;
+      continue;
+    }
+    saved_bytes += ph.mutated ? 2 * ph.bytes : ph.bytes;  // a mutated input is copied back too
+  }
+  return core::CopyCost::of(saved_bytes, copies_others);
 }
 
 void Runtime::learn_sites(const FlatCall& flat, bool warm_up) {

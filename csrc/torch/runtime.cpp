@@ -429,11 +429,21 @@ CapturedGraph& Runtime::select_graph(Entry& entry, bool repeated, FlatCall& flat
         }
         return false;
       },
-      [&] { return may_move_outputs(entry, repeated, flat); });
+      [&] { return repeated || site_buffer_held(*entry.graph, flat); },
+      [&] { return !outputs_read_in_place(entry); },
+      [&] {
+        const int64_t capture_ns = entry.costs.capture_ns - entry.costs.variant_ns;
+        if (entry.variant_rent.charge(copies_a_variant_saves_ns(*entry.graph, flat), capture_ns)) {
+          return true;
+        }
+        ++stats_.chain_variants_deferred;
+        return false;
+      });
   if (choice.kind == core::GraphChoice::Kind::kUse) {
     return choice.graph == 0 ? *entry.graph : *entry.chain_variants[choice.graph - 1];
   }
-  // Capture a variant that reads these outputs in place.
+  // Capture a variant that reads these inputs in place.
+  entry.variant_rent.bought();
   flattener_.flatten_call(args, kwargs, flat, /*with_spec=*/true, /*with_paths=*/false);
   CaptureOutcome outcome = capture_with_retry(entry, flat, /*variant=*/true);
   if (!outcome.graph) {

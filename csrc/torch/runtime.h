@@ -52,6 +52,7 @@ struct Entry {
   // Graphs of the same signature whose placeholders are other graphs' outputs (Note [Chain
   // variants]).
   std::vector<std::unique_ptr<CapturedGraph>> chain_variants;
+  core::VariantRent variant_rent;  // toward its next chain variant
   core::Reason fallback;  // set: this signature always runs eagerly
   // Whether its captures build device tensors of Python values in pinned memory (Note [Host
   // constants]): set once one of its captures failed for want of it.
@@ -127,9 +128,12 @@ class Runtime {
   // Whether `graph` would copy an input into a site buffer that another tensor holds (its replay
   // is refused then).
   bool site_buffer_held(const CapturedGraph& graph, const FlatCall& flat) const;
-  // Whether a chain variant of `entry` may lay out its outputs anew (Note [Chain variants]).
-  // `repeated`: the function's previous call was `entry`'s too.
-  bool may_move_outputs(const Entry& entry, bool repeated, const FlatCall& flat) const;
+  // Whether another graph reads the outputs of one of `entry`'s graphs in place, so that a chain
+  // variant laying them out anew would break that chain (Note [Chain variants]).
+  static bool outputs_read_in_place(const Entry& entry);
+  // What the copies cost (core::CopyCost) that `graph` makes of inputs a chain variant would read
+  // in place.
+  int64_t copies_a_variant_saves_ns(const CapturedGraph& graph, const FlatCall& flat) const;
   // Whether input i can be its graph's placeholder in place: a live output of an earlier replay,
   // or a buffer of a predicted allocation site (`buffer`, when not null, receives it).
   bool can_alias(const FlatCall& flat, size_t i, std::shared_ptr<InputBuffer>* buffer) const;

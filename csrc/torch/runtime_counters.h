@@ -29,6 +29,8 @@ struct RuntimeCounters {
   int64_t alias_misses = 0;       // predicted placeholders that had to be copied into
   int64_t bytes_avoided = 0;      // input bytes the hits did not copy
   int64_t chain_variants = 0;     // extra graphs captured to chain a signature's inputs
+  int64_t chain_variants_deferred = 0;  // calls that copied what a variant not yet worth its
+                                        // capture would read in place (Note [Chain variants])
   int64_t capture_oom_retries = 0;  // captures retried after an out-of-memory freed executables
   int64_t replanned_captures = 0;   // captures taken again along a planned layout (Note
                                     // [Planned capture layouts]) ...

@@ -58,6 +58,7 @@ py::dict Runtime::stats() {
   d["alias_misses"] = stats_.alias_misses;
   d["bytes_avoided"] = stats_.bytes_avoided;
   d["chain_variants"] = stats_.chain_variants;
+  d["chain_variants_deferred"] = stats_.chain_variants_deferred;
   d["capture_oom_retries"] = stats_.capture_oom_retries;
   d["replanned_captures"] = stats_.replanned_captures;
   d["replans_diverged"] = stats_.replans_diverged;

@@ -101,7 +101,10 @@ struct Graphs {
   std::vector<bool> fit;
   bool chainable = false;
   bool may_move_outputs = true;
+  bool needed = false;   // a held site buffer, or the signature repeats the previous call
+  bool rent_due = true;  // the copies saved so far paid for a capture
   mutable int fits_asked = 0;
+  mutable int rent_asked = 0;
   GraphChoice choose(const ChainPolicy& policy) const {
     return choose_graph(
         policy, fit.size() - 1,
@@ -109,7 +112,11 @@ struct Graphs {
           ++fits_asked;
           return static_cast<bool>(fit[i]);
         },
-        [&] { return chainable; }, [&] { return may_move_outputs; });
+        [&] { return chainable; }, [&] { return needed; }, [&] { return may_move_outputs; },
+        [&] {
+          ++rent_asked;
+          return rent_due;
+        });
   }
 };
 
@@ -149,6 +156,53 @@ TEST(ChainVariants, NoneWhereAnotherGraphReadsTheOutputsInPlace) {
   Graphs h{{false, true}, true};
   h.may_move_outputs = false;
   EXPECT_EQ(h.choose({}).graph, 1u);
+}
+
+TEST(ChainVariants, NeededAtOnceEvenWhereOutputsAreReadInPlaceOrTheRentIsNotDue) {
+  // The graph would copy into a site buffer another tensor holds (its replay would be refused),
+  // or a loop over one shape feeds its outputs back: no rent, and no say for readers downstream.
+  Graphs g{{false}, true};
+  g.needed = true;
+  g.may_move_outputs = false;
+  g.rent_due = false;
+  EXPECT_EQ(g.choose({}).kind, GraphChoice::Kind::kCaptureVariant);
+  EXPECT_EQ(g.rent_asked, 0);
+  // Still none beyond the limit, across ranks, or where nothing could be chained.
+  g.chainable = false;
+  EXPECT_EQ(g.choose({}).kind, GraphChoice::Kind::kUse);
+}
+
+TEST(ChainVariants, ElsewhereAVariantWaitsForItsRent) {
+  Graphs g{{false}, true};
+  g.rent_due = false;
+  EXPECT_EQ(g.choose({}).kind, GraphChoice::Kind::kUse);
+  EXPECT_EQ(g.rent_asked, 1);
+  g.rent_due = true;
+  EXPECT_EQ(g.choose({}).kind, GraphChoice::Kind::kCaptureVariant);
+  // A call whose outputs another graph reads in place is not charged: no variant could serve it.
+  Graphs h{{false}, true};
+  h.may_move_outputs = false;
+  EXPECT_EQ(h.choose({}).kind, GraphChoice::Kind::kUse);
+  EXPECT_EQ(h.rent_asked, 0);
+}
+
+TEST(VariantRent, ACaptureIsBoughtOnceTheCopiesItSavesAddUpToItsCost) {
+  VariantRent rent;
+  const int64_t capture_ns = 8'000'000;  // a small model's capture, about 8 ms
+  const int64_t copy_ns = CopyCost::of(8, /*launched_anyway=*/false);  // a position, alone
+  EXPECT_EQ(copy_ns, CopyCost::kLaunchNs);
+  int calls = 1;
+  while (!rent.charge(copy_ns, capture_ns)) ++calls;
+  EXPECT_EQ(calls, static_cast<int>((capture_ns + copy_ns - 1) / copy_ns));
+  EXPECT_GE(rent.charged_ns(), capture_ns);
+  EXPECT_LT(rent.charged_ns() - copy_ns, capture_ns);
+  rent.bought();
+  EXPECT_EQ(rent.charged_ns(), 0);
+  // A copy of the whole state (tens of MB) pays for a capture within a few hundred calls; a few
+  // bytes riding along a copy that is launched anyway never do.
+  EXPECT_GT(CopyCost::of(size_t{64} << 20, false), 60'000);
+  EXPECT_EQ(CopyCost::of(64, /*launched_anyway=*/true), 0);
+  for (int i = 0; i < 1000; ++i) EXPECT_FALSE(rent.charge(CopyCost::of(64, true), capture_ns));
 }
 
 TEST(ChainVariants, AtMostThreeAndNoneAcrossRanksOrWithoutPrediction) {

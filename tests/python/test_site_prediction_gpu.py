@@ -42,7 +42,10 @@ def delta(step, run):
 
 
 def warm_until_steady(step, run, reference, limit=8):
-    """Runs passes until one captures and copies nothing; returns how many it took."""
+    """Runs passes until one captures nothing and copies nothing; returns how many it took. A
+    graph captured before its input came from a site buffer copies that input until the copies
+    pay for a variant that reads it in place (Note [Chain variants]): for these small functions,
+    whose captures cost little, within some tens of calls of that graph."""
     for passes in range(1, limit + 1):
         result, d = delta(step, run)
         torch.testing.assert_close(result, reference, rtol=0, atol=0)
@@ -55,14 +58,22 @@ def warm_until_steady(step, run, reference, limit=8):
 def test_cat_loop_inputs_are_allocated_in_place_and_copy_nothing():
     step = grape.compile(score)
     reference = decode(score, 70)
-    # Pass 1 warms up and learns the sites, 2 captures, later passes capture variants for the
-    # calls whose inputs came from elsewhere when they were captured (the first prompt, a size
-    # class's first buffer).
-    assert warm_until_steady(step, lambda: decode(step, 70), reference) <= 6
+    # Pass 1 warms up, learns the sites and captures, 2 captures the prompt. The calls whose
+    # inputs came from elsewhere when they were captured (the first prompt, a size class's first
+    # buffer) copy them, a few bytes, until the copies pay for a variant.
+    for _ in range(2):
+        decode(step, 70)
+    result, d = delta(step, lambda: decode(step, 70))
+    torch.testing.assert_close(result, reference, rtol=0, atol=0)
+    assert d["captures"] == d["chain_variants"] == 0 and d["replays"] == 70
+    assert d["alias_hits"] + d["alias_misses"] <= 2 * 70 and d["alias_hits"] > 0
+    # Copies only where a variant waits for its rent: ids and mask, 73 columns at most.
+    assert d["bytes_copied_in"] <= d["chain_variants_deferred"] * 2 * (2 * 73 * 8)
+    assert warm_until_steady(step, lambda: decode(step, 70), reference, limit=400) > 1
     result, d = delta(step, lambda: decode(step, 70))  # and it stays so
     torch.testing.assert_close(result, reference, rtol=0, atol=0)
     assert d["replays"] == 70 and d["captures"] == 0
-    assert d["bytes_copied_in"] == 0
+    assert d["bytes_copied_in"] == 0 and d["chain_variants_deferred"] == 0
     # The loop keeps every token: each is moved out of the pool once, at the next replay.
     assert d["bytes_evacuated"] <= 70 * 2 * 8
     assert d["alias_hits"] == 2 * 70 and d["alias_misses"] == 0
@@ -128,7 +139,7 @@ def test_growing_inputs_change_size_class_and_stay_correct():
     step = grape.compile(score)
     reference = decode(score, 300, prompt=1, batch=1)  # 8 to 2408 bytes: classes 512 to 4096
     run = lambda: decode(step, 300, prompt=1, batch=1)  # noqa: E731
-    assert warm_until_steady(step, run, reference) <= 6
+    warm_until_steady(step, run, reference, limit=400)
 
 
 def test_prediction_off_learns_nothing():
@@ -164,8 +175,8 @@ def test_two_functions_interleaved_each_get_their_inputs_in_place():
         return torch.cat(out, 1)
 
     reference = both(score, other)
-    for _ in range(5):
-        torch.testing.assert_close(both(f, g), reference, rtol=0, atol=0)
+    for fn in (f, g):  # until the copies paid for their variants (warm_until_steady)
+        warm_until_steady(fn, lambda: both(f, g), reference, limit=400)
     before_f, before_g = grape.stats(f), grape.stats(g)
     torch.testing.assert_close(both(f, g), reference, rtol=0, atol=0)
     for fn, before in ((f, before_f), (g, before_g)):

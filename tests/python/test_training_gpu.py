@@ -492,29 +492,35 @@ def test_a_module_compiled_for_inference_tracks_its_parameters_once_a_backward_r
 @pytest.mark.parametrize("set_to_none", [True, False])
 def test_a_function_that_only_reads_and_scales_gradients_tracks_them(set_to_none):
     """No backward pass or optimizer step runs in the function (gradient clipping after an eager
-    backward), but its modules' parameters have gradients: they are tracked (Note [Gradients of a
-    captured step]), so a gradient replaced since the capture captures again instead of the
-    replay scaling memory that is no longer the gradient."""
+    backward), but the parameters of its module argument have gradients: they are tracked (Note
+    [Gradients of a captured step]), so a gradient replaced since the capture captures again
+    instead of the replay scaling memory that is no longer the gradient. (A module reached through
+    a closure is not checked: docs/semantics.md, "What is static".)"""
     def make(model, opt):
-        def clip():
-            return torch.nn.utils.clip_grad_norm_(model.parameters(), 0.5)
+        def clip(module):
+            return torch.nn.utils.clip_grad_norm_(module.parameters(), 0.5)
 
         return clip
 
     eager_clip, clip, eager_model, model, eager_opt, opt = eager_and_grape(make)
+    replaced = []
     for x, y in batches(6, sizes=(8,)):
         for m in (model, eager_model):
             F.mse_loss(m(x), y).backward()
-        torch.testing.assert_close(clip(), eager_clip())
+        torch.testing.assert_close(clip(model), eager_clip(eager_model))
         assert_same_state(model, eager_model, opt, eager_opt)
+        # Replaced gradients are held until the next call's are made, so that those cannot land
+        # where the allocator freed these: a replay that scaled these would go unseen otherwise.
+        replaced = [p.grad for p in model.parameters()]
         for m in (model, eager_model):
             m.zero_grad(set_to_none=set_to_none)
     s = grape.stats(clip)
     assert s["fallbacks"] == [] and s["captures"] >= 1
     if set_to_none:  # new gradients at every call: each capture's guards send the next one back
-        assert s["recaptures"] >= 1
+        assert s["captures"] >= 4 and s["recaptures"] == s["captures"] - 1
     else:  # gradients zeroed in place: one graph, replayed
         assert s["replays"] >= 4 and s["recaptures"] == 0
+    del replaced
 
 
 def grad_scaler_step(model, opt):
