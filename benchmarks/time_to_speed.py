@@ -42,6 +42,11 @@ with the prompt, then the longer prompt's):
           "graph_read", "join", "instantiate" (also rebuilds after eviction) and "chain_variant",
           "patch"} (grape.stats' <name>_seconds, in ms); graphs and fallbacks at the end
   static_compile:  compiles_per_call (graphs torch.compile compiled in each call), compiled_by_hf
+A case's capture_floor (CUDA, with grape among the modes): what PyTorch alone spends on one decode
+forward after the prompt, medians over CAPTURE_FLOOR_REPS, alternating: eager_forward_ms (host,
+synchronized), plain_capture_ms (torch.cuda.graph capturing it, not instantiated) and
+plain_instantiate_ms, their ratio plain_capture_vs_eager_forward, and grape_capture_vs_plain
+(grape's capture_ms_median over plain_capture_ms): the floor under a capture at first sight.
 Before a case's modes, throwaway copies of its model generate once with each prompt, eagerly and
 (where grape is among the modes) through a throwaway grape.compile, which calls the prompt twice
 so that its capture of the prompt's signature comes too (config `process_warmup_ms`, per path and
@@ -63,6 +68,7 @@ import itertools
 import operator
 import statistics
 import sys
+import time
 import warnings
 from pathlib import Path
 from typing import Callable, Sequence
@@ -83,6 +89,7 @@ BREAKDOWN = ("warmup_seconds", "capture_seconds", "graph_read_seconds", "join_se
 MODEL_NAMES = {"gpt2": ("gpt2-small", "gpt2-tiny"),  # (full, --tiny)
                "tinyllama": ("tinyllama-1.1b-shape", "llama-tiny")}
 STEADY_CALLS = 3  # steady_ms: the median of the last calls with the prompt
+CAPTURE_FLOOR_REPS = 9
 SIGNATURE_CHARS = 160  # of a signature with chain variants, as recorded
 NEEDS = ("time_to_speed needs a CUDA device (--device cpu --tiny checks the script itself, "
          "without one)")
@@ -221,6 +228,47 @@ def run_mode(mode: str, base, case: dict) -> dict:
     return result
 
 
+def capture_floor(model, ids, mask, reps: int = CAPTURE_FLOOR_REPS) -> dict:
+    """One decode forward of `model` after the prompt (ids, mask), with a fresh copy of the
+    prompt's cache each time: its host ms eagerly, and capturing it into a torch.cuda.CUDAGraph
+    (then instantiating it), medians over `reps` after one of each, alternating."""
+    out = model(input_ids=ids, attention_mask=mask, use_cache=True)
+    position = torch.full((ids.shape[0], 1), ids.shape[1], device=ids.device)
+    step = dict(input_ids=out.logits[:, -1:].argmax(-1),
+                attention_mask=torch.cat([mask, torch.ones_like(mask[:, :1])], 1),
+                position_ids=position, cache_position=position[0], use_cache=True)
+    stream = torch.cuda.Stream()
+
+    def eager() -> float:
+        cache = copy.deepcopy(out.past_key_values)
+        return harness.timed(lambda: model(past_key_values=cache, **step))[1] * 1e3
+
+    def captured() -> tuple[float, float]:
+        cache = copy.deepcopy(out.past_key_values)
+        graph = torch.cuda.CUDAGraph(keep_graph=True)  # instantiated apart, below
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        with torch.cuda.graph(graph, stream=stream):
+            model(past_key_values=cache, **step)
+        t1 = time.perf_counter()
+        graph.instantiate()
+        t2 = time.perf_counter()
+        return (t1 - t0) * 1e3, (t2 - t1) * 1e3
+
+    eager_ms, capture_ms, instantiate_ms = [], [], []
+    for rep in range(reps + 1):
+        forward_ms, (graph_ms, exec_ms) = eager(), captured()
+        if rep > 0:
+            eager_ms.append(forward_ms)
+            capture_ms.append(graph_ms)
+            instantiate_ms.append(exec_ms)
+    floor = {"eager_forward_ms": statistics.median(eager_ms),
+             "plain_capture_ms": statistics.median(capture_ms),
+             "plain_instantiate_ms": statistics.median(instantiate_ms)}
+    floor["plain_capture_vs_eager_forward"] = floor["plain_capture_ms"] / floor["eager_forward_ms"]
+    return floor
+
+
 def run_case(base, model: str, name: str, batch: int, calls: int, new_tokens: int,
              modes: Sequence[str], device: str, cold: bool = False) -> dict:
     inputs = prompts(base.config.vocab_size, batch, calls, device)
@@ -248,12 +296,19 @@ def run_case(base, model: str, name: str, batch: int, calls: int, new_tokens: in
                 # One eager forward: a generate call runs one per new token (the prompt's first).
                 forward_ms = results["eager"]["steady_ms"] / case["kwargs"]["max_new_tokens"]
                 result["capture_vs_eager_forward"] = result["capture_ms_median"] / forward_ms
+    floor = None
+    if device == "cuda" and "grape" in modes:
+        floor = capture_floor(base, *inputs[0])
+        grape_capture_ms = results.get("grape", {}).get("capture_ms_median")
+        if grape_capture_ms is not None:
+            floor["grape_capture_vs_plain"] = grape_capture_ms / floor["plain_capture_ms"]
+        print(f"  capture floor: {floor}", flush=True)
     config = {"model": model, "dtype": str(base.dtype).removeprefix("torch."),
               "layers": base.config.num_hidden_layers, "hidden": base.config.hidden_size,
               "batch": batch, "prompt": PROMPT, "longer_prompt": LONGER_PROMPT,
               "new_tokens": new_tokens, "calls": calls, "longer_prompt_calls": LONGER_CALLS,
               "process_warmup_ms": warmup, "cold": cold, "device": device}
-    return {"name": name, "config": config, "modes": results}
+    return {"name": name, "config": config, "modes": results, "capture_floor": floor}
 
 
 def list_column(header: str, key: str, pick: Callable[[list], object],
