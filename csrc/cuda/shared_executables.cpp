@@ -160,7 +160,7 @@ void SharedExecutables::destroy_slot(Group& group, size_t slot) {
 }
 
 size_t SharedExecutables::slot_for(Group& group, uint32_t shape, cudaStream_t stream,
-                                   bool host_paced, bool* costly) {
+                                   bool host_paced, bool& costly) {
   // Whether the group grows is asked only where the shape would be patched: a hit, the most
   // common choice on the replay path, asks nothing more.
   core::SlotChoice choice = core::choose_slot(group.slots, shape, false);
@@ -171,7 +171,7 @@ size_t SharedExecutables::slot_for(Group& group, uint32_t shape, cudaStream_t st
         grow = true;
       } else if (host_paced) {
         grow = group.admission[shape].admitted();
-        if (costly != nullptr) *costly = !grow;
+        costly = !grow;
       }
     }
     choice = choose(group, shape, grow);
@@ -378,18 +378,10 @@ bool SharedExecutables::join_aligned(uint32_t index, const core::NodeGraph& grap
 uint32_t SharedExecutables::join_as_is(Group& group, const std::vector<core::Blob>& blobs,
                                        cudaStream_t stream) {
   const uint32_t shape = group.params->add(blobs);
-  const size_t slots_before = group.slots.size();
   try {
     // Patching the shape in now also asks the driver whether it takes these parameters.
-    const size_t slot = slot_for(group, shape, stream, false);
-    patch(group, slot, shape);
-    // A slot made for this shape is its own; a group's only executable is every shape's.
-    if (slots_before > 0 && group.slots.size() > slots_before) group.slots[slot].bought = true;
-    group.slots[slot].last_used = ++clock_;
+    load(group, shape, stream, false);
   } catch (...) {
-    if (slots_before > 0 && group.slots.size() > slots_before) {
-      destroy_slot(group, group.slots.size() - 1);  // made for this join
-    }
     group.kernels.erase(shape);
     group.params->remove(shape);
     throw;
@@ -467,22 +459,33 @@ void SharedExecutables::remove(Member member) {
   groups_[member.group].reset();
 }
 
-cudaGraphExec_t SharedExecutables::prepare(Member member, cudaStream_t stream, bool host_paced) {
-  Group& group = *groups_.at(member.group);
+size_t SharedExecutables::load(Group& group, uint32_t shape, cudaStream_t stream,
+                               bool host_paced) {
   bool costly = false;
   const size_t slots_before = group.slots.size();
-  const size_t slot = slot_for(group, member.shape, stream, host_paced, &costly);
-  if (group.slots[slot].shape != member.shape) {
-    patch(group, slot, member.shape);
+  const size_t slot = slot_for(group, shape, stream, host_paced, costly);
+  // A slot made for this shape is its own; a group's only executable (its first, or made again
+  // after an eviction) is every shape's.
+  const bool own = slots_before > 0 && group.slots.size() > slots_before;
+  if (group.slots[slot].shape != shape) {
+    try {
+      patch(group, slot, shape);
+    } catch (...) {
+      if (own) destroy_slot(group, slot);
+      throw;
+    }
     // A capture's join, or a launch right after a capture or an eager run (not host-paced): the
     // stream drained while the host did that work, which says nothing of launches alone.
-    if (costly && gpu_waits(stream)) group.admission[member.shape].patched();
+    if (costly && gpu_waits(stream)) group.admission[shape].patched();
   }
-  // A slot made for this shape is its own; a group's only executable (made again after an
-  // eviction) is every shape's.
-  if (slots_before > 0 && group.slots.size() > slots_before) group.slots[slot].bought = true;
+  if (own) group.slots[slot].bought = true;
   group.slots[slot].last_used = ++clock_;
-  return group.executables[slot].exec;
+  return slot;
+}
+
+cudaGraphExec_t SharedExecutables::prepare(Member member, cudaStream_t stream, bool host_paced) {
+  Group& group = *groups_.at(member.group);
+  return group.executables[load(group, member.shape, stream, host_paced)].exec;
 }
 
 void SharedExecutables::prepare_ahead(Member member) {

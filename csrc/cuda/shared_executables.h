@@ -136,10 +136,14 @@ class SharedExecutables {
   void destroy_slot(Group& group, size_t slot);
   // The slot `shape` runs in (Note [Executable slots]), instantiated if new; where instantiation
   // fails (out of memory) and the group has slots, one of them. `host_paced`: chosen for a launch
-  // that follows launches only (prepare), not for a capture's join. `costly`, where given: set
-  // where `shape` is to be patched while the GPU waits (core::SlotAdmission).
+  // that follows launches only (prepare), not for a capture's join. `costly`: set where `shape`
+  // is to be patched while the GPU may wait (core::SlotAdmission).
   size_t slot_for(Group& group, uint32_t shape, cudaStream_t stream, bool host_paced,
-                  bool* costly = nullptr);
+                  bool& costly);
+  // slot_for, then the shape's parameters patched in where the slot holds another's (a slot made
+  // for it and refused by the driver is destroyed), its costly patches counted
+  // (core::SlotAdmission), and the slot marked as used last. Returns the slot.
+  size_t load(Group& group, uint32_t shape, cudaStream_t stream, bool host_paced);
   // choose_slot for `shape`, told which slots would change the fewest kernels.
   core::SlotChoice choose(Group& group, uint32_t shape, bool room);
   // Per node of `shape`, the kernel it runs (its function or kernel handle; kAbsentKernel where

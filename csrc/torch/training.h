@@ -108,10 +108,12 @@ class TrainingState {
   const PythonHooks& hooks_;
   // What warm-ups and captures saw stepped and reached (a grape._training.Seen), made on first use.
   const py::object& seen();
+  // Before the first capture that may run a backward pass: a small backward pass on `pool`'s
+  // capture stream, outside any capture (grape._training.prepare_backward).
+  void prepare_backward(GraphPool& pool);
 
   py::object seen_ = py::none();
   py::object device_settings_ = py::none();  // a grape._training.DeviceSettings
-  void prepare_backward(GraphPool& pool);
 
   std::string refusal_;
   bool backward_prepared_ = false;
