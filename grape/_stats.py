@@ -40,6 +40,9 @@ TABLE: list[tuple[tuple[str, ...], str]] = [
      "of the captures' time, reading captured graphs node by node, joining groups of shared executables (alignment, unions; the patch a join makes is in `patch_seconds`), and instantiating executables (also rebuilds after eviction, outside captures)"),
     (('chain_variant_seconds',),
      "of `capture_seconds`, chain variants' captures"),
+    (('capture_function_seconds',),
+     "of `capture_seconds`, in the function itself, between the CUDA capture's begin and end (the "
+     'rest is the capture\'s own work: placeholders, reading and joining the graph, bookkeeping)'),
     (('bytes_copied_in',),
      'bytes copied into placeholders (copy in and move in)'),
     (('bytes_copied_back',),

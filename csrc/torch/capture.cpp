@@ -11,6 +11,7 @@
 #include <string>
 #include <unordered_set>
 
+#include "core/clock.h"
 #include "torch/allocator_hook.h"
 #include "torch/module_tensors.h"
 #include "torch/python_scopes.h"
@@ -253,6 +254,7 @@ CaptureOutcome capture(const CaptureContext& context, FlatCall& flat, bool pin_h
   std::vector<bool> chained(flat.tensors.size(), false);
   std::vector<std::shared_ptr<InputBuffer>> buffers(flat.tensors.size());
   CapturedResults captured_results;
+  int64_t function_ns = 0;
   LayoutTrace layout_trace(arena);
   {
     CaptureScope scope(pool);
@@ -300,8 +302,10 @@ CaptureOutcome capture(const CaptureContext& context, FlatCall& flat, bool pin_h
       {
         std::optional<EnteredContext> pinned;
         if (!host_constants.is_none()) pinned.emplace(host_constants);
+        const auto function_start = core::Clock::now();
         r.result = call_python(context.fn, py::reinterpret_borrow<py::args>(call[0]),
                                py::reinterpret_borrow<py::kwargs>(call[1]));
+        function_ns = core::elapsed_ns(function_start);
       }
       graph->capture_end();
       r.effects_ok = record_state.collect(log, r.effects, r.effect_values, r.effects_reason);
@@ -358,6 +362,7 @@ CaptureOutcome capture(const CaptureContext& context, FlatCall& flat, bool pin_h
     CaptureOutcome retake;
     retake.result = core::TryResult::kRetake;
     retake.plan = std::move(plan);
+    retake.function_ns = function_ns;
     return retake;
   }
   try {
@@ -371,6 +376,7 @@ CaptureOutcome capture(const CaptureContext& context, FlatCall& flat, bool pin_h
                   std::string("instantiating the captured graph failed: ") + e.what());
   }
   CaptureOutcome outcome;
+  outcome.function_ns = function_ns;
   for (size_t i = 0; i < placeholders.size(); ++i) {
     captured->placeholders.push_back({placeholders[i].data_ptr(), span_bytes(placeholders[i]),
                                       placeholders[i]._version() != versions[i], chained[i],

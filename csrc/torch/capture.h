@@ -48,6 +48,9 @@ struct CaptureOutcome {
   // before instantiation and its blocks are free.
   std::vector<core::LayoutPlan> plan;
   int64_t alias_predictions = 0;  // placeholders that are inputs used in place
+  // Of the try's time, in f itself, between the CUDA capture's begin and end (kGraph, kRetake):
+  // the rest is the capture's own work around it.
+  int64_t function_ns = 0;
 };
 
 // Captures f on `flat` (flattened with its spec, so placeholders can stand in for its tensors).

@@ -323,6 +323,7 @@ CaptureOutcome Runtime::capture_with_retry(Entry& entry, FlatCall& flat, bool va
     if (outcome.result != core::TryResult::kFailed) {
       const int64_t ns = core::elapsed_ns(start);
       stats_.capture_ns += ns;
+      stats_.capture_function_ns += outcome.function_ns;
       if (variant) stats_.chain_variant_ns += ns;
     }
     if (outcome.result == core::TryResult::kGraph) {

@@ -17,6 +17,7 @@ struct RuntimeCounters {
   int64_t capture_ns = 0;
   int64_t warmup_ns = 0;         // wall time of warm-up calls
   int64_t chain_variant_ns = 0;  // of capture_ns, in chain-variant captures
+  int64_t capture_function_ns = 0;  // of capture_ns, in the function itself
   int64_t bytes_copied_in = 0;
   int64_t bytes_copied_back = 0;
   int64_t bytes_evacuated = 0;

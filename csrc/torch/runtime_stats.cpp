@@ -44,6 +44,7 @@ py::dict Runtime::stats() {
   d["capture_seconds"] = core::seconds(stats_.capture_ns);
   d["warmup_seconds"] = core::seconds(stats_.warmup_ns);
   d["chain_variant_seconds"] = core::seconds(stats_.chain_variant_ns);
+  d["capture_function_seconds"] = core::seconds(stats_.capture_function_ns);
   d["replay_seconds"] = core::seconds(stats_.replay_ns);
   d["launch_seconds"] = core::seconds(stats_.launch_ns);
   d["bytes_copied_in"] = stats_.bytes_copied_in;
