@@ -39,8 +39,9 @@ with the prompt, then the longer prompt's):
           signatures) and capture_vs_eager_forward (over one eager forward: eager's steady call
           over its forwards);
           breakdown_ms_per_call: {"warmup", "capture", of the capture time "capture_function"
-          (the model's forward itself), "graph_read", "join", "instantiate" (also rebuilds after
-          eviction) and "chain_variant", "patch"} (grape.stats' <name>_seconds, in ms); graphs and fallbacks at the end
+          (the model's forward itself), "graph_read", "join", "settle" (a join's work left
+          until its graph's first launch is queued, not in "capture"), "instantiate" (also
+          rebuilds after eviction) and "chain_variant", "patch"} (grape.stats' <name>_seconds, in ms); graphs and fallbacks at the end
   static_compile:  compiles_per_call (graphs torch.compile compiled in each call), compiled_by_hf
 A case's capture_floor (CUDA, with grape among the modes): what PyTorch alone spends on one decode
 forward after the prompt, medians over CAPTURE_FLOOR_REPS, alternating: eager_forward_ms (host,
@@ -85,7 +86,8 @@ PROMPT, LONGER_PROMPT, LONGER_CALLS = 8, 32, 2
 # grape.stats counters and times (seconds) read around each call.
 COUNTERS = ("captures", "replays", "warmup_calls", "eager_calls")
 BREAKDOWN = ("warmup_seconds", "capture_seconds", "capture_function_seconds", "graph_read_seconds",
-             "join_seconds", "instantiate_seconds", "chain_variant_seconds", "patch_seconds")
+             "join_seconds", "settle_seconds", "instantiate_seconds", "chain_variant_seconds",
+             "patch_seconds")
 MODEL_NAMES = {"gpt2": ("gpt2-small", "gpt2-tiny"),  # (full, --tiny)
                "tinyllama": ("tinyllama-1.1b-shape", "llama-tiny")}
 STEADY_CALLS = 3  # steady_ms: the median of the last calls with the prompt

@@ -107,7 +107,7 @@ void apply_patch(const Blob& base, const uint8_t* patch, size_t size, Blob& out)
 
 ParamTable::ParamTable(std::vector<Blob> base) : base_(std::move(base)) {
   for (const auto& b : base_) base_bytes_ += b.size();
-  shapes_.push_back({{}, base_bytes_, true});
+  shapes_.push_back({{}, {}, base_bytes_, true});
   live_shapes_ = 1;
   raw_bytes_ = base_bytes_;
 }
@@ -132,7 +132,7 @@ uint32_t ParamTable::intern(uint32_t node, const Blob& patch) {
 
 void ParamTable::add_nodes(size_t count) { base_.resize(base_.size() + count); }
 
-ParamTable::ShapeId ParamTable::add(const std::vector<Blob>& blobs) {
+ParamTable::ShapeId ParamTable::add(std::vector<Blob> blobs) {
   if (blobs.size() != base_.size()) {
     throw std::invalid_argument("grape: a shape of a topology group has " +
                                 std::to_string(blobs.size()) + " nodes, the group " +
@@ -143,13 +143,24 @@ ParamTable::ShapeId ParamTable::add(const std::vector<Blob>& blobs) {
   for (uint32_t node = 0; node < blobs.size(); ++node) {
     shape.raw_bytes += blobs[node].size();
     if (blobs[node] == base_[node]) continue;
-    shape.changes.push_back({node, intern(node, encode_patch(base_[node], blobs[node]))});
+    shape.changes.push_back({node, kWhole});
+    shape.whole.push_back(std::move(blobs[node]));
   }
   shape.changes.shrink_to_fit();
   raw_bytes_ += shape.raw_bytes;
   ++live_shapes_;
   shapes_.push_back(std::move(shape));
   return static_cast<ShapeId>(shapes_.size() - 1);
+}
+
+void ParamTable::compress(ShapeId shape) {
+  if (!contains(shape)) return;
+  Shape& s = shapes_[shape];
+  for (size_t i = 0; i < s.whole.size(); ++i) {
+    const uint32_t node = s.changes[i].node;
+    s.changes[i].entry = intern(node, encode_patch(base_[node], s.whole[i]));
+  }
+  s.whole = {};
 }
 
 bool ParamTable::contains(ShapeId shape) const {
@@ -165,18 +176,22 @@ void ParamTable::remove(ShapeId shape) {
 }
 
 void ParamTable::decode(ShapeId shape, uint32_t node, Blob& out) const {
+  const Blob& blob = view(shape, node, out);
+  if (&blob != &out) out = blob;
+}
+
+const Blob& ParamTable::view(ShapeId shape, uint32_t node, Blob& scratch) const {
   if (!contains(shape) || node >= base_.size()) {
     throw std::out_of_range("grape: no such shape or node in the parameter table");
   }
-  const auto& changes = shapes_[shape].changes;
-  auto it = std::lower_bound(changes.begin(), changes.end(), node,
+  const Shape& s = shapes_[shape];
+  auto it = std::lower_bound(s.changes.begin(), s.changes.end(), node,
                              [](const Change& c, uint32_t n) { return c.node < n; });
-  if (it == changes.end() || it->node != node) {
-    out = base_[node];
-    return;
-  }
+  if (it == s.changes.end() || it->node != node) return base_[node];
+  if (it->entry == kWhole) return s.whole[static_cast<size_t>(it - s.changes.begin())];
   const Entry& e = entries_[it->entry];
-  apply_patch(base_[node], patches_.data() + e.offset, e.size, out);
+  apply_patch(base_[node], patches_.data() + e.offset, e.size, scratch);
+  return scratch;
 }
 
 void ParamTable::changed_nodes(ShapeId from, ShapeId to, std::vector<uint32_t>& out) const {
@@ -194,7 +209,7 @@ void ParamTable::changed_nodes(ShapeId from, ShapeId to, std::vector<uint32_t>& 
     } else if (i == a.size() || b[j].node < a[i].node) {
       out.push_back(b[j++].node);
     } else {
-      if (a[i].entry != b[j].entry) out.push_back(a[i].node);
+      if (a[i].entry != b[j].entry || a[i].entry == kWhole) out.push_back(a[i].node);
       ++i;
       ++j;
     }
@@ -208,7 +223,10 @@ size_t ParamTable::changed_node_count(ShapeId shape) const {
 size_t ParamTable::compressed_bytes() const {
   size_t bytes = base_bytes_ + patches_.size() + entries_.size() * sizeof(Entry) +
                  index_.size() * (sizeof(uint64_t) + sizeof(uint32_t));
-  for (const auto& s : shapes_) bytes += sizeof(Shape) + s.changes.size() * sizeof(Change);
+  for (const auto& s : shapes_) {
+    bytes += sizeof(Shape) + s.changes.size() * sizeof(Change);
+    for (const auto& blob : s.whole) bytes += blob.size();
+  }
   return bytes;
 }
 

@@ -12,6 +12,10 @@
 //   - a shape is the list of (node, dictionary entry) where it differs from the base, by node.
 // Switching the executable from shape A to shape B touches only the nodes whose entries differ
 // between A and B (changed_nodes), each rebuilt from its base blob and a patch (decode).
+// A shape is added as it was read, its differing blobs held whole, and compressed later
+// (compress): encoding costs about as much per node as reading the graph did, and the first
+// launch of a new shape needs its parameters, not their patches (SharedExecutables compresses
+// once that launch is queued).
 // Blobs are opaque bytes here: this file knows neither torch nor CUDA.
 
 #include <cstddef>
@@ -41,15 +45,23 @@ class ParamTable {
   // Appends `count` nodes whose base blob is empty (nodes a topology union added, absent in the
   // base: Note [Near topologies]). Shapes already held lack them too.
   void add_nodes(size_t count);
-  // Adds a shape from every node's blob (as many as the base has); returns its id.
-  ShapeId add(const std::vector<Blob>& blobs);
+  // Adds a shape from every node's blob (as many as the base has), held as given until
+  // compress(); returns its id.
+  ShapeId add(std::vector<Blob> blobs);
+  // Encodes a shape's blobs as patches in the shared dictionary; nothing for a shape compressed
+  // already or removed.
+  void compress(ShapeId shape);
   // Forgets a shape. Its dictionary entries stay: other shapes may use them.
   void remove(ShapeId shape);
   bool contains(ShapeId shape) const;
 
   // Node `node`'s blob in `shape`.
   void decode(ShapeId shape, uint32_t node, Blob& out) const;
-  // The nodes whose blobs differ between `from` and `to`, ascending.
+  // The same, without a copy where the blob is held whole (the base's, or a shape's not yet
+  // compressed): a reference to it, else `scratch` decoded into.
+  const Blob& view(ShapeId shape, uint32_t node, Blob& scratch) const;
+  // The nodes whose blobs differ between `from` and `to`, ascending. A node that differs from
+  // the base in both, where either shape is not compressed yet, counts as changed.
   void changed_nodes(ShapeId from, ShapeId to, std::vector<uint32_t>& out) const;
   // How many nodes of `shape` differ from the base.
   size_t changed_node_count(ShapeId shape) const;
@@ -58,7 +70,8 @@ class ParamTable {
   size_t entry_count() const { return entries_.size(); }
   // Bytes it would take to keep every live shape's blobs in full.
   size_t raw_bytes() const { return raw_bytes_; }
-  // Bytes the table holds: base blobs, patches, entries, the dedup index and shape lists.
+  // Bytes the table holds: base blobs, patches, entries, the dedup index, shape lists and the
+  // blobs not compressed yet.
   size_t compressed_bytes() const;
 
  private:
@@ -67,12 +80,14 @@ class ParamTable {
     uint32_t offset;  // into patches_
     uint32_t size;
   };
+  static constexpr uint32_t kWhole = UINT32_MAX;  // a Change's entry while its blob is whole
   struct Change {
     uint32_t node;
-    uint32_t entry;
+    uint32_t entry;  // kWhole: the blob is Shape::whole's, at the same index
   };
   struct Shape {
     std::vector<Change> changes;  // by node
+    std::vector<Blob> whole;      // until compressed: the changed nodes' blobs, as `changes`
     size_t raw_bytes = 0;
     bool live = false;
   };

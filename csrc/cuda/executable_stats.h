@@ -38,6 +38,9 @@ struct ExecutableStats {
   int64_t read_ns = 0;
   int64_t join_ns = 0;
   int64_t instantiate_ns = 0;
+  // Host time after launches, finishing joins: compressing the new shapes' parameters and
+  // destroying the joined graphs (SharedExecutables::settle).
+  int64_t settle_ns = 0;
   size_t device_bytes = 0;      // resident executables: their nodes' share of the driver memory
                                 // that instantiations were measured to take
   size_t cached_bytes = 0;      // ... of them, the executables beyond one per group

@@ -48,11 +48,10 @@ const std::vector<uint64_t>& SharedExecutables::kernels_of(Group& group, uint32_
   auto found = group.kernels.find(shape);
   if (found != group.kernels.end()) return found->second;
   std::vector<uint64_t> kernels(group.nodes.size(), 0);
-  core::Blob blob;
+  core::Blob scratch;
   for (uint32_t node = 0; node < kernels.size(); ++node) {
     if (group.kinds[node] != NodeKind::kKernel) continue;
-    group.params->decode(shape, node, blob);
-    kernels[node] = kernel_in(blob).value_or(kAbsentKernel);
+    kernels[node] = kernel_in(group.params->view(shape, node, scratch)).value_or(kAbsentKernel);
   }
   return group.kernels.emplace(shape, std::move(kernels)).first->second;
 }
@@ -91,6 +90,7 @@ SharedExecutables::SharedExecutables(Sharing sharing, size_t cache_bytes, SlotGr
     : sharing_(sharing), cache_bytes_(cache_bytes), growth_(growth) {}
 
 SharedExecutables::~SharedExecutables() {
+  for (cudaGraph_t graph : joined_graphs_) (void)cudaGraphDestroy(graph);
   for (auto& group : groups_) {
     if (!group) continue;
     for (const Executable& e : group->executables) (void)cudaGraphExecDestroy(e.exec);
@@ -212,6 +212,7 @@ bool SharedExecutables::gpu_waits(cudaStream_t stream) {
 }
 
 SharedExecutables::Member SharedExecutables::add(cudaGraph_t graph, cudaStream_t stream) {
+  settle();
   GraphOwner owner{graph};
   const bool share = sharing_ != Sharing::kNone;
   const auto read_start = core::Clock::now();
@@ -230,6 +231,12 @@ SharedExecutables::Member SharedExecutables::add(cudaGraph_t graph, cudaStream_t
   } charge_join{counters_};
   const bool shareable = share && contents.readable;
   if (share && !contents.readable) unshareable_reason_ = contents.why_not;
+  // A joined graph is destroyed once its first launch is queued (settle).
+  auto joined_graph_kept = [&](Member joined) {
+    joined_graphs_.push_back(owner.graph);
+    owner.graph = nullptr;
+    return joined;
+  };
 
   // A shareable graph's view for alignment, made when first needed (not for a graph that joins a
   // group of its own topology as it is); kept if the graph starts a group.
@@ -250,7 +257,9 @@ SharedExecutables::Member SharedExecutables::add(cudaGraph_t graph, cudaStream_t
       // near join, a graph joins by alignment: node i of the group is not node i of the graph.
       if (group.start != nullptr || contents.topology != group.topologies.front()) {
         Member joined;
-        if (join_aligned(it->second, view(), contents, stream, joined)) return joined;
+        if (join_aligned(it->second, view(), contents, stream, joined)) {
+          return joined_graph_kept(joined);
+        }
         continue;
       }
       // Node by node, what a patch may not change (a copy's memory kinds, a memset's element
@@ -264,10 +273,10 @@ SharedExecutables::Member SharedExecutables::add(cudaGraph_t graph, cudaStream_t
       // holds were asked when that shape joined. cudaGraphExecUpdate of the whole graph would ask
       // the same for every node, at several times the cost (docs/results.md).
       try {
-        const uint32_t shape = join_as_is(group, contents.blobs, stream);
+        const uint32_t shape = join_as_is(it->second, std::move(contents.blobs), stream);
         ++group.members;
         ++counters_.joins;
-        return {it->second, shape};
+        return joined_graph_kept({it->second, shape});
       } catch (const std::runtime_error&) {
         // The driver refused a node's parameters; without an executable, the group could not
         // instantiate one (out of memory), which another group would not help.
@@ -291,7 +300,7 @@ SharedExecutables::Member SharedExecutables::add(cudaGraph_t graph, cudaStream_t
         ++near_tried;
         Member joined;
         if (join_aligned(static_cast<uint32_t>(index), view(), contents, stream, joined)) {
-          return joined;
+          return joined_graph_kept(joined);
         }
       }
       if (near_tried == 0) ++counters_.near_refused_far;
@@ -351,7 +360,7 @@ bool SharedExecutables::join_aligned(uint32_t index, const core::NodeGraph& grap
   uint32_t shape = 0;
   try {
     if (union_holds(group, *plan)) {
-      shape = join_as_is(group, blobs, stream);
+      shape = join_as_is(index, std::move(blobs), stream);
     } else {
       shape = join_grown(index, contents, *plan, blobs, stream);
     }
@@ -375,9 +384,10 @@ bool SharedExecutables::join_aligned(uint32_t index, const core::NodeGraph& grap
   return true;
 }
 
-uint32_t SharedExecutables::join_as_is(Group& group, const std::vector<core::Blob>& blobs,
+uint32_t SharedExecutables::join_as_is(uint32_t index, std::vector<core::Blob> blobs,
                                        cudaStream_t stream) {
-  const uint32_t shape = group.params->add(blobs);
+  Group& group = *groups_[index];
+  const uint32_t shape = group.params->add(std::move(blobs));
   try {
     // Patching the shape in now also asks the driver whether it takes these parameters.
     load(group, shape, stream, false);
@@ -386,6 +396,7 @@ uint32_t SharedExecutables::join_as_is(Group& group, const std::vector<core::Blo
     group.params->remove(shape);
     throw;
   }
+  uncompressed_.push_back({index, shape});
   return shape;
 }
 
@@ -419,6 +430,7 @@ uint32_t SharedExecutables::join_grown(uint32_t index, const GraphContents& cont
   grown->admission = std::move(group.admission);
   grown->params->add_nodes(plan.added.size());
   const uint32_t shape = grown->params->add(blobs);
+  uncompressed_.push_back({index, shape});
   grown->slots.front() = {shape, ++clock_};
   grown->smallest_member = group.smallest_member;
   (void)cudaGraphDestroy(group.graph);
@@ -505,7 +517,23 @@ void SharedExecutables::prepare_ahead(Member member) {
   ++counters_.patches_ahead;
 }
 
+void SharedExecutables::settle() {
+  if (uncompressed_.empty() && joined_graphs_.empty()) return;
+  const auto start = core::Clock::now();
+  for (const Member m : uncompressed_) {
+    // A shape removed since (its group ended, or its graph was refused) has nothing to compress.
+    if (m.group < groups_.size() && groups_[m.group] && groups_[m.group]->params) {
+      groups_[m.group]->params->compress(m.shape);
+    }
+  }
+  uncompressed_.clear();
+  for (cudaGraph_t graph : joined_graphs_) (void)cudaGraphDestroy(graph);
+  joined_graphs_.clear();
+  counters_.settle_ns += core::elapsed_ns(start);
+}
+
 void SharedExecutables::launched(Member member) {
+  settle();
   // Graphs tend to follow one another in the same order (a generation's growing shapes). A
   // successor seen once predicts nothing in a shuffled order (an epoch's batches), where a patch
   // ahead would only be undone by the next launch.
@@ -535,11 +563,10 @@ void SharedExecutables::patch(Group& group, size_t slot, uint32_t shape) {
   }
   group.slots[slot].shape = core::ExecutableSlot::kNoShape;  // until every node is written
   group.slots[slot].bought = false;  // a bought slot patched to another shape is the buyer's no more
-  core::Blob blob;
+  core::Blob scratch;
   cudaGraphExec_t exec = group.executables[slot].exec;
   for (uint32_t node : changed) {
-    group.params->decode(shape, node, blob);
-    write_node(exec, group.nodes[node], group.kinds[node], blob);
+    write_node(exec, group.nodes[node], group.kinds[node], group.params->view(shape, node, scratch));
   }
   group.slots[slot].shape = shape;
   ++counters_.switches;

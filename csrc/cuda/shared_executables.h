@@ -13,8 +13,9 @@
 //   - every member's node parameters, compressed (Note [Graph parameter codec]).
 // A new graph joins a group whose topology key matches if the driver takes its parameters,
 // patched node by node into the executable it will replay in: the driver, not this file, decides
-// what may share. The graph is
-// then read and destroyed; only its parameters stay. Launching a member without a slot of its own
+// what may share. The graph is then read, and destroyed once its first launch is queued; only
+// its parameters stay, compressed then too (settle), so that a new shape's first launch waits
+// for neither. Launching a member without a slot of its own
 // first patches the nodes whose parameters differ from what its slot holds. Patching never touches
 // launches already queued ("modifications only affect future launches"), so with the cache empty
 // (`cache_bytes` 0) memory stays one executable per topology.
@@ -93,9 +94,10 @@ class SharedExecutables {
   // after a launch with the member predicted to come next, the patching overlaps the launched work
   // instead of delaying the next launch. Does nothing for an ended or evicted group.
   void prepare_ahead(Member member);
-  // After a launch of `member`: remembers which member followed the previously launched one and,
-  // where the same one followed `member` the last two times, patches its slot now via
-  // prepare_ahead, so the patch overlaps the launched work. A successor seen once is not trusted:
+  // After a launch of `member`: settles the joins made since the last launch (settle), remembers
+  // which member followed the previously launched one and, where the same one followed `member`
+  // the last two times, patches its slot now via prepare_ahead, so both overlap the launched
+  // work. A successor seen once is not trusted:
   // in a shuffled order (an epoch's batches) it rarely repeats.
   void launched(Member member);
   // Destroys resident executables, least recently prepared first, until they hold at most `bytes`
@@ -123,12 +125,17 @@ class SharedExecutables {
   // alignment (Note [Near topologies]); false where it is too far or the driver refuses.
   bool join_aligned(uint32_t index, const core::NodeGraph& graph, const GraphContents& contents,
                     cudaStream_t stream, Member& joined);
-  // The new shape of a union that already holds the joining graph's nodes, edges and anchors.
-  uint32_t join_as_is(Group& group, const std::vector<core::Blob>& blobs, cudaStream_t stream);
+  // The new shape of group `index` (or of the union it is, which already holds the joining
+  // graph's nodes, edges and anchors), its blobs compressed by the next settle().
+  uint32_t join_as_is(uint32_t index, std::vector<core::Blob> blobs, cudaStream_t stream);
   // The new shape of group `index`, whose graph becomes its union with the joining graph.
   uint32_t join_grown(uint32_t index, const GraphContents& contents,
                       const core::UnionPlan& plan, const std::vector<core::Blob>& blobs,
                       cudaStream_t stream);
+  // What joins leave until a launch has been queued, so that it overlaps the GPU's work: the new
+  // shapes' compression and the joined graphs' destruction. Called after a launch (launched)
+  // and before a join (add), so little waits.
+  void settle();
   // A new slot of `group`, instantiated from its base graph (holding the base's parameters);
   // returns its index.
   size_t instantiate(Group& group, cudaStream_t stream);
@@ -178,6 +185,9 @@ class SharedExecutables {
   };
   Member last_launched_;
   std::unordered_map<uint64_t, Successor> successor_;
+  // settle()'s work: shapes not yet compressed, and graphs joined since the last launch.
+  std::vector<Member> uncompressed_;
+  std::vector<cudaGraph_t> joined_graphs_;
 };
 
 }  // namespace grape::cuda

@@ -109,6 +109,7 @@ py::dict Runtime::stats() {
   d["patch_seconds"] = core::seconds(ex.patch_ns);
   d["graph_read_seconds"] = core::seconds(ex.read_ns);
   d["join_seconds"] = core::seconds(ex.join_ns);
+  d["settle_seconds"] = core::seconds(ex.settle_ns);
   d["instantiate_seconds"] = core::seconds(ex.instantiate_ns);
   d["params_bytes"] = static_cast<int64_t>(ex.params_bytes);
   d["params_raw_bytes"] = static_cast<int64_t>(ex.params_raw_bytes);

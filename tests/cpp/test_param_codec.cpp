@@ -95,11 +95,18 @@ TEST(ParamTable, DecodesEveryShapeAndNodeAsAdded) {
     shapes.push_back(blobs);
     ids.push_back(table.add(blobs));
   }
-  Blob out;
-  for (size_t s = 0; s < shapes.size(); ++s) {
-    for (uint32_t n = 0; n < nodes; ++n) {
-      table.decode(ids[s], n, out);
-      ASSERT_EQ(out, shapes[s][n]) << "shape " << s << " node " << n;
+  // As added (the blobs held whole), then with every other shape compressed, then all.
+  Blob out, scratch;
+  for (int pass = 0; pass < 3; ++pass) {
+    for (size_t s = 0; s < shapes.size(); ++s) {
+      for (uint32_t n = 0; n < nodes; ++n) {
+        table.decode(ids[s], n, out);
+        ASSERT_EQ(out, shapes[s][n]) << "pass " << pass << " shape " << s << " node " << n;
+        ASSERT_EQ(table.view(ids[s], n, scratch), shapes[s][n]);
+      }
+    }
+    for (size_t s = 0; s < shapes.size(); ++s) {
+      if (pass == 1 || s % 2 == 0) table.compress(ids[s]);
     }
   }
   for (uint32_t n = 0; n < nodes; ++n) {
@@ -127,17 +134,49 @@ TEST(ParamTable, ChangedNodesAreExactlyTheNodesThatDiffer) {
     shapes.push_back(blobs);
     ids.push_back(table.add(blobs));
   }
+  // Before compression, a node that differs from the base in both shapes counts as changed
+  // (nothing compares whole blobs); after it, exactly the nodes that differ.
   std::vector<uint32_t> changed;
-  for (size_t a = 0; a < ids.size(); ++a) {
-    for (size_t b = 0; b < ids.size(); ++b) {
-      table.changed_nodes(ids[a], ids[b], changed);
-      std::vector<uint32_t> expected;
-      for (uint32_t n = 0; n < nodes; ++n) {
-        if (shapes[a][n] != shapes[b][n]) expected.push_back(n);
+  for (bool compressed : {false, true}) {
+    if (compressed) {
+      for (auto id : ids) table.compress(id);
+    }
+    for (size_t a = 0; a < ids.size(); ++a) {
+      for (size_t b = 0; b < ids.size(); ++b) {
+        table.changed_nodes(ids[a], ids[b], changed);
+        std::vector<uint32_t> expected;
+        for (uint32_t n = 0; n < nodes; ++n) {
+          const bool both_changed = shapes[a][n] != base[n] && shapes[b][n] != base[n];
+          if (shapes[a][n] != shapes[b][n] || (!compressed && a != b && both_changed)) {
+            expected.push_back(n);
+          }
+        }
+        ASSERT_EQ(changed, expected) << a << " -> " << b << (compressed ? "" : ", not compressed");
       }
-      ASSERT_EQ(changed, expected) << a << " -> " << b;
     }
   }
+}
+
+TEST(ParamTable, ViewsHeldBlobsInPlaceAndDecodesPatchesIntoScratch) {
+  const Blob a = kernel_blob(1, 8, 0x1000, 64), b = kernel_blob(2, 8, 0x2000, 64);
+  ParamTable table({a, b});
+  const Blob changed = kernel_blob(2, 16, 0x2400, 64);
+  const auto shape = table.add({a, changed});
+  Blob scratch;
+  EXPECT_EQ(&table.view(shape, 0, scratch), &table.view(ParamTable::kBase, 0, scratch));
+  const Blob& whole = table.view(shape, 1, scratch);
+  EXPECT_NE(&whole, &scratch);  // held whole: no copy
+  EXPECT_EQ(whole, changed);
+  const size_t held_whole = table.compressed_bytes();
+  table.compress(shape);
+  EXPECT_LT(table.compressed_bytes(), held_whole);
+  const Blob& decoded = table.view(shape, 1, scratch);
+  EXPECT_EQ(&decoded, &scratch);
+  EXPECT_EQ(decoded, changed);
+  table.compress(shape);  // again: nothing to do
+  table.remove(shape);
+  table.compress(shape);  // removed: nothing to do
+  EXPECT_FALSE(table.contains(shape));
 }
 
 TEST(ParamTable, SharesEqualValuesAndCompressesRedundantShapes) {
@@ -153,7 +192,7 @@ TEST(ParamTable, SharesEqualValuesAndCompressesRedundantShapes) {
       blobs[n * 5] = kernel_blob(n * 5, static_cast<uint32_t>(1 + s / 64),
                                  0x7f0000000000 + n * 5 * 256, static_cast<int64_t>(s));
     }
-    table.add(blobs);
+    table.compress(table.add(blobs));
   }
   EXPECT_EQ(table.shape_count(), shapes);
   EXPECT_EQ(table.raw_bytes(), shapes * nodes * 64);
@@ -164,7 +203,7 @@ TEST(ParamTable, SharesEqualValuesAndCompressesRedundantShapes) {
   const size_t entries = table.entry_count();
   std::vector<Blob> again = base;
   again[5] = kernel_blob(5, 1 + 7 / 64, 0x7f0000000000 + 5 * 256, 7);
-  table.add(again);
+  table.compress(table.add(again));
   EXPECT_EQ(table.entry_count(), entries);
 }
 

@@ -251,6 +251,35 @@ TEST_F(SharedExecutablesOnGpu, ShapesOfOneTopologyShareOneExecutableAndReplayThe
   EXPECT_EQ(ex.stats().groups, 0);
 }
 
+TEST_F(SharedExecutablesOnGpu, AJoinIsSettledOnceALaunchIsQueuedAndItsShapeReplaysAfter) {
+  Buffers b(stream_, 3);
+  SharedExecutables ex(Sharing::kTopology, 0);
+  const std::vector<size_t> sizes = {512, 2048};
+  const std::vector<SharedExecutables::Member> members = add_shapes(ex, b, sizes);
+  // The joined shape's blobs are held whole and its graph kept until a launch is queued.
+  const size_t held_whole = ex.stats().params_bytes;
+  EXPECT_EQ(ex.stats().settle_ns, 0);
+  b.clear();
+  CUDA_OK(cudaGraphLaunch(ex.prepare(members[1], stream_), stream_));
+  ex.launched(members[1]);
+  CUDA_OK(cudaStreamSynchronize(stream_));
+  expect_shape(b, 1, sizes[1]);
+  EXPECT_GT(ex.stats().settle_ns, 0);
+  EXPECT_LT(ex.stats().params_bytes, held_whole);
+  // Compressed, both shapes still replay their own parameters.
+  for (int i : {0, 1, 0}) {
+    ASSERT_NO_FATAL_FAILURE(replay(ex, members[static_cast<size_t>(i)], b, stream_));
+    expect_shape(b, i, sizes[static_cast<size_t>(i)]);
+  }
+  // A join before any launch settles the one before it.
+  const auto third = ex.add(capture_shape(b, 2, 300, stream_), stream_);
+  const int64_t settled = ex.stats().settle_ns;
+  ex.add(capture_shape(b, 0, 4096, stream_), stream_);
+  EXPECT_GT(ex.stats().settle_ns, settled);
+  ASSERT_NO_FATAL_FAILURE(replay(ex, third, b, stream_));
+  expect_shape(b, 2, 300);
+}
+
 TEST_F(SharedExecutablesOnGpu, PatchesBackToTheBaseAfterARemovedShape) {
   Buffers b(stream_, 3);
   SharedExecutables ex(Sharing::kTopology, 0);

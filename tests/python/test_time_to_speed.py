@@ -38,7 +38,7 @@ def test_grape_figures_are_the_changes_of_its_counters_per_call():
     assert f["longer_prompt_captures"] == 3
     breakdown = f["breakdown_ms_per_call"]
     assert set(breakdown) == {"warmup", "capture", "capture_function", "graph_read", "join",
-                              "instantiate", "chain_variant", "patch"}
+                              "settle", "instantiate", "chain_variant", "patch"}
     assert breakdown["warmup"] == [500.0] + [0] * 6
     assert breakdown["capture"] == [0, 1250.0, 0, 0, 0, 0, 125.0]
     assert breakdown["instantiate"] == [0, 250.0, 0, 0, 0, 0, 0]
