@@ -8,15 +8,35 @@ namespace grape {
 
 namespace {
 
+// The names read from every module, interned once: a lookup by them makes no string and hashes
+// nothing (a capture walks every module twice).
+PyObject* interned(const char* name) {
+  PyObject* s = PyUnicode_InternFromString(name);
+  if (s == nullptr) throw py::error_already_set();
+  return s;  // kept for the process's lifetime
+}
+
+// A module's dict of parameters, buffers or submodules.
+enum class ModuleDict { kParameters, kBuffers, kModules };
+
+py::object module_dict(py::handle module, ModuleDict which) {
+  static PyObject* const names[] = {interned("_parameters"), interned("_buffers"),
+                                    interned("_modules")};
+  PyObject* value = PyObject_GetAttr(module.ptr(), names[static_cast<int>(which)]);
+  if (value == nullptr) throw py::error_already_set();
+  return py::reinterpret_steal<py::object>(value);
+}
+
 struct Walk {
   ModuleTensors out;
   std::unordered_set<PyObject*> modules, parameters, buffers;
 
-  // The tensors of a module's dict `name` (_parameters or _buffers), in its order; None skipped.
-  // False where it is no dict (a ScriptModule's wrappers): the walk cannot read this module.
-  bool add(py::handle module, const char* name, std::unordered_set<PyObject*>& seen,
+  // The tensors of a module's dict `which` (_parameters or _buffers), in its order; None
+  // skipped. False where it is no dict (a ScriptModule's wrappers): the walk cannot read this
+  // module.
+  bool add(py::handle module, ModuleDict which, std::unordered_set<PyObject*>& seen,
            std::vector<at::Tensor>& into) {
-    const py::object dict = module.attr(name);
+    const py::object dict = module_dict(module, which);
     if (!PyDict_Check(dict.ptr())) return false;
     PyObject* key = nullptr;
     PyObject* value = nullptr;
@@ -31,11 +51,11 @@ struct Walk {
   // Module.named_modules' order: the module, then each submodule's walk in registration order.
   bool visit(py::handle module) {
     if (!modules.insert(module.ptr()).second) return true;
-    if (!add(module, "_parameters", parameters, out.parameters) ||
-        !add(module, "_buffers", buffers, out.buffers)) {
+    if (!add(module, ModuleDict::kParameters, parameters, out.parameters) ||
+        !add(module, ModuleDict::kBuffers, buffers, out.buffers)) {
       return false;
     }
-    const py::object children = module.attr("_modules");
+    const py::object children = module_dict(module, ModuleDict::kModules);
     if (!PyDict_Check(children.ptr())) return false;
     PyObject* key = nullptr;
     PyObject* child = nullptr;
