@@ -217,7 +217,14 @@ GraphContents read_graph(cudaGraph_t graph, bool with_params) {
   g.nodes.resize(count);
   check(cudaGraphGetNodes(graph, g.nodes.data(), &count), "cudaGraphGetNodes");
   std::unordered_map<cudaGraphNode_t, uint32_t> index;
+  index.reserve(count);
   for (uint32_t i = 0; i < count; ++i) index.emplace(g.nodes[i], i);
+  g.kinds.reserve(count);
+  g.keys.reserve(count);
+  if (with_params) {
+    g.blobs.reserve(count);
+    g.variants.reserve(count);
+  }
   uint64_t h = mix(0, count);
   const DriverApi& d = driver();
   for (uint32_t i = 0; i < count && g.readable; ++i) {

@@ -393,7 +393,7 @@ CaptureOutcome capture(const CaptureContext& context, FlatCall& flat, bool pin_h
   captured->classify_outputs(out, placeholders);
   captured->output_spec = std::move(out.spec);
   captured->static_tensors = gather_static_tensors(context.static_module, flat);
-  {
+  if (!gradients.leaves().empty()) {
     // Leaves that are not parameters of the modules (parameter arguments, optimizers' params).
     std::unordered_set<const c10::TensorImpl*> known;
     for (const auto& [tensor, ptr] : captured->static_tensors) {
