@@ -58,6 +58,12 @@ attention mask when it cannot look at it on the host) would otherwise fall on wh
 first. Only the throwaway function's graphs are gone; the library's caches are the process's.
 `--cold` skips it: run one mode per process to see what a fresh process pays. Inductor's caches
 are left as they are, so a second run on one machine compiles from them.
+`--rounds N` runs each case's modes N times in turn (eager, grape, eager, grape, ...: a host that
+slows down for a while moves one round, not one mode): a mode's calls_ms are then each call's
+median over the rounds, as are its breakdown's, capture_ms_median's and each ratio's (each round's
+against the same round's eager, listed in <ratio>_rounds); every round's calls_ms are in
+calls_ms_rounds; counters and outputs are the first round's, and correct holds only where it held
+in every round.
 Writes JSON and a markdown table to benchmarks/results/ (a PNG plot of cumulative time against
 calls too where matplotlib exists).
 """
@@ -195,6 +201,41 @@ def against_eager(mode_ms: Sequence[float], eager_ms: Sequence[float],
             "cumulative_2_vs_eager": (mode_ms[0] + mode_ms[1]) / (eager_ms[0] + eager_ms[1])}
 
 
+# Figures of a mode taken as their median over rounds (median_over_rounds), each round's listed.
+ROUND_MEDIANS = ("eager_steady_ms", "first_call_vs_eager_steady", "second_call_speedup_vs_eager",
+                 "cumulative_2_vs_eager", "capture_vs_eager_forward", "speedup_vs_eager",
+                 "capture_ms_median")
+
+
+def median_over_rounds(runs: Sequence[dict], calls: int, new_tokens: int) -> dict:
+    """One mode's result over the rounds of its case (module docstring, --rounds): a round that
+    failed stands for them all."""
+    if len(runs) == 1:
+        return runs[0]
+    failed = [run for run in runs if "error" in run]
+    if failed:
+        return failed[0]
+    result = dict(runs[0])
+    each_call = zip(*(run["calls_ms"] + run["longer_prompt_calls_ms"] for run in runs))
+    result.update(call_times([statistics.median(ms) for ms in each_call], calls, new_tokens))
+    result["calls_ms_rounds"] = [run["calls_ms"] for run in runs]
+    if "captures_per_call" not in result:  # grape's comes from its counters, the same each round
+        result["calls_to_steady"] = harness.steady_by_time(result["calls_ms"])
+    for key in ROUND_MEDIANS:
+        values = [run[key] for run in runs if run.get(key) is not None]
+        if values:
+            result[key], result[f"{key}_rounds"] = statistics.median(values), values
+    if "breakdown_ms_per_call" in result:
+        result["breakdown_ms_per_call"] = {
+            key: [statistics.median(ms) for ms in zip(*(run["breakdown_ms_per_call"][key]
+                                                         for run in runs))]
+            for key in result["breakdown_ms_per_call"]}
+    not_correct = [run.get("correct") for run in runs if run.get("correct") is not True]
+    if not_correct:
+        result["correct"] = not_correct[0]
+    return result
+
+
 def calls_equal(outputs: Sequence, reference: Sequence) -> dict:
     """compare_with_eager's check: each call's tokens against eager's same call's."""
     equal = [harness.outputs_equal(o, r) for o, r in zip(outputs, reference)]
@@ -272,7 +313,7 @@ def capture_floor(model, ids, mask, reps: int = CAPTURE_FLOOR_REPS) -> dict:
 
 
 def run_case(base, model: str, name: str, batch: int, calls: int, new_tokens: int,
-             modes: Sequence[str], device: str, cold: bool = False) -> dict:
+             modes: Sequence[str], device: str, cold: bool = False, rounds: int = 1) -> dict:
     inputs = prompts(base.config.vocab_size, batch, calls, device)
     case = {"inputs": inputs, "kwargs": generation.generate_kwargs(1, new_tokens), "calls": calls}
     warmup = {}
@@ -287,17 +328,23 @@ def run_case(base, model: str, name: str, batch: int, calls: int, new_tokens: in
                                          harness.Counters(dict), f"process warm-up ({path})")
         del throwaway
         harness.clear_memory()
-    results = harness.run_modes(modes, lambda mode: run_mode(mode, base, case))
-    harness.compare_with_eager(results, calls_equal)
-    eager_ms = results.get("eager", {}).get("calls_ms")
-    for mode, result in results.items():
-        if mode != "eager" and eager_ms and result.get("calls_ms"):
-            result.update(against_eager(result["calls_ms"], eager_ms,
-                                        results["eager"]["steady_ms"]))
-            if result.get("capture_ms_median") is not None:
-                # One eager forward: a generate call runs one per new token (the prompt's first).
-                forward_ms = results["eager"]["steady_ms"] / case["kwargs"]["max_new_tokens"]
-                result["capture_vs_eager_forward"] = result["capture_ms_median"] / forward_ms
+    each_round = []
+    for _ in range(rounds):
+        results = harness.run_modes(modes, lambda mode: run_mode(mode, base, case))
+        harness.compare_with_eager(results, calls_equal)
+        eager_ms = results.get("eager", {}).get("calls_ms")
+        for mode, result in results.items():
+            if mode != "eager" and eager_ms and result.get("calls_ms"):
+                result.update(against_eager(result["calls_ms"], eager_ms,
+                                            results["eager"]["steady_ms"]))
+                if result.get("capture_ms_median") is not None:
+                    # One eager forward: a generate call runs one per new token (the prompt's
+                    # first).
+                    forward_ms = results["eager"]["steady_ms"] / case["kwargs"]["max_new_tokens"]
+                    result["capture_vs_eager_forward"] = result["capture_ms_median"] / forward_ms
+        each_round.append(results)
+    results = {mode: median_over_rounds([r[mode] for r in each_round], calls, new_tokens)
+               for mode in each_round[0]}
     floor = None
     if device == "cuda" and "grape" in modes:
         floor = capture_floor(base, *inputs[0])
@@ -309,6 +356,7 @@ def run_case(base, model: str, name: str, batch: int, calls: int, new_tokens: in
               "layers": base.config.num_hidden_layers, "hidden": base.config.hidden_size,
               "batch": batch, "prompt": PROMPT, "longer_prompt": LONGER_PROMPT,
               "new_tokens": new_tokens, "calls": calls, "longer_prompt_calls": LONGER_CALLS,
+              "rounds": rounds,
               "process_warmup_ms": warmup, "cold": cold, "device": device}
     return {"name": name, "config": config, "modes": results, "capture_floor": floor}
 
@@ -383,6 +431,9 @@ def main(argv=None):
     parser.add_argument("--cold", action="store_true",
                         help="no process warm-up: the first mode pays the process's first-use "
                              "costs (run one mode per process)")
+    parser.add_argument("--rounds", type=int, default=1,
+                        help="run each case's modes this many times in turn; figures are medians "
+                             "over the rounds (module docstring)")
     parser.add_argument("--device", choices=("cuda", "cpu"), default="cuda",
                         help="cpu: a check of the script itself, with --tiny")
     args, modes = harness.parse(parser, argv, MODES, None)
@@ -390,6 +441,8 @@ def main(argv=None):
         raise SystemExit(NEEDS)
     if args.reps < 2:
         parser.error("--reps (here: calls with the prompt) must be at least 2")
+    if args.rounds < 1:
+        parser.error("--rounds must be at least 1")
     names = (args.cases or (QUICK_CASES if args.quick else ",".join(CASES))).split(",")
     if set(names) - set(CASES):
         parser.error(f"unknown cases {sorted(set(names) - set(CASES))}; choose from {list(CASES)}")
@@ -406,7 +459,7 @@ def main(argv=None):
             print(f"{case_name}:", flush=True)
             cases.append(run_case(base, MODEL_NAMES[family][args.tiny], case_name,
                                   CASES[case_name][1], args.reps, new_tokens, modes, args.device,
-                                  args.cold))
+                                  args.cold, args.rounds))
             print(markdown(cases[-1:]), flush=True)
             path = harness.write_results(name, cases, args.out)
     harness.write_table_and_plot(

@@ -53,6 +53,30 @@ def test_a_mode_against_eager():
                  "second_call_speedup_vs_eager": 2.0, "cumulative_2_vs_eager": 3200.0 / 900.0}
 
 
+def test_over_rounds_a_modes_calls_and_ratios_are_their_medians_and_counters_the_first_rounds():
+    def run(ms, ratio, correct=True, captures=16):
+        return {**tts.call_times(ms, calls=3, new_tokens=10), "first_call_vs_eager_steady": ratio,
+                "correct": correct, "captures_per_call": [captures, 0, 0, 0],
+                "breakdown_ms_per_call": {"capture": [ms[0] / 2, 0, 0, 0]}}
+
+    runs = [run([10.0, 4.0, 2.0, 6.0], 5.0), run([30.0, 5.0, 3.0, 7.0], 9.0, captures=99),
+            run([12.0, 3.0, 2.5, 8.0], 4.0)]
+    r = tts.median_over_rounds(runs, calls=3, new_tokens=10)
+    assert r["calls_ms"] == [12.0, 4.0, 2.5] and r["longer_prompt_calls_ms"] == [7.0]
+    assert r["cumulative_ms"] == [12.0, 16.0, 18.5, 25.5]
+    assert r["calls_ms_rounds"] == [[10.0, 4.0, 2.0], [30.0, 5.0, 3.0], [12.0, 3.0, 2.5]]
+    assert r["first_call_vs_eager_steady"] == 5.0
+    assert r["first_call_vs_eager_steady_rounds"] == [5.0, 9.0, 4.0]
+    assert r["breakdown_ms_per_call"] == {"capture": [6.0, 0, 0, 0]}
+    assert r["captures_per_call"] == [16, 0, 0, 0] and r["correct"] is True
+    # A round with other tokens makes the mode not correct; a failed round stands for them all.
+    wrong = run([1.0] * 4, 1.0, correct=False)
+    assert tts.median_over_rounds(runs + [wrong], 3, 10)["correct"] is False
+    failed = {"ms_per_step": None, "error": "RuntimeError: boom"}
+    assert tts.median_over_rounds(runs + [failed], 3, 10) is failed
+    assert tts.median_over_rounds(runs[:1], 3, 10) is runs[0]
+
+
 def test_correct_is_every_calls_tokens_equal_eagers_same_calls():
     t = torch.tensor
 
@@ -108,7 +132,7 @@ def test_the_markdown_table_has_a_row_per_case_and_mode():
 def test_the_script_runs_on_the_cpu_and_writes_every_figure(tmp_path):
     pytest.importorskip("transformers")
     cases = tts.main(["--tiny", "--quick", "--device", "cpu", "--modes", "eager,grape",
-                      "--out", str(tmp_path)])
+                      "--rounds", "2", "--out", str(tmp_path)])
     assert harness.exit_status(cases) == 0
     [written] = tmp_path.glob("time_to_speed-quick-*.json")
     results = json.loads(written.read_text())
@@ -125,6 +149,11 @@ def test_the_script_runs_on_the_cpu_and_writes_every_figure(tmp_path):
     assert all(len(v) == 7 for v in grape["breakdown_ms_per_call"].values())
     assert {"first_call_vs_eager_steady", "second_call_speedup_vs_eager", "cumulative_2_vs_eager",
             "longer_prompt_captures", "calls_to_steady"} <= set(grape)
+    assert case["config"]["rounds"] == 2
+    for mode in (eager, grape):
+        assert len(mode["calls_ms_rounds"]) == 2
+        assert mode["calls_ms"] == [statistics.median(ms) for ms in zip(*mode["calls_ms_rounds"])]
+    assert len(grape["first_call_vs_eager_steady_rounds"]) == 2
     assert written.with_suffix(".md").exists()
 
 
