@@ -28,6 +28,8 @@ const DriverApi& driver() {
     load("cuMemMap", 12000, d.cuMemMap);
     load("cuMemUnmap", 12000, d.cuMemUnmap);
     load("cuMemSetAccess", 12000, d.cuMemSetAccess);
+    load("cuGraphNodeGetType", 12000, d.cuGraphNodeGetType);
+    load("cuGraphKernelNodeGetAttribute", 12000, d.cuGraphKernelNodeGetAttribute);
     load("cuGraphKernelNodeGetParams", 12000, d.cuGraphKernelNodeGetParams);
     load("cuGraphExecKernelNodeSetParams", 12000, d.cuGraphExecKernelNodeSetParams);
     load("cuGraphAddKernelNode", 12000, d.cuGraphAddKernelNode);

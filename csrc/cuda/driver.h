@@ -18,6 +18,9 @@ struct DriverApi {
   GRAPE_DRIVER_MEMBER(cuMemMap)
   GRAPE_DRIVER_MEMBER(cuMemUnmap)
   GRAPE_DRIVER_MEMBER(cuMemSetAccess)
+  // Reading captured graphs node by node: called per node, without the runtime's wrapper.
+  GRAPE_DRIVER_MEMBER(cuGraphNodeGetType)
+  GRAPE_DRIVER_MEMBER(cuGraphKernelNodeGetAttribute)
   // Kernel nodes of shared executables (CUDA 12.4: the parameter layout of a kernel).
   GRAPE_DRIVER_MEMBER(cuGraphKernelNodeGetParams)
   GRAPE_DRIVER_MEMBER(cuGraphExecKernelNodeSetParams)

@@ -227,41 +227,43 @@ GraphContents read_graph(cudaGraph_t graph, bool with_params) {
   }
   uint64_t h = mix(0, count);
   const DriverApi& d = driver();
+  if (d.cuGraphNodeGetType == nullptr || d.cuGraphKernelNodeGetAttribute == nullptr) {
+    throw std::runtime_error("grape: the CUDA driver lacks cuGraphNodeGetType");
+  }
   for (uint32_t i = 0; i < count && g.readable; ++i) {
     cudaGraphNode_t node = g.nodes[i];
-    cudaGraphNodeType type;
-    check(cudaGraphNodeGetType(node, &type), "cudaGraphNodeGetType");
+    const auto driver_node = reinterpret_cast<CUgraphNode>(node);
+    CUgraphNodeType driver_type;
+    check(d.cuGraphNodeGetType(driver_node, &driver_type), "cuGraphNodeGetType");
+    const auto type = static_cast<cudaGraphNodeType>(driver_type);  // the same values
     uint64_t key = mix(0, static_cast<uint64_t>(type));
     uint64_t detail = 0, variant = 0;
     switch (type) {
       case cudaGraphNodeTypeKernel: {
         g.kinds.push_back(NodeKind::kKernel);
         // Launch attributes are not parameters: a member must agree with the group on them.
-        cudaLaunchAttributeValue cluster{};
-        if (cudaGraphKernelNodeGetAttribute(node, cudaLaunchAttributeClusterDimension, &cluster) ==
-            cudaSuccess) {
-          key = mix(mix(mix(key, cluster.clusterDim.x), cluster.clusterDim.y),
-                    cluster.clusterDim.z);
+        // Asked of the driver, as the parameters are: four calls per kernel node of every graph
+        // a capture reads.
+        auto attribute = [&](CUlaunchAttributeID id, CUlaunchAttributeValue& value) {
+          value = {};
+          return d.cuGraphKernelNodeGetAttribute(driver_node, id, &value) == CUDA_SUCCESS;
+        };
+        CUlaunchAttributeValue value;
+        if (attribute(CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION, value)) {
+          key = mix(mix(mix(key, value.clusterDim.x), value.clusterDim.y), value.clusterDim.z);
         }
-        cudaLaunchAttributeValue value{};
-        if (cudaGraphKernelNodeGetAttribute(node, cudaLaunchAttributePriority, &value) ==
-            cudaSuccess) {
+        if (attribute(CU_LAUNCH_ATTRIBUTE_PRIORITY, value)) {
           key = mix(key, static_cast<uint64_t>(value.priority));
         }
         // Node updates neither check nor change these: graphs joined by alignment must agree. (A
         // captured programmatic launch is no node attribute but a programmatic edge, read with
         // the edges below: asking a node for it fails.)
-        value = {};
-        if (cudaGraphKernelNodeGetAttribute(node, cudaLaunchAttributeCooperative, &value) ==
-            cudaSuccess) {
+        if (attribute(CU_LAUNCH_ATTRIBUTE_COOPERATIVE, value)) {
           key = mix(key, static_cast<uint64_t>(value.cooperative));
         }
-        value = {};
-        if (cudaGraphKernelNodeGetAttribute(node, cudaLaunchAttributeMemSyncDomain, &value) ==
-            cudaSuccess) {
+        if (attribute(CU_LAUNCH_ATTRIBUTE_MEM_SYNC_DOMAIN, value)) {
           key = mix(key, static_cast<uint64_t>(value.memSyncDomain));
         }
-        (void)cudaGetLastError();
         if (!with_params) break;
         if (d.cuGraphKernelNodeGetParams == nullptr ||
             d.cuGraphExecKernelNodeSetParams == nullptr) {
