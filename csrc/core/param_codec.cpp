@@ -132,7 +132,7 @@ uint32_t ParamTable::intern(uint32_t node, const Blob& patch) {
 
 void ParamTable::add_nodes(size_t count) { base_.resize(base_.size() + count); }
 
-ParamTable::ShapeId ParamTable::add(std::vector<Blob> blobs) {
+ParamTable::ShapeId ParamTable::add(const std::vector<Blob>& blobs) {
   if (blobs.size() != base_.size()) {
     throw std::invalid_argument("grape: a shape of a topology group has " +
                                 std::to_string(blobs.size()) + " nodes, the group " +
@@ -144,7 +144,7 @@ ParamTable::ShapeId ParamTable::add(std::vector<Blob> blobs) {
     shape.raw_bytes += blobs[node].size();
     if (blobs[node] == base_[node]) continue;
     shape.changes.push_back({node, kWhole});
-    shape.whole.push_back(std::move(blobs[node]));
+    shape.whole.push_back(blobs[node]);
   }
   shape.changes.shrink_to_fit();
   raw_bytes_ += shape.raw_bytes;

@@ -45,9 +45,9 @@ class ParamTable {
   // Appends `count` nodes whose base blob is empty (nodes a topology union added, absent in the
   // base: Note [Near topologies]). Shapes already held lack them too.
   void add_nodes(size_t count);
-  // Adds a shape from every node's blob (as many as the base has), held as given until
-  // compress(); returns its id.
-  ShapeId add(std::vector<Blob> blobs);
+  // Adds a shape from every node's blob (as many as the base has): the blobs that differ from the
+  // base are copied and held whole until compress(). Returns its id.
+  ShapeId add(const std::vector<Blob>& blobs);
   // Encodes a shape's blobs as patches in the shared dictionary; nothing for a shape compressed
   // already or removed.
   void compress(ShapeId shape);
@@ -58,7 +58,7 @@ class ParamTable {
   // Node `node`'s blob in `shape`.
   void decode(ShapeId shape, uint32_t node, Blob& out) const;
   // The same, without a copy where the blob is held whole (the base's, or a shape's not yet
-  // compressed): a reference to it, else `scratch` decoded into.
+  // compressed): a reference to it, valid until the table changes; else `scratch` decoded into.
   const Blob& view(ShapeId shape, uint32_t node, Blob& scratch) const;
   // The nodes whose blobs differ between `from` and `to`, ascending. A node that differs from
   // the base in both, where either shape is not compressed yet, counts as changed.

@@ -228,7 +228,8 @@ GraphContents read_graph(cudaGraph_t graph, bool with_params) {
   uint64_t h = mix(0, count);
   const DriverApi& d = driver();
   if (d.cuGraphNodeGetType == nullptr || d.cuGraphKernelNodeGetAttribute == nullptr) {
-    throw std::runtime_error("grape: the CUDA driver lacks cuGraphNodeGetType");
+    throw std::runtime_error(
+        "grape: the CUDA driver lacks cuGraphNodeGetType or cuGraphKernelNodeGetAttribute");
   }
   for (uint32_t i = 0; i < count && g.readable; ++i) {
     cudaGraphNode_t node = g.nodes[i];

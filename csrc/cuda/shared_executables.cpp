@@ -212,8 +212,8 @@ bool SharedExecutables::gpu_waits(cudaStream_t stream) {
 }
 
 SharedExecutables::Member SharedExecutables::add(cudaGraph_t graph, cudaStream_t stream) {
-  settle();
   GraphOwner owner{graph};
+  settle();
   const bool share = sharing_ != Sharing::kNone;
   const auto read_start = core::Clock::now();
   GraphContents contents = read_graph(graph, share);
@@ -273,7 +273,7 @@ SharedExecutables::Member SharedExecutables::add(cudaGraph_t graph, cudaStream_t
       // holds were asked when that shape joined. cudaGraphExecUpdate of the whole graph would ask
       // the same for every node, at several times the cost (docs/results.md).
       try {
-        const uint32_t shape = join_as_is(it->second, std::move(contents.blobs), stream);
+        const uint32_t shape = join_as_is(it->second, contents.blobs, stream);
         ++group.members;
         ++counters_.joins;
         return joined_graph_kept({it->second, shape});
@@ -360,7 +360,7 @@ bool SharedExecutables::join_aligned(uint32_t index, const core::NodeGraph& grap
   uint32_t shape = 0;
   try {
     if (union_holds(group, *plan)) {
-      shape = join_as_is(index, std::move(blobs), stream);
+      shape = join_as_is(index, blobs, stream);
     } else {
       shape = join_grown(index, contents, *plan, blobs, stream);
     }
@@ -384,10 +384,12 @@ bool SharedExecutables::join_aligned(uint32_t index, const core::NodeGraph& grap
   return true;
 }
 
-uint32_t SharedExecutables::join_as_is(uint32_t index, std::vector<core::Blob> blobs,
+uint32_t SharedExecutables::join_as_is(uint32_t index, const std::vector<core::Blob>& blobs,
                                        cudaStream_t stream) {
   Group& group = *groups_[index];
-  const uint32_t shape = group.params->add(std::move(blobs));
+  // The blobs are copied, not taken: where the driver refuses them, the graph may still join
+  // another group or start one.
+  const uint32_t shape = group.params->add(blobs);
   try {
     // Patching the shape in now also asks the driver whether it takes these parameters.
     load(group, shape, stream, false);

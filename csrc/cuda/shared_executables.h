@@ -127,7 +127,7 @@ class SharedExecutables {
                     cudaStream_t stream, Member& joined);
   // The new shape of group `index` (or of the union it is, which already holds the joining
   // graph's nodes, edges and anchors), its blobs compressed by the next settle().
-  uint32_t join_as_is(uint32_t index, std::vector<core::Blob> blobs, cudaStream_t stream);
+  uint32_t join_as_is(uint32_t index, const std::vector<core::Blob>& blobs, cudaStream_t stream);
   // The new shape of group `index`, whose graph becomes its union with the joining graph.
   uint32_t join_grown(uint32_t index, const GraphContents& contents,
                       const core::UnionPlan& plan, const std::vector<core::Blob>& blobs,
