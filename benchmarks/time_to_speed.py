@@ -38,6 +38,8 @@ with the prompt, then the longer prompt's):
           capture_ms_median (a signature's capture, every try and its join, the median over
           signatures) and capture_vs_eager_forward (over one eager forward: eager's steady call
           over its forwards);
+          own_ms_per_capture_per_call (capture less capture_function, per capture; None in a
+          call that captured nothing);
           breakdown_ms_per_call: {"warmup", "capture", of the capture time "capture_function"
           (the model's forward itself), "graph_read", "join", "settle" (a join's work left
           until its graph's first launch is queued, done after that launch), "instantiate" (also
@@ -47,7 +49,9 @@ A case's capture_floor (CUDA, with grape among the modes): what PyTorch alone sp
 forward after the prompt, medians over CAPTURE_FLOOR_REPS, alternating: eager_forward_ms (host,
 synchronized), plain_capture_ms (torch.cuda.graph capturing it, not instantiated) and
 plain_instantiate_ms, their ratio plain_capture_vs_eager_forward, and grape_capture_vs_plain
-(grape's capture_ms_median over plain_capture_ms): the floor under a capture at first sight.
+(grape's capture_ms_median over plain_capture_ms): the floor under a capture at first sight; and
+first_call_vs_eager_steady, the floor under grape's call 1 (first_call_floor; with eager among the
+modes).
 Before a case's modes, throwaway copies of its model generate once with each prompt, eagerly and
 (where grape is among the modes) through a throwaway grape.compile, which calls the prompt twice
 so that its capture of the prompt's signature comes too (config `process_warmup_ms`, per path and
@@ -181,7 +185,24 @@ def grape_figures(changes: Sequence[dict], calls: int) -> dict:
     figures["longer_prompt_captures"] = sum(per_call(changes[calls:], "captures"))
     figures["breakdown_ms_per_call"] = {key.removesuffix("_seconds"): per_call(changes, key, 1e3)
                                         for key in BREAKDOWN}
+    # grape's own work per capture: a capture's time but the function's own.
+    breakdown, captures = figures["breakdown_ms_per_call"], figures["captures_per_call"]
+    figures["own_ms_per_capture_per_call"] = [
+        (all_ms - function_ms) / n if n else None
+        for all_ms, function_ms, n in zip(breakdown["capture"], breakdown["capture_function"],
+                                          captures)]
     return figures
+
+
+def first_call_floor(floor: dict, grape_steady_ms: float, eager_steady_ms: float,
+                     new_tokens: int) -> float:
+    """What grape's call 1 would cost against eager's steady call if its own work were nothing:
+    PyTorch's capture of each decode forward against its eager forward (the capture floor's
+    plain_capture_vs_eager_forward, for the new_tokens - 1 forwards after the prompt's), plus a
+    replayed call against eager's (the GPU work that a call that captures runs after each
+    capture, where eager overlaps it with launching)."""
+    return (floor["plain_capture_vs_eager_forward"] * (new_tokens - 1) / new_tokens
+            + grape_steady_ms / eager_steady_ms)
 
 
 def capture_ms_median(entries: Sequence[dict]) -> float | None:
@@ -348,9 +369,13 @@ def run_case(base, model: str, name: str, batch: int, calls: int, new_tokens: in
     floor = None
     if device == "cuda" and "grape" in modes:
         floor = capture_floor(base, *inputs[0])
-        grape_capture_ms = results.get("grape", {}).get("capture_ms_median")
-        if grape_capture_ms is not None:
-            floor["grape_capture_vs_plain"] = grape_capture_ms / floor["plain_capture_ms"]
+        grape_result, eager_result = results.get("grape", {}), results.get("eager", {})
+        if grape_result.get("capture_ms_median") is not None:
+            floor["grape_capture_vs_plain"] = (grape_result["capture_ms_median"]
+                                               / floor["plain_capture_ms"])
+        if grape_result.get("steady_ms") and eager_result.get("steady_ms"):
+            floor["first_call_vs_eager_steady"] = first_call_floor(
+                floor, grape_result["steady_ms"], eager_result["steady_ms"], new_tokens)
         print(f"  capture floor: {floor}", flush=True)
     config = {"model": model, "dtype": str(base.dtype).removeprefix("torch."),
               "layers": base.config.num_hidden_layers, "hidden": base.config.hidden_size,

@@ -43,7 +43,17 @@ def test_grape_figures_are_the_changes_of_its_counters_per_call():
     assert breakdown["capture"] == [0, 1250.0, 0, 0, 0, 0, 125.0]
     assert breakdown["instantiate"] == [0, 250.0, 0, 0, 0, 0, 0]
     assert breakdown["patch"] == [0] * 7  # a build without the key: 0
+    # A build without capture_function_seconds: all of a capture is its own work.
+    assert f["own_ms_per_capture_per_call"] == [None, 1250.0 / 16, None, None, None, None,
+                                               125.0 / 3]
     json.dumps(f)
+
+
+def test_the_floor_of_call_1_is_the_plain_capture_of_each_forward_plus_the_replayed_call():
+    floor = {"plain_capture_vs_eager_forward": 1.05}
+    # 127 of 128 forwards captured at 1.05x, then the GPU work of a call (a fifth of eager's).
+    assert tts.first_call_floor(floor, grape_steady_ms=400.0, eager_steady_ms=2000.0,
+                                new_tokens=128) == pytest.approx(1.05 * 127 / 128 + 0.2)
 
 
 def test_a_mode_against_eager():
