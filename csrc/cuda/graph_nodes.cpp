@@ -47,6 +47,17 @@ uint64_t memory_kind(const void* ptr) {
          static_cast<uint32_t>(attributes.device);
 }
 
+// Kernel node `node`'s launch attribute `id`, asked of the driver (as its parameters are: every
+// graph a capture reads asks four per kernel node); false where the driver has none for it.
+bool kernel_attribute(cudaGraphNode_t node, CUlaunchAttributeID id,
+                      CUlaunchAttributeValue& value) {
+  const DriverApi& d = driver();
+  value = {};
+  return d.cuGraphKernelNodeGetAttribute != nullptr &&
+         d.cuGraphKernelNodeGetAttribute(reinterpret_cast<CUgraphNode>(node), id, &value) ==
+             CUDA_SUCCESS;
+}
+
 // How a kernel's arguments lie in its parameter buffer, from the driver (CUDA 12.4).
 struct ParamLayout {
   std::vector<std::pair<size_t, size_t>> params;  // (offset, size)
@@ -243,26 +254,20 @@ GraphContents read_graph(cudaGraph_t graph, bool with_params) {
       case cudaGraphNodeTypeKernel: {
         g.kinds.push_back(NodeKind::kKernel);
         // Launch attributes are not parameters: a member must agree with the group on them.
-        // Asked of the driver, as the parameters are: four calls per kernel node of every graph
-        // a capture reads.
-        auto attribute = [&](CUlaunchAttributeID id, CUlaunchAttributeValue& value) {
-          value = {};
-          return d.cuGraphKernelNodeGetAttribute(driver_node, id, &value) == CUDA_SUCCESS;
-        };
         CUlaunchAttributeValue value;
-        if (attribute(CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION, value)) {
+        if (kernel_attribute(node, CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION, value)) {
           key = mix(mix(mix(key, value.clusterDim.x), value.clusterDim.y), value.clusterDim.z);
         }
-        if (attribute(CU_LAUNCH_ATTRIBUTE_PRIORITY, value)) {
+        if (kernel_attribute(node, CU_LAUNCH_ATTRIBUTE_PRIORITY, value)) {
           key = mix(key, static_cast<uint64_t>(value.priority));
         }
         // Node updates neither check nor change these: graphs joined by alignment must agree. (A
         // captured programmatic launch is no node attribute but a programmatic edge, read with
         // the edges below: asking a node for it fails.)
-        if (attribute(CU_LAUNCH_ATTRIBUTE_COOPERATIVE, value)) {
+        if (kernel_attribute(node, CU_LAUNCH_ATTRIBUTE_COOPERATIVE, value)) {
           key = mix(key, static_cast<uint64_t>(value.cooperative));
         }
-        if (attribute(CU_LAUNCH_ATTRIBUTE_MEM_SYNC_DOMAIN, value)) {
+        if (kernel_attribute(node, CU_LAUNCH_ATTRIBUTE_MEM_SYNC_DOMAIN, value)) {
           key = mix(key, static_cast<uint64_t>(value.memSyncDomain));
         }
         if (!with_params) break;
@@ -382,12 +387,10 @@ bool may_be_absent(cudaGraphNode_t node, NodeKind kind) {
 void write_absent(cudaGraphExec_t exec, cudaGraphNode_t node, NodeKind kind) {
   switch (kind) {
     case NodeKind::kKernel: {
-      cudaLaunchAttributeValue cluster{};
-      dim3 grid(1);
-      if (cudaGraphKernelNodeGetAttribute(node, cudaLaunchAttributeClusterDimension, &cluster) !=
-          cudaSuccess) {
-        (void)cudaGetLastError();  // no cluster attribute: one block
-      } else if (cluster.clusterDim.x > 0) {
+      CUlaunchAttributeValue cluster;
+      dim3 grid(1);  // no cluster attribute: one block
+      if (kernel_attribute(node, CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION, cluster) &&
+          cluster.clusterDim.x > 0) {
         grid = dim3(cluster.clusterDim.x, std::max(1u, cluster.clusterDim.y),
                     std::max(1u, cluster.clusterDim.z));
       }
