@@ -89,6 +89,8 @@ class ArenaLayout {
   // Stops recording and following; returns what was recorded.
   LayoutTrace end_trace();
   bool tracing() const { return tracing_; }
+  // Allocations recorded so far by the current trace: the next one's index in it.
+  size_t traced_allocations() const { return trace_.allocations.size(); }
   // Allocations of the current or last trace that took their planned offset.
   size_t placed_by_plan() const { return placed_by_plan_; }
   // Lowers the extent to `floor`, or to the end of the highest block if that is higher: after the

@@ -180,6 +180,15 @@ void ParamTable::decode(ShapeId shape, uint32_t node, Blob& out) const {
   if (&blob != &out) out = blob;
 }
 
+const Blob& ParamTable::changed_blob(ShapeId shape, size_t index, Blob& scratch) const {
+  const Shape& s = shapes_[shape];
+  const Change& c = s.changes[index];
+  if (c.entry == kWhole) return s.whole[index];
+  const Entry& e = entries_[c.entry];
+  apply_patch(base_[c.node], patches_.data() + e.offset, e.size, scratch);
+  return scratch;
+}
+
 const Blob& ParamTable::view(ShapeId shape, uint32_t node, Blob& scratch) const {
   if (!contains(shape) || node >= base_.size()) {
     throw std::out_of_range("grape: no such shape or node in the parameter table");
@@ -202,6 +211,7 @@ void ParamTable::changed_nodes(ShapeId from, ShapeId to, std::vector<uint32_t>& 
   if (from == to) return;
   const auto& a = shapes_[from].changes;
   const auto& b = shapes_[to].changes;
+  Blob from_scratch, to_scratch;
   size_t i = 0, j = 0;
   while (i < a.size() || j < b.size()) {
     if (j == b.size() || (i < a.size() && a[i].node < b[j].node)) {
@@ -209,7 +219,13 @@ void ParamTable::changed_nodes(ShapeId from, ShapeId to, std::vector<uint32_t>& 
     } else if (i == a.size() || b[j].node < a[i].node) {
       out.push_back(b[j++].node);
     } else {
-      if (a[i].entry != b[j].entry || a[i].entry == kWhole) out.push_back(a[i].node);
+      bool differ = a[i].entry != b[j].entry;
+      if (a[i].entry == kWhole || b[j].entry == kWhole) {
+        // A shape not compressed yet (a join's, until the launch after it) holds whole blobs:
+        // compared by value, so that its join patches only what differs from the slot's shape.
+        differ = changed_blob(from, i, from_scratch) != changed_blob(to, j, to_scratch);
+      }
+      if (differ) out.push_back(a[i].node);
       ++i;
       ++j;
     }

@@ -60,8 +60,7 @@ class ParamTable {
   // The same, without a copy where the blob is held whole (the base's, or a shape's not yet
   // compressed): a reference to it, valid until the table changes; else `scratch` decoded into.
   const Blob& view(ShapeId shape, uint32_t node, Blob& scratch) const;
-  // The nodes whose blobs differ between `from` and `to`, ascending. A node that differs from
-  // the base in both, where either shape is not compressed yet, counts as changed.
+  // The nodes whose blobs differ between `from` and `to`, ascending.
   void changed_nodes(ShapeId from, ShapeId to, std::vector<uint32_t>& out) const;
   // How many nodes of `shape` differ from the base.
   size_t changed_node_count(ShapeId shape) const;
@@ -92,6 +91,8 @@ class ParamTable {
     bool live = false;
   };
   uint32_t intern(uint32_t node, const Blob& patch);
+  // The blob of `shape`'s `index`-th change: its whole blob, or its patch decoded into `scratch`.
+  const Blob& changed_blob(ShapeId shape, size_t index, Blob& scratch) const;
 
   std::vector<Blob> base_;
   size_t base_bytes_ = 0;

@@ -36,9 +36,8 @@ class HookedAllocator final : public cca::CUDAAllocator {
                                : shared != nullptr && shared->stream() == stream ? shared
                                                                                  : nullptr;
       if (route != nullptr) {
-        const ArenaLane lane =
-            route->placeholders() ? ArenaLane::kPlaceholder : GraphArena::lane_for(n);
-        return route->arena().allocate(lane, n);
+        return route->placeholders() ? route->arena().allocate(ArenaLane::kPlaceholder, n)
+                                     : route->arena().allocate_for_capture(n);
       }
     }
     if (site_prediction_wanted()) return allocate_at_site(*inner_, n);

@@ -9,11 +9,9 @@
 
 #include <optional>
 #include <string>
-#include <unordered_set>
 
 #include "core/clock.h"
 #include "torch/allocator_hook.h"
-#include "torch/module_tensors.h"
 #include "torch/python_scopes.h"
 #include "torch/side_effects.h"
 
@@ -53,7 +51,10 @@ class SyncDebugModeGuard {
 class LayoutTrace {
  public:
   explicit LayoutTrace(GraphArena& arena) : arena_(arena) {}
-  ~LayoutTrace() { end(); }
+  // A capture that did not reach end() failed part-way: what it allocated predicts nothing.
+  ~LayoutTrace() {
+    if (begun_) (void)arena_.end_capture(nullptr, /*completed=*/false);
+  }
   LayoutTrace(const LayoutTrace&) = delete;
   LayoutTrace& operator=(const LayoutTrace&) = delete;
   void begin(const std::vector<core::LayoutPlan>& follow) {
@@ -201,22 +202,6 @@ core::Reason refusal_of_results(Flattener& flattener, const CapturedResults& r,
     }
   }
   return {};
-}
-
-// The parameters and buffers of the compiled module and of module arguments, with their
-// addresses: static state, checked before every replay.
-std::vector<std::pair<at::Tensor, const void*>> gather_static_tensors(
-    const py::object& static_module, const FlatCall& flat) {
-  std::vector<std::pair<at::Tensor, const void*>> statics;
-  auto add_module = [&](const py::object& module) {
-    const ModuleTensors tensors = module_tensors(module);
-    for (const auto* kind : {&tensors.parameters, &tensors.buffers}) {
-      for (const at::Tensor& tensor : *kind) statics.emplace_back(tensor, tensor.data_ptr());
-    }
-  };
-  if (!static_module.is_none()) add_module(static_module);
-  for (const auto& m : flat.modules) add_module(m);
-  return statics;
 }
 
 }  // namespace
@@ -392,19 +377,9 @@ CaptureOutcome capture(const CaptureContext& context, FlatCall& flat, bool pin_h
   pool.refresh_segments();
   captured->classify_outputs(out, placeholders);
   captured->output_spec = std::move(out.spec);
-  captured->static_tensors = gather_static_tensors(context.static_module, flat);
-  if (!gradients.leaves().empty()) {
-    // Leaves that are not parameters of the modules (parameter arguments, optimizers' params).
-    std::unordered_set<const c10::TensorImpl*> known;
-    for (const auto& [tensor, ptr] : captured->static_tensors) {
-      known.insert(tensor.unsafeGetTensorImpl());
-    }
-    for (const auto& leaf : gradients.leaves()) {
-      if (known.insert(leaf.unsafeGetTensorImpl()).second) {
-        captured->static_tensors.emplace_back(leaf, leaf.data_ptr());
-      }
-    }
-  }
+  // The modules' parameters and buffers join the static state after the first launch.
+  captured->pending_statics =
+      CapturedGraph::PendingStatics{context.static_module, flat.modules, gradients.leaves()};
   captured->grad_guards = std::move(captured_results.grad_guards);
   TrainingState::BakedSettings baked = context.training.bake_optimizers(
       stepped_optimizers.get(), device_settings.get(), captured->static_tensors);

@@ -5,6 +5,9 @@
 #include <torch/csrc/autograd/python_variable.h>
 
 #include <unordered_map>
+#include <unordered_set>
+
+#include "torch/module_tensors.h"
 
 namespace grape {
 
@@ -110,7 +113,32 @@ py::object CapturedGraph::rebuild_outputs(FlatCall& flat) const {
   return both[0];
 }
 
-CapturedGraph::StateChange CapturedGraph::static_state_change(std::string& changed) const {
+void CapturedGraph::gather_static_tensors() {
+  if (!pending_statics) return;
+  const PendingStatics pending = std::move(*pending_statics);
+  pending_statics.reset();
+  std::unordered_set<const c10::TensorImpl*> known;
+  auto add_module = [&](const py::object& module) {
+    const ModuleTensors tensors = module_tensors(module);
+    for (const auto* kind : {&tensors.parameters, &tensors.buffers}) {
+      for (const at::Tensor& tensor : *kind) {
+        static_tensors.emplace_back(tensor, tensor.data_ptr());
+        known.insert(tensor.unsafeGetTensorImpl());
+      }
+    }
+  };
+  if (!pending.static_module.is_none()) add_module(pending.static_module);
+  for (const auto& m : pending.modules) add_module(m);
+  // Leaves that are not parameters of the modules (parameter arguments, optimizers' params).
+  for (const auto& leaf : pending.leaves) {
+    if (known.insert(leaf.unsafeGetTensorImpl()).second) {
+      static_tensors.emplace_back(leaf, leaf.data_ptr());
+    }
+  }
+}
+
+CapturedGraph::StateChange CapturedGraph::static_state_change(std::string& changed) {
+  gather_static_tensors();  // where no replay has gathered them (a refused first replay)
   for (const auto& [tensor, ptr] : static_tensors) {
     if (tensor.data_ptr() != ptr) {
       changed = "a parameter, buffer or optimizer state tensor moved";

@@ -7,6 +7,7 @@
 #include <pybind11/pybind11.h>
 
 #include <memory>
+#include <optional>
 #include <utility>
 #include <vector>
 
@@ -70,7 +71,19 @@ struct CapturedGraph {
   TreeSpec output_spec;
   std::vector<OutputStorage> output_storages;
   std::vector<OutputTensor> output_tensors;
+  // Static state, checked before every replay: the parameters and buffers of the compiled module
+  // and of module arguments, the leaves a training step tracks and the optimizers' state, each with
+  // its address.
   std::vector<std::pair<at::Tensor, const void*>> static_tensors;
+  // Where the modules' share of static_tensors is still to be gathered (gather_static_tensors):
+  // walking every module costs a capture about as much as reading its graph, and nothing checks
+  // the static state before the graph's first replay has been launched.
+  struct PendingStatics {
+    py::object static_module;          // the compiled module, or None
+    std::vector<py::object> modules;   // module arguments
+    std::vector<at::Tensor> leaves;    // tracked leaves (Note [Gradients of a captured step])
+  };
+  std::optional<PendingStatics> pending_statics;
   // Attributes of argument objects that f rebinds (Note [Argument objects]) and gradients that
   // its backward pass replaces (Note [Gradients of a captured step]); when there are any, the
   // outputs are (f's result, the effects' values).
@@ -91,10 +104,13 @@ struct CapturedGraph {
   // After a launch: f's result for the call `flat`, over the memory the graph wrote, with the
   // effects applied to the call's argument objects.
   py::object rebuild_outputs(FlatCall& flat) const;
+  // Adds the pending modules' parameters and buffers and the leaves not among them to
+  // static_tensors; does nothing once they are there. Called after the first launch.
+  void gather_static_tensors();
 
   // What of the static state is not as it was captured, if anything; `changed` says it in words.
   enum class StateChange { kNone, kTensorMoved, kGradientMoved, kOptimizerSetting };
-  StateChange static_state_change(std::string& changed) const;
+  StateChange static_state_change(std::string& changed);
 };
 
 // Bytes from a tensor's first element to one past its last (its placeholder's storage size).

@@ -150,6 +150,8 @@ void GraphArena::map_up_to(int index, size_t extent) {
 
 void GraphArena::begin_capture(const CapturePlan& plan) {
   std::lock_guard<std::mutex> lock(mutex_);
+  survivors_.begin();
+  small_allocations_.clear();
   for (size_t i = 0; i < lanes_.size(); ++i) {
     Lane& lane = lanes_[i];
     lane.mapped_before = lane.mapped;
@@ -160,15 +162,26 @@ void GraphArena::begin_capture(const CapturePlan& plan) {
   }
 }
 
-GraphArena::CapturePlan GraphArena::end_capture(std::vector<core::AddressRange>* survivors) {
+GraphArena::CapturePlan GraphArena::end_capture(std::vector<core::AddressRange>* survivors,
+                                                bool completed) {
   std::lock_guard<std::mutex> lock(mutex_);
   if (!lanes_.front().layout->tracing()) return {};  // ended already
   CapturePlan plan(lanes_.size());
+  std::vector<core::LayoutTrace> traces;
+  for (auto& lane : lanes_) traces.push_back(lane.layout->end_trace());
+  std::vector<core::SurvivorPrediction::Allocation> small;
+  small.reserve(small_allocations_.size());
+  for (const SmallAllocation& a : small_allocations_) {
+    const auto& traced = traces[static_cast<size_t>(a.lane)].allocations;
+    small.push_back({a.bytes, a.index < traced.size() &&
+                                  traced[a.index].freed == core::LayoutTrace::kLive});
+  }
+  if (completed) survivors_.end(std::move(small));
   bool followed = false;
   size_t grown = 0, saved = 0, mapped = 0;
   for (size_t i = 0; i < lanes_.size(); ++i) {
     Lane& lane = lanes_[i];
-    const core::LayoutTrace trace = lane.layout->end_trace();
+    const core::LayoutTrace& trace = traces[i];
     if (survivors != nullptr) {
       for (const auto& a : trace.allocations) {
         if (a.freed == core::LayoutTrace::kLive) {
@@ -193,6 +206,7 @@ GraphArena::CapturePlan GraphArena::end_capture(std::vector<core::AddressRange>*
 
 void GraphArena::forget_capture() {
   std::lock_guard<std::mutex> lock(mutex_);
+  survivors_.forget();
   for (auto& lane : lanes_) {
     lane.layout->retract_extent(lane.extent_before);
     const size_t keep = std::max(lane.mapped_before, round_up(lane.layout->extent(), granularity_));
@@ -220,11 +234,26 @@ bool GraphArena::plan_diverged() const {
 }
 
 c10::DataPtr GraphArena::allocate(ArenaLane which, size_t bytes) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return allocate_locked(static_cast<int>(which), bytes);
+}
+
+c10::DataPtr GraphArena::allocate_for_capture(size_t bytes) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (bytes > kSmallLimit) return allocate_locked(static_cast<int>(ArenaLane::kLarge), bytes);
+  int lane = static_cast<int>(ArenaLane::kSmall);
+  if (bytes > 0 && lanes_[static_cast<size_t>(lane)].layout->tracing()) {
+    if (survivors_.next_apart(bytes)) lane = static_cast<int>(ArenaLane::kOutput);
+    small_allocations_.push_back(
+        {lane, lanes_[static_cast<size_t>(lane)].layout->traced_allocations(), bytes});
+  }
+  return allocate_locked(lane, bytes);
+}
+
+c10::DataPtr GraphArena::allocate_locked(int index, size_t bytes) {
   const c10::Device device(c10::DeviceType::CUDA, device_);
   if (bytes == 0) return c10::DataPtr(nullptr, nullptr, &GraphArena::free_block, device);
-  const int index = static_cast<int>(which);
   Lane& lane = lanes_[static_cast<size_t>(index)];
-  std::lock_guard<std::mutex> lock(mutex_);
   const size_t extent_before = lane.layout->extent();
   auto offset = lane.layout->allocate(bytes);
   TORCH_CHECK_WITH(OutOfMemoryError, offset.has_value(),

@@ -1,5 +1,5 @@
 #pragma once
-// The device memory that a compiled function's captures allocate from: four lanes of reserved
+// The device memory that a compiled function's captures allocate from: five lanes of reserved
 // virtual address space, each backed by physical memory mapped on demand from its start up to its
 // extent (see Note [Capture arena layout] in core/arena_layout.h):
 //   - kLarge:       capture allocations above kSmallLimit (caches, activations of big batches);
@@ -7,8 +7,11 @@
 //                   caller holds do not split the large lane's free space;
 //   - kPlaceholder: the graphs' input placeholders, allocated before each capture begins;
 //   - kInput:       buffers handed to the caller's allocations at predicted sites (Note
-//                   [Allocation-site prediction]); a graph writes one only as its own placeholder.
-// The first three lanes are shared by every graph of the function: any replay may write anywhere
+//                   [Allocation-site prediction]); a graph writes one only as its own placeholder;
+//   - kOutput:      capture allocations up to kSmallLimit predicted to outlive the capture or to
+//                   change size with the shape, kept apart from the small lane's temporaries
+//                   (Note [Outputs apart from temporaries] in core/survivor_prediction.h).
+// All lanes but kInput are shared by every graph of the function: any replay may write anywhere
 // in them, and the runtime's liveness rules (Note [Liveness of graph outputs]) protect what
 // callers hold.
 //
@@ -24,19 +27,21 @@
 #include <cstdint>
 #include <memory>
 #include <mutex>
+#include <utility>
 #include <vector>
 
 #include "core/address_ranges.h"
 #include "core/arena_layout.h"
+#include "core/survivor_prediction.h"
 
 namespace grape {
 
-enum class ArenaLane { kLarge = 0, kSmall = 1, kPlaceholder = 2, kInput = 3 };
+enum class ArenaLane { kLarge = 0, kSmall = 1, kPlaceholder = 2, kInput = 3, kOutput = 4 };
 
 class GraphArena : public std::enable_shared_from_this<GraphArena> {
  public:
   static constexpr size_t kSmallLimit = size_t{1} << 20;
-  static constexpr int kLanes = 4;
+  static constexpr int kLanes = 5;
 
   // Reserves the lanes' address space on `device` and registers the arena.
   static std::shared_ptr<GraphArena> create(c10::DeviceIndex device);
@@ -47,10 +52,9 @@ class GraphArena : public std::enable_shared_from_this<GraphArena> {
   // A block in `lane`, mapping memory as needed. Throws c10::OutOfMemoryError when the device has
   // no memory left for it.
   c10::DataPtr allocate(ArenaLane lane, size_t bytes);
-  // The lane for a capture allocation of `bytes`.
-  static ArenaLane lane_for(size_t bytes) {
-    return bytes > kSmallLimit ? ArenaLane::kLarge : ArenaLane::kSmall;
-  }
+  // A block for an allocation that a capture makes (not a placeholder), in the lane its size and
+  // Note [Outputs apart from temporaries] choose.
+  c10::DataPtr allocate_for_capture(size_t bytes);
 
   // Keeps memory out of reach of allocate() until unpin_all() (ranges outside the arena are
   // ignored).
@@ -71,7 +75,10 @@ class GraphArena : public std::enable_shared_from_this<GraphArena> {
   // allocated, where that would map less than the capture did by a granule at least, and by a
   // sixteenth of the arena or half of what the capture grew it by; empty otherwise. `survivors`,
   // where given, receives the blocks the capture allocated that are still allocated.
-  CapturePlan end_capture(std::vector<core::AddressRange>* survivors = nullptr);
+  // `completed`: false for a capture that failed part-way, whose allocations then predict nothing
+  // (Note [Outputs apart from temporaries]): its retry allocates as it did.
+  CapturePlan end_capture(std::vector<core::AddressRange>* survivors = nullptr,
+                          bool completed = true);
   // After the capture that just ended was dropped and its blocks freed: unmaps what it mapped
   // beyond the arena's size before it, sparing the blocks still allocated.
   void forget_capture();
@@ -106,6 +113,7 @@ class GraphArena : public std::enable_shared_from_this<GraphArena> {
   // Frees `ptr` here; returns whether the arena is now empty and its owner gone.
   bool free_local(void* ptr);
   void map_up_to(int lane, size_t extent);  // requires mutex_
+  c10::DataPtr allocate_locked(int lane, size_t bytes);  // requires mutex_
 
   struct Lane {
     uintptr_t base = 0;
@@ -125,6 +133,15 @@ class GraphArena : public std::enable_shared_from_this<GraphArena> {
   mutable std::mutex mutex_;
   std::array<Lane, kLanes> lanes_;
   std::vector<const void*> holds_;  // blocks held until unpin_all()
+  // Note [Outputs apart from temporaries]: the prediction, and each small allocation of the
+  // capture being traced: where it went (its lane and its index in that lane's trace), its size.
+  core::SurvivorPrediction survivors_;
+  struct SmallAllocation {
+    int lane = 0;
+    size_t index = 0;
+    size_t bytes = 0;
+  };
+  std::vector<SmallAllocation> small_allocations_;
   bool owner_released_ = false;
   size_t limit_ = SIZE_MAX;
 };

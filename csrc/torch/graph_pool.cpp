@@ -161,7 +161,8 @@ void ReplayGraph::launch(cudaGraphExec_t exec) {
 void GraphPool::refresh_segments() {
   segments_.clear();
   private_pool_bytes_ = 0;
-  for (auto lane : {ArenaLane::kLarge, ArenaLane::kSmall, ArenaLane::kPlaceholder}) {
+  for (auto lane :
+       {ArenaLane::kLarge, ArenaLane::kSmall, ArenaLane::kPlaceholder, ArenaLane::kOutput}) {
     segments_.add(arena_->lane_range(lane));
   }
   auto snapshot = allocator::snapshot(id_, /*include_traces=*/false);

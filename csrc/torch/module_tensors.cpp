@@ -22,7 +22,19 @@ enum class ModuleDict { kParameters, kBuffers, kModules };
 py::object module_dict(py::handle module, ModuleDict which) {
   static PyObject* const names[] = {interned("_parameters"), interned("_buffers"),
                                     interned("_modules")};
-  PyObject* value = PyObject_GetAttr(module.ptr(), names[static_cast<int>(which)]);
+  PyObject* name = names[static_cast<int>(which)];
+  // Read from the instance's __dict__, where Module.__init__ puts them: the attribute lookup goes
+  // through Module's __getattr__ hook and the class's attributes first, at several times the cost.
+  PyObject* instance_dict = PyObject_GenericGetDict(module.ptr(), nullptr);
+  if (instance_dict == nullptr) {
+    PyErr_Clear();  // no __dict__ (a ScriptModule's wrapper): asked as an attribute below
+  } else {
+    PyObject* found = PyDict_GetItemWithError(instance_dict, name);  // borrowed
+    Py_DECREF(instance_dict);
+    if (found != nullptr) return py::reinterpret_borrow<py::object>(found);
+    if (PyErr_Occurred()) throw py::error_already_set();
+  }
+  PyObject* value = PyObject_GetAttr(module.ptr(), name);
   if (value == nullptr) throw py::error_already_set();
   return py::reinterpret_steal<py::object>(value);
 }

@@ -395,6 +395,8 @@ py::object Runtime::replay_or_run_eagerly(Entry& entry, CapturedGraph& graph, Fl
                                           const py::args& args, const py::kwargs& kwargs) {
   ReplayContext context{*pool_, budget_, sites_.get(), stats_, last_was_replay_};
   ReplayOutcome outcome = replay(graph, flat, context);
+  // After the launch, while the GPU runs the graph (a no-op after a graph's first replay).
+  graph.gather_static_tensors();
   if (outcome.replayed) {
     last_was_replay_ = true;
     ++entry.replays;

@@ -17,9 +17,10 @@ namespace grape {
 
 namespace {
 
-py::dict per_lane(size_t large, size_t small, size_t placeholder, size_t input) {
+py::dict per_lane(size_t large, size_t small, size_t placeholder, size_t input, size_t output) {
   return py::dict(py::arg("large") = large, py::arg("small") = small,
-                  py::arg("placeholder") = placeholder, py::arg("input") = input);
+                  py::arg("placeholder") = placeholder, py::arg("input") = input,
+                  py::arg("output") = output);
 }
 
 py::object none_if_negative(int64_t v) {
@@ -124,8 +125,8 @@ py::dict Runtime::stats() {
   // Graph memory; zeros before the first capture.
   d["pool_bytes"] = 0;
   d["arena_bytes"] = 0;
-  d["arena_lane_bytes"] = per_lane(0, 0, 0, 0);
-  d["arena_lane_peak_bytes"] = per_lane(0, 0, 0, 0);
+  d["arena_lane_bytes"] = per_lane(0, 0, 0, 0, 0);
+  d["arena_lane_peak_bytes"] = per_lane(0, 0, 0, 0, 0);
   d["live_outputs"] = 0;
 #ifdef GRAPE_WITH_CUDA
   if (pool_) {
@@ -136,11 +137,13 @@ py::dict Runtime::stats() {
     d["arena_bytes"] = static_cast<int64_t>(arena.mapped_bytes());
     d["arena_lane_bytes"] =
         per_lane(arena.mapped_bytes(ArenaLane::kLarge), arena.mapped_bytes(ArenaLane::kSmall),
-                 arena.mapped_bytes(ArenaLane::kPlaceholder), arena.mapped_bytes(ArenaLane::kInput));
+                 arena.mapped_bytes(ArenaLane::kPlaceholder), arena.mapped_bytes(ArenaLane::kInput),
+                 arena.mapped_bytes(ArenaLane::kOutput));
     d["arena_lane_peak_bytes"] = per_lane(arena.peak_allocated_bytes(ArenaLane::kLarge),
                                           arena.peak_allocated_bytes(ArenaLane::kSmall),
                                           arena.peak_allocated_bytes(ArenaLane::kPlaceholder),
-                                          arena.peak_allocated_bytes(ArenaLane::kInput));
+                                          arena.peak_allocated_bytes(ArenaLane::kInput),
+                                          arena.peak_allocated_bytes(ArenaLane::kOutput));
     d["live_outputs"] = static_cast<int64_t>(pool_->live().size());
   }
 #endif
