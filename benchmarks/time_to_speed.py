@@ -33,7 +33,8 @@ with the prompt, then the longer prompt's):
   second_call_speedup_vs_eager (eager's steady_ms over the mode's call 2), cumulative_2_vs_eager (calls 1 and
                           2 over eager's): every mode but eager
   grape:  captures_per_call (chain variants included), replays_per_call, warmup_calls_per_call,
-          eager_calls_per_call (changes of grape.stats' counters in each call);
+          eager_calls_per_call, nodes_patched_per_call (changes of grape.stats' counters in each
+          call);
           longer_prompt_captures; signatures_with_variants (those captured more than once);
           capture_ms_median (a signature's capture, every try and its join, the median over
           signatures) and capture_vs_eager_forward (over one eager forward: eager's steady call
@@ -94,7 +95,7 @@ CASES = {"gpt2-b1": ("gpt2", 1), "gpt2-b8": ("gpt2", 8), "tinyllama-b1": ("tinyl
 QUICK_CASES = "gpt2-b1"
 PROMPT, LONGER_PROMPT, LONGER_CALLS = 8, 32, 2
 # grape.stats counters and times (seconds) read around each call.
-COUNTERS = ("captures", "replays", "warmup_calls", "eager_calls")
+COUNTERS = ("captures", "replays", "warmup_calls", "eager_calls", "nodes_patched")
 BREAKDOWN = ("warmup_seconds", "capture_seconds", "capture_function_seconds", "graph_read_seconds",
              "join_seconds", "settle_seconds", "instantiate_seconds", "chain_variant_seconds",
              "patch_seconds")

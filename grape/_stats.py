@@ -62,7 +62,7 @@ TABLE: list[tuple[tuple[str, ...], str]] = [
     (('signatures',),
      'signatures seen (warming up, captured, or eager)'),
     (('pool_bytes', 'arena_bytes', 'arena_lane_bytes'),
-     "device bytes of the function's pool (its arena's mapped lanes and its private pool); of them, the arena's mapped lanes; and those per lane (`large`, `small`, `placeholder`, `input`)"),
+     "device bytes of the function's pool (its arena's mapped lanes and its private pool); of them, the arena's mapped lanes; and those per lane (`large`, `small`, `placeholder`, `input`, `output`)"),
     (('alias_prediction',),
      'whether alias prediction is on'),
     (('alias_predictions',),

@@ -26,7 +26,7 @@ def test_call_times_split_the_prompts_calls_from_the_longer_prompts_and_accumula
 
 def test_grape_figures_are_the_changes_of_its_counters_per_call():
     changes = [dict(WARMUP, warmup_seconds=0.5), dict(CAPTURE, capture_seconds=1.25,
-                                                      instantiate_seconds=0.25),
+                                                      instantiate_seconds=0.25, nodes_patched=40),
                REPLAY, REPLAY, REPLAY, {"warmup_calls": 3, "captures": 0},
                {"captures": 3, "replays": 16, "capture_seconds": 0.125}]
     f = tts.grape_figures(changes, calls=5)
@@ -35,6 +35,7 @@ def test_grape_figures_are_the_changes_of_its_counters_per_call():
     assert f["warmup_calls_per_call"] == [16, 0, 0, 0, 0, 3, 0]
     assert f["eager_calls_per_call"] == [0] * 7
     assert f["replays_per_call"] == [0, 16, 16, 16, 16, 0, 16]
+    assert f["nodes_patched_per_call"] == [0, 40, 0, 0, 0, 0, 0]
     assert f["longer_prompt_captures"] == 3
     breakdown = f["breakdown_ms_per_call"]
     assert set(breakdown) == {"warmup", "capture", "capture_function", "graph_read", "join",
