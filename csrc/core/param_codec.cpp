@@ -197,10 +197,7 @@ const Blob& ParamTable::view(ShapeId shape, uint32_t node, Blob& scratch) const 
   auto it = std::lower_bound(s.changes.begin(), s.changes.end(), node,
                              [](const Change& c, uint32_t n) { return c.node < n; });
   if (it == s.changes.end() || it->node != node) return base_[node];
-  if (it->entry == kWhole) return s.whole[static_cast<size_t>(it - s.changes.begin())];
-  const Entry& e = entries_[it->entry];
-  apply_patch(base_[node], patches_.data() + e.offset, e.size, scratch);
-  return scratch;
+  return changed_blob(shape, static_cast<size_t>(it - s.changes.begin()), scratch);
 }
 
 void ParamTable::changed_nodes(ShapeId from, ShapeId to, std::vector<uint32_t>& out) const {

@@ -6,6 +6,8 @@
 #include "core/clock.h"
 #include "cuda/executable_stats.h"
 
+#include <iterator>
+
 #ifdef GRAPE_WITH_CUDA
 #include "cuda/shared_executables.h"
 #include "torch/captured_graph.h"
@@ -17,10 +19,15 @@ namespace grape {
 
 namespace {
 
-py::dict per_lane(size_t large, size_t small, size_t placeholder, size_t input, size_t output) {
-  return py::dict(py::arg("large") = large, py::arg("small") = small,
-                  py::arg("placeholder") = placeholder, py::arg("input") = input,
-                  py::arg("output") = output);
+// `figure(lane)` of each arena lane (ArenaLane's values, in order), by its name in grape.stats.
+constexpr const char* kLaneNames[] = {"large", "small", "placeholder", "input", "output"};
+template <typename PerLane>
+py::dict per_lane(PerLane figure) {
+  py::dict d;
+  for (int lane = 0; lane < static_cast<int>(std::size(kLaneNames)); ++lane) {
+    d[kLaneNames[lane]] = figure(lane);
+  }
+  return d;
 }
 
 py::object none_if_negative(int64_t v) {
@@ -125,8 +132,9 @@ py::dict Runtime::stats() {
   // Graph memory; zeros before the first capture.
   d["pool_bytes"] = 0;
   d["arena_bytes"] = 0;
-  d["arena_lane_bytes"] = per_lane(0, 0, 0, 0, 0);
-  d["arena_lane_peak_bytes"] = per_lane(0, 0, 0, 0, 0);
+  const auto none = [](int) { return size_t{0}; };
+  d["arena_lane_bytes"] = per_lane(none);
+  d["arena_lane_peak_bytes"] = per_lane(none);
   d["live_outputs"] = 0;
 #ifdef GRAPE_WITH_CUDA
   if (pool_) {
@@ -135,15 +143,11 @@ py::dict Runtime::stats() {
     const GraphArena& arena = pool_->arena();
     d["pool_bytes"] = static_cast<int64_t>(pool_->device_bytes());
     d["arena_bytes"] = static_cast<int64_t>(arena.mapped_bytes());
+    static_assert(std::size(kLaneNames) == GraphArena::kLanes, "a name for every lane");
     d["arena_lane_bytes"] =
-        per_lane(arena.mapped_bytes(ArenaLane::kLarge), arena.mapped_bytes(ArenaLane::kSmall),
-                 arena.mapped_bytes(ArenaLane::kPlaceholder), arena.mapped_bytes(ArenaLane::kInput),
-                 arena.mapped_bytes(ArenaLane::kOutput));
-    d["arena_lane_peak_bytes"] = per_lane(arena.peak_allocated_bytes(ArenaLane::kLarge),
-                                          arena.peak_allocated_bytes(ArenaLane::kSmall),
-                                          arena.peak_allocated_bytes(ArenaLane::kPlaceholder),
-                                          arena.peak_allocated_bytes(ArenaLane::kInput),
-                                          arena.peak_allocated_bytes(ArenaLane::kOutput));
+        per_lane([&](int lane) { return arena.mapped_bytes(static_cast<ArenaLane>(lane)); });
+    d["arena_lane_peak_bytes"] = per_lane(
+        [&](int lane) { return arena.peak_allocated_bytes(static_cast<ArenaLane>(lane)); });
     d["live_outputs"] = static_cast<int64_t>(pool_->live().size());
   }
 #endif
