@@ -27,6 +27,10 @@ NextTry next_try(TryResult result, ReasonKind failure, CaptureTries& tries) {
   return NextTry::kNone;
 }
 
+bool prepares_backward(bool reachable, bool training, bool grad_enabled, bool warmed_up) {
+  return reachable && (training || grad_enabled || !warmed_up);
+}
+
 AfterFailure after_failed_capture(const WarmupPolicy& policy, int signature_warmups,
                                   ReasonKind failure) {
   // Captured without a warm-up of its own (at first sight, or again after its static state

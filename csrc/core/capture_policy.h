@@ -67,6 +67,16 @@ NextTry next_try(TryResult result, ReasonKind failure, CaptureTries& tries);
 
 enum class AfterFailure { kWarmUpAndRetry, kFallBack };
 
+// Whether a capture first runs a small backward pass on its stream, outside the capture (once per
+// function): the autograd engine's lazy start (its device thread, that thread's cuBLAS handle and
+// workspace) cannot happen inside a capture. `reachable`: the capture watches leaves, or modules'
+// parameters require grad. Needed where a backward pass may run: the function was seen training,
+// grad mode is on, or no warm-up has shown what it does. Not for inference under no_grad after a
+// warm-up that ran no backward pass: the engine's start is most of a process's first capture
+// (docs/results.md). A backward pass such a function runs all the same (under enable_grad) fails
+// that capture at most once: the warm-up after it sees the pass, and the next capture prepares.
+bool prepares_backward(bool reachable, bool training, bool grad_enabled, bool warmed_up);
+
 // What a signature does after its capture failed for `failure`. `signature_warmups`: its warm-up
 // calls so far.
 AfterFailure after_failed_capture(const WarmupPolicy& policy, int signature_warmups,

@@ -105,6 +105,36 @@ void apply_patch(const Blob& base, const uint8_t* patch, size_t size, Blob& out)
   }
 }
 
+bool patch_matches(const Blob& base, const uint8_t* patch, size_t size, const Blob& value) {
+  size_t pos = 0;
+  if (get_varint(patch, size, pos) != value.size()) return false;
+  // The bytes of `value` in [from, to) against the base's (zeros past its end).
+  auto base_matches = [&](size_t from, size_t to) {
+    const size_t common = std::min(to, std::max(from, base.size()));
+    if (common > from && std::memcmp(base.data() + from, value.data() + from, common - from) != 0) {
+      return false;
+    }
+    for (size_t i = common; i < to; ++i) {
+      if (value[i] != 0) return false;
+    }
+    return true;
+  };
+  size_t at = 0;
+  while (pos < size) {
+    const size_t skip = get_varint(patch, size, pos);
+    const size_t run = get_varint(patch, size, pos);
+    if (at + skip + run > value.size() || pos + run > size) {
+      throw std::invalid_argument("grape: parameter patch runs past its value");
+    }
+    if (!base_matches(at, at + skip)) return false;
+    at += skip;
+    if (std::memcmp(patch + pos, value.data() + at, run) != 0) return false;
+    pos += run;
+    at += run;
+  }
+  return base_matches(at, value.size());
+}
+
 ParamTable::ParamTable(std::vector<Blob> base) : base_(std::move(base)) {
   for (const auto& b : base_) base_bytes_ += b.size();
   shapes_.push_back({{}, {}, base_bytes_, true});
@@ -200,6 +230,19 @@ const Blob& ParamTable::view(ShapeId shape, uint32_t node, Blob& scratch) const 
   return changed_blob(shape, static_cast<size_t>(it - s.changes.begin()), scratch);
 }
 
+bool ParamTable::same_blob(ShapeId a, size_t i, ShapeId b, size_t j) const {
+  const Shape& x = shapes_[a];
+  const Shape& y = shapes_[b];
+  const uint32_t ex = x.changes[i].entry, ey = y.changes[j].entry;
+  if (ex != kWhole && ey != kWhole) return ex == ey;  // interned: equal patches, one entry
+  if (ex == kWhole && ey == kWhole) return x.whole[i] == y.whole[j];
+  // A shape not compressed yet (a join's, until the launch after it) against a compressed one:
+  // compared by value without decoding, so that its join patches only what differs.
+  const Entry& e = entries_[ex != kWhole ? ex : ey];
+  return patch_matches(base_[x.changes[i].node], patches_.data() + e.offset, e.size,
+                       ex == kWhole ? x.whole[i] : y.whole[j]);
+}
+
 void ParamTable::changed_nodes(ShapeId from, ShapeId to, std::vector<uint32_t>& out) const {
   out.clear();
   if (!contains(from) || !contains(to)) {
@@ -208,7 +251,6 @@ void ParamTable::changed_nodes(ShapeId from, ShapeId to, std::vector<uint32_t>& 
   if (from == to) return;
   const auto& a = shapes_[from].changes;
   const auto& b = shapes_[to].changes;
-  Blob from_scratch, to_scratch;
   size_t i = 0, j = 0;
   while (i < a.size() || j < b.size()) {
     if (j == b.size() || (i < a.size() && a[i].node < b[j].node)) {
@@ -216,13 +258,7 @@ void ParamTable::changed_nodes(ShapeId from, ShapeId to, std::vector<uint32_t>& 
     } else if (i == a.size() || b[j].node < a[i].node) {
       out.push_back(b[j++].node);
     } else {
-      bool differ = a[i].entry != b[j].entry;
-      if (a[i].entry == kWhole || b[j].entry == kWhole) {
-        // A shape not compressed yet (a join's, until the launch after it) holds whole blobs:
-        // compared by value, so that its join patches only what differs from the slot's shape.
-        differ = changed_blob(from, i, from_scratch) != changed_blob(to, j, to_scratch);
-      }
-      if (differ) out.push_back(a[i].node);
+      if (!same_blob(from, i, to, j)) out.push_back(a[i].node);
       ++i;
       ++j;
     }

@@ -32,6 +32,8 @@ using Blob = std::vector<uint8_t>;
 Blob encode_patch(const Blob& base, const Blob& value);
 // Rebuilds the value of `patch` (`size` bytes) against `base` into `out`.
 void apply_patch(const Blob& base, const uint8_t* patch, size_t size, Blob& out);
+// Whether apply_patch(base, patch, size) gives `value`, found without decoding it.
+bool patch_matches(const Blob& base, const uint8_t* patch, size_t size, const Blob& value);
 
 class ParamTable {
  public:
@@ -93,6 +95,8 @@ class ParamTable {
   uint32_t intern(uint32_t node, const Blob& patch);
   // The blob of `shape`'s `index`-th change: its whole blob, or its patch decoded into `scratch`.
   const Blob& changed_blob(ShapeId shape, size_t index, Blob& scratch) const;
+  // Whether change `i` of shape `a` and change `j` of shape `b` (of the same node) hold one blob.
+  bool same_blob(ShapeId a, size_t i, ShapeId b, size_t j) const;
 
   std::vector<Blob> base_;
   size_t base_bytes_ = 0;

@@ -216,7 +216,7 @@ py::object Runtime::warm_up(Entry& entry, const py::args& args, const py::kwargs
   {
     EnteredContext watch(training_.step_watch());  // optimizers it steps become capturable
     result = run_eager(args, kwargs);
-    training_.remember_refusal(watch.get());
+    training_.after_warm_up(watch.get());
   }
   const int64_t ns = core::elapsed_ns(start);
   entry.costs.warmup_ns += ns;

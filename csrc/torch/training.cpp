@@ -1,8 +1,10 @@
 #include "torch/training.h"
 
+#include <ATen/core/grad_mode.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <torch/csrc/autograd/python_variable.h>
 
+#include "core/capture_policy.h"
 #include "torch/graph_pool.h"
 #include "torch/module_tensors.h"
 #include "torch/torch_version.h"
@@ -16,7 +18,8 @@ const py::object& TrainingState::seen() {
 
 py::object TrainingState::step_watch() { return hooks_.step_watch(seen()); }
 
-void TrainingState::remember_refusal(const py::object& watch) {
+void TrainingState::after_warm_up(const py::object& watch) {
+  warmed_up_ = true;
   const py::object refusal = watch.attr("refusal");
   if (!refusal.is_none()) refusal_ = refusal.cast<std::string>();
 }
@@ -56,8 +59,11 @@ std::vector<at::Tensor> TrainingState::tracked_leaves(const py::object& static_m
     }
   }
   // A backward pass may reach the parameters, tracked or not: its lazy initialization happens
-  // before the function's first capture, as for a training step.
-  if (!parameters.empty() || !leaves.empty()) prepare_backward(pool);
+  // before the function's first capture that may run one, as for a training step.
+  if (core::prepares_backward(!parameters.empty() || !leaves.empty(), training,
+                              at::GradMode::is_enabled(), warmed_up_)) {
+    prepare_backward(pool);
+  }
   return leaves;
 }
 

@@ -122,6 +122,17 @@ struct Graphs {
 
 }  // namespace
 
+TEST(CapturePolicy, ABackwardPassIsPreparedWhereOneMayRun) {
+  // Nothing a backward pass could reach: never.
+  EXPECT_FALSE(prepares_backward(false, true, true, false));
+  // Training, or grad mode on, or no warm-up seen yet: prepared.
+  EXPECT_TRUE(prepares_backward(true, true, false, true));
+  EXPECT_TRUE(prepares_backward(true, false, true, true));
+  EXPECT_TRUE(prepares_backward(true, false, false, false));
+  // Inference under no_grad after a warm-up that ran no backward pass: not.
+  EXPECT_FALSE(prepares_backward(true, false, false, true));
+}
+
 TEST(ChainVariants, TheSignaturesGraphServesWhereItFits) {
   Graphs g{{true, true}, true};
   const GraphChoice c = g.choose({});

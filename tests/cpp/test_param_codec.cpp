@@ -53,6 +53,28 @@ TEST(ParamPatch, RoundTripsEqualChangedLongerAndShorterValues) {
   }
 }
 
+TEST(ParamPatch, MatchesExactlyTheValueItDecodesTo) {
+  std::mt19937 rng(11);
+  for (int trial = 0; trial < 200; ++trial) {
+    const Blob base = random_blob(rng, 1 + rng() % 200);
+    Blob value = base;
+    value.resize(1 + rng() % 240, 0);  // shorter, or longer with zeros (as decoding pads)
+    for (int k = static_cast<int>(rng() % 6); k > 0; --k) value[rng() % value.size()] ^= 1 + rng() % 255;
+    const Blob patch = encode_patch(base, value);
+    Blob decoded;
+    apply_patch(base, patch.data(), patch.size(), decoded);
+    ASSERT_EQ(decoded, value);
+    EXPECT_TRUE(patch_matches(base, patch.data(), patch.size(), value));
+    // Any one byte else, in a run or in what the patch leaves to the base (or past its end).
+    Blob other = value;
+    other[rng() % other.size()] ^= 0x40;
+    EXPECT_FALSE(patch_matches(base, patch.data(), patch.size(), other));
+    Blob longer = value;
+    longer.push_back(0);
+    EXPECT_FALSE(patch_matches(base, patch.data(), patch.size(), longer));
+  }
+}
+
 TEST(ParamPatch, SparseChangesGiveSmallPatches) {
   std::mt19937 rng(3);
   const Blob base = random_blob(rng, 4096);

@@ -462,31 +462,73 @@ def test_a_backward_pass_reaching_new_parameters_captures_once_they_are_known():
     assert s["graphs"] == 2 and s["recaptures"] == 0
 
 
-def test_a_module_compiled_for_inference_tracks_its_parameters_once_a_backward_reaches_them():
+@pytest.mark.parametrize("caller_grad", [True, False])
+def test_a_module_compiled_for_inference_tracks_its_parameters_once_a_backward_reaches_them(
+        caller_grad):
     """Captures of a function never seen training track no module's parameters (Seen.training):
     a later signature whose backward pass reaches them fails its capture at first sight with the
-    reason, warms up, and captures tracking their gradients at its next call."""
+    reason, warms up, and captures tracking their gradients at its next call. Called under
+    no_grad too, where those captures prepared no backward pass (core::prepares_backward)."""
     def make(model, opt):
         def forward(x, y, train):
             if not train:
                 with torch.no_grad():
                     return model(x)
-            loss = F.mse_loss(model(x), y)
-            loss.backward()
+            with torch.enable_grad():
+                loss = F.mse_loss(model(x), y)
+                loss.backward()
             return loss.detach()
 
         return forward
 
     eager_step, step, eager_model, model, eager_opt, opt = eager_and_grape(make)
-    for i, (x, y) in enumerate(batches(8, sizes=(8,))):
-        train = i >= 4
-        torch.testing.assert_close(step(x, y, train), eager_step(x, y, train))
-        assert_same_state(model, eager_model, opt, eager_opt)
-        for m in (model, eager_model):
-            m.zero_grad(set_to_none=False)
+    with torch.set_grad_enabled(caller_grad):
+        for i, (x, y) in enumerate(batches(8, sizes=(8,))):
+            train = i >= 4
+            torch.testing.assert_close(step(x, y, train), eager_step(x, y, train))
+            assert_same_state(model, eager_model, opt, eager_opt)
+            for m in (model, eager_model):
+                m.zero_grad(set_to_none=False)
     s = grape.stats(step)
     assert s["fallbacks"] == [] and s["capture_failures"] == 1
     assert s["graphs"] == 2 and s["replays"] == 6 and s["recaptures"] == 0
+
+
+def test_inference_under_no_grad_captures_without_preparing_a_backward_pass(monkeypatch):
+    """Under no_grad, after a warm-up that ran no backward pass, captures skip the small backward
+    pass that readies the autograd engine (core::prepares_backward): its start is most of a
+    process's first capture. With grad mode on they prepare it. (A backward pass run all the same,
+    under enable_grad: test_a_module_compiled_for_inference_tracks_its_parameters...)"""
+    prepared = []
+    real = _training.prepare_backward
+
+    def counted(device):
+        prepared.append(device)
+        real(device)
+
+    monkeypatch.setattr(_training, "prepare_backward", counted)
+
+    class Detached(torch.nn.Module):
+        def __init__(self, inner):
+            super().__init__()
+            self.inner = inner
+
+        def forward(self, x):
+            return self.inner(x).detach()
+
+    model = mlp()
+    # Compiled modules: their parameters, which require grad, are what a backward pass may reach.
+    infer = grape.compile(copy.deepcopy(model))
+    with torch.no_grad():
+        for x, _ in batches(6):
+            torch.testing.assert_close(infer(x), model(x))
+    s = grape.stats(infer)
+    assert prepared == [] and s["graphs"] == 2 and s["replays"] == 3
+
+    detached = grape.compile(Detached(copy.deepcopy(model)))
+    for x, _ in batches(3):
+        torch.testing.assert_close(detached(x), model(x).detach())
+    assert len(prepared) == 1 and grape.stats(detached)["graphs"] == 2
 
 
 @pytest.mark.parametrize("set_to_none", [True, False])
