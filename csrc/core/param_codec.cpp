@@ -58,6 +58,28 @@ size_t next_difference(const Blob& base, const Blob& value, size_t i) {
   return i;
 }
 
+// Walks `patch` (`size` bytes) of a value of `length(n)` bytes: `run(at, bytes, count)` for each
+// run at offset `at` of the value, in order. Stops where either returns false, and says so.
+// Throws where the patch is malformed or runs past its value.
+template <typename Length, typename Run>
+bool for_each_run(const uint8_t* patch, size_t size, Length length, Run run) {
+  size_t pos = 0;
+  const size_t n = get_varint(patch, size, pos);
+  if (!length(n)) return false;
+  size_t at = 0;
+  while (pos < size) {
+    at += get_varint(patch, size, pos);
+    const size_t count = get_varint(patch, size, pos);
+    if (at + count > n || pos + count > size) {
+      throw std::invalid_argument("grape: parameter patch runs past its value");
+    }
+    if (!run(at, patch + pos, count)) return false;
+    pos += count;
+    at += count;
+  }
+  return true;
+}
+
 }  // namespace
 
 Blob encode_patch(const Blob& base, const Blob& value) {
@@ -88,26 +110,20 @@ Blob encode_patch(const Blob& base, const Blob& value) {
 }
 
 void apply_patch(const Blob& base, const uint8_t* patch, size_t size, Blob& out) {
-  size_t pos = 0;
-  const size_t length = get_varint(patch, size, pos);
-  out.assign(length, 0);
-  std::memcpy(out.data(), base.data(), std::min(length, base.size()));
-  size_t at = 0;
-  while (pos < size) {
-    at += get_varint(patch, size, pos);
-    const size_t run = get_varint(patch, size, pos);
-    if (at + run > length || pos + run > size) {
-      throw std::invalid_argument("grape: parameter patch runs past its value");
-    }
-    std::memcpy(out.data() + at, patch + pos, run);
-    pos += run;
-    at += run;
-  }
+  for_each_run(
+      patch, size,
+      [&](size_t length) {
+        out.assign(length, 0);
+        std::memcpy(out.data(), base.data(), std::min(length, base.size()));
+        return true;
+      },
+      [&](size_t at, const uint8_t* bytes, size_t count) {
+        std::memcpy(out.data() + at, bytes, count);
+        return true;
+      });
 }
 
 bool patch_matches(const Blob& base, const uint8_t* patch, size_t size, const Blob& value) {
-  size_t pos = 0;
-  if (get_varint(patch, size, pos) != value.size()) return false;
   // The bytes of `value` in [from, to) against the base's (zeros past its end).
   auto base_matches = [&](size_t from, size_t to) {
     const size_t common = std::min(to, std::max(from, base.size()));
@@ -119,20 +135,16 @@ bool patch_matches(const Blob& base, const uint8_t* patch, size_t size, const Bl
     }
     return true;
   };
-  size_t at = 0;
-  while (pos < size) {
-    const size_t skip = get_varint(patch, size, pos);
-    const size_t run = get_varint(patch, size, pos);
-    if (at + skip + run > value.size() || pos + run > size) {
-      throw std::invalid_argument("grape: parameter patch runs past its value");
-    }
-    if (!base_matches(at, at + skip)) return false;
-    at += skip;
-    if (std::memcmp(patch + pos, value.data() + at, run) != 0) return false;
-    pos += run;
-    at += run;
-  }
-  return base_matches(at, value.size());
+  size_t end = 0;  // of the previous run
+  return for_each_run(
+             patch, size, [&](size_t length) { return length == value.size(); },
+             [&](size_t at, const uint8_t* bytes, size_t count) {
+               const bool same = base_matches(end, at) &&
+                                 std::memcmp(bytes, value.data() + at, count) == 0;
+               end = at + count;
+               return same;
+             }) &&
+         base_matches(end, value.size());
 }
 
 ParamTable::ParamTable(std::vector<Blob> base) : base_(std::move(base)) {
@@ -210,15 +222,6 @@ void ParamTable::decode(ShapeId shape, uint32_t node, Blob& out) const {
   if (&blob != &out) out = blob;
 }
 
-const Blob& ParamTable::changed_blob(ShapeId shape, size_t index, Blob& scratch) const {
-  const Shape& s = shapes_[shape];
-  const Change& c = s.changes[index];
-  if (c.entry == kWhole) return s.whole[index];
-  const Entry& e = entries_[c.entry];
-  apply_patch(base_[c.node], patches_.data() + e.offset, e.size, scratch);
-  return scratch;
-}
-
 const Blob& ParamTable::view(ShapeId shape, uint32_t node, Blob& scratch) const {
   if (!contains(shape) || node >= base_.size()) {
     throw std::out_of_range("grape: no such shape or node in the parameter table");
@@ -227,7 +230,10 @@ const Blob& ParamTable::view(ShapeId shape, uint32_t node, Blob& scratch) const 
   auto it = std::lower_bound(s.changes.begin(), s.changes.end(), node,
                              [](const Change& c, uint32_t n) { return c.node < n; });
   if (it == s.changes.end() || it->node != node) return base_[node];
-  return changed_blob(shape, static_cast<size_t>(it - s.changes.begin()), scratch);
+  if (it->entry == kWhole) return s.whole[static_cast<size_t>(it - s.changes.begin())];
+  const Entry& e = entries_[it->entry];
+  apply_patch(base_[node], patches_.data() + e.offset, e.size, scratch);
+  return scratch;
 }
 
 bool ParamTable::same_blob(ShapeId a, size_t i, ShapeId b, size_t j) const {

@@ -93,8 +93,6 @@ class ParamTable {
     bool live = false;
   };
   uint32_t intern(uint32_t node, const Blob& patch);
-  // The blob of `shape`'s `index`-th change: its whole blob, or its patch decoded into `scratch`.
-  const Blob& changed_blob(ShapeId shape, size_t index, Blob& scratch) const;
   // Whether change `i` of shape `a` and change `j` of shape `b` (of the same node) hold one blob.
   bool same_blob(ShapeId a, size_t i, ShapeId b, size_t j) const;
 

@@ -222,7 +222,7 @@ CaptureOutcome capture(const CaptureContext& context, FlatCall& flat, bool pin_h
 
   // Gradients before f (Note [Gradients of a captured step]); put back when the capture ends.
   std::vector<at::Tensor> grad_leaves =
-      context.training.tracked_leaves(context.static_module, flat, pool);
+      context.training.tracked_leaves(context.static_module, flat, pool, context.warmed_up);
   const CaptureGradients gradients(std::move(grad_leaves), pool,
                                    at::cuda::getCurrentCUDAStream(pool.device()).stream());
   EnteredContext stepped_optimizers(context.training.step_watch());

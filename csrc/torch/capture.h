@@ -33,6 +33,7 @@ struct CaptureContext {
   TrainingState& training;
   const PythonHooks& hooks;
   core::MemoryBudget budget;
+  bool warmed_up;  // the function ran a warm-up call (core::prepares_backward)
   // Whether input i of a call can be its graph's placeholder in place (alias prediction); a
   // predicted allocation site's buffer goes to `buffer`.
   std::function<bool(const FlatCall&, size_t, std::shared_ptr<InputBuffer>* buffer)> can_alias;

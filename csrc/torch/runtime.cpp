@@ -216,7 +216,7 @@ py::object Runtime::warm_up(Entry& entry, const py::args& args, const py::kwargs
   {
     EnteredContext watch(training_.step_watch());  // optimizers it steps become capturable
     result = run_eager(args, kwargs);
-    training_.after_warm_up(watch.get());
+    training_.remember_refusal(watch.get());
   }
   const int64_t ns = core::elapsed_ns(start);
   entry.costs.warmup_ns += ns;
@@ -289,7 +289,7 @@ CaptureContext Runtime::capture_context(FlatCall& flat) {
   pool_for(device);
   return CaptureContext{
       fn_, static_module_, flattener_, pool_, executables_, training_, hooks_, budget_,
-      [this](const FlatCall& f, size_t i, std::shared_ptr<InputBuffer>* buffer) {
+      function_warmup_runs_ > 0, [this](const FlatCall& f, size_t i, std::shared_ptr<InputBuffer>* buffer) {
         return can_alias(f, i, buffer);
       }};
 }

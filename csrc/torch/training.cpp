@@ -18,14 +18,14 @@ const py::object& TrainingState::seen() {
 
 py::object TrainingState::step_watch() { return hooks_.step_watch(seen()); }
 
-void TrainingState::after_warm_up(const py::object& watch) {
-  warmed_up_ = true;
+void TrainingState::remember_refusal(const py::object& watch) {
   const py::object refusal = watch.attr("refusal");
   if (!refusal.is_none()) refusal_ = refusal.cast<std::string>();
 }
 
 std::vector<at::Tensor> TrainingState::tracked_leaves(const py::object& static_module,
-                                                      const FlatCall& flat, GraphPool& pool) {
+                                                      const FlatCall& flat, GraphPool& pool,
+                                                      bool warmed_up) {
   std::vector<at::Tensor> parameters;
   bool any_gradient = false;  // set by a backward pass, or by the caller (.grad = ...)
   auto add_parameters = [&](const py::handle& module) {
@@ -61,7 +61,7 @@ std::vector<at::Tensor> TrainingState::tracked_leaves(const py::object& static_m
   // A backward pass may reach the parameters, tracked or not: its lazy initialization happens
   // before the function's first capture that may run one, as for a training step.
   if (core::prepares_backward(!parameters.empty() || !leaves.empty(), training,
-                              at::GradMode::is_enabled(), warmed_up_)) {
+                              at::GradMode::is_enabled(), warmed_up)) {
     prepare_backward(pool);
   }
   return leaves;

@@ -67,18 +67,18 @@ class TrainingState {
   // A context manager for a warm-up or capture call: the optimizers stepped inside it are
   // remembered (weakly) and made capturable (grape._training.StepWatch).
   py::object step_watch();
-  // After a warm-up call run in `watch` (a step_watch()): remembers that the function warmed up,
-  // and why no capture of it can succeed, where the warm-up saw a reason (StepWatch.refusal);
-  // refusal() empty: none so far.
-  void after_warm_up(const py::object& watch);
+  // After a warm-up call run in `watch` (a step_watch()): why no capture of the function can
+  // succeed, where the warm-up saw a reason (StepWatch.refusal); empty: none so far.
+  void remember_refusal(const py::object& watch);
   const std::string& refusal() const { return refusal_; }
   // The leaves whose gradients a capture of `flat` watches: parameter arguments, then, once the
   // function was seen training, the parameters that require grad of the known optimizers,
   // `static_module` and module arguments. Where a backward pass may reach any of those
-  // (core::prepares_backward), prepares `pool`'s capture stream for it first (once per function):
-  // a small backward pass on it, outside any capture (grape._training.prepare_backward).
+  // (core::prepares_backward; `warmed_up`: the function ran a warm-up call), prepares `pool`'s
+  // capture stream for it first (once per function): a small backward pass on it, outside any
+  // capture (grape._training.prepare_backward).
   std::vector<at::Tensor> tracked_leaves(const py::object& static_module, const FlatCall& flat,
-                                         GraphPool& pool);
+                                         GraphPool& pool, bool warmed_up);
   // A context manager for a capture, entered outside the CUDA capture: the float settings of the
   // known optimizers that they can read from device memory are tensors while entered
   // (grape._training.DeviceSettingsSwap, Note [Device settings]).
@@ -117,7 +117,6 @@ class TrainingState {
   py::object device_settings_ = py::none();  // a grape._training.DeviceSettings
 
   std::string refusal_;
-  bool warmed_up_ = false;
   bool backward_prepared_ = false;
 };
 
