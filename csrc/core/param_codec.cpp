@@ -31,11 +31,16 @@ size_t get_varint(const uint8_t* data, size_t size, size_t& pos) {
 }
 
 uint64_t hash_bytes(uint64_t seed, const uint8_t* data, size_t size) {
-  uint64_t h = seed ^ 0xcbf29ce484222325ull;  // FNV-1a
-  for (size_t i = 0; i < size; ++i) {
-    h ^= data[i];
-    h *= 0x100000001b3ull;
+  // A word at a time: the dictionary hashes every changed node's patch of every shape.
+  uint64_t h = (seed ^ 0xcbf29ce484222325ull) + size;
+  size_t i = 0;
+  for (; i + sizeof(uint64_t) <= size; i += sizeof(uint64_t)) {
+    uint64_t w;
+    std::memcpy(&w, data + i, sizeof w);
+    h = (h ^ w) * 0x9e3779b97f4a7c15ull;
+    h ^= h >> 29;
   }
+  for (; i < size; ++i) h = (h ^ data[i]) * 0x100000001b3ull;
   return h;
 }
 
@@ -80,32 +85,53 @@ bool for_each_run(const uint8_t* patch, size_t size, Length length, Run run) {
   return true;
 }
 
+// The end of the run that starts at `i`, where `value` differs from `base`: the run takes
+// differing bytes and the equal stretches between them shorter than kMaxGapInRun, a word at a time
+// where both blobs have one (equal bytes inside a differing word are taken too: garbage the host
+// left in unused argument bytes differs through hundreds of bytes, which bytewise cost as much as
+// reading the graph).
+size_t run_end_from(const Blob& base, const Blob& value, size_t i) {
+  size_t run_end = i + 1;
+  size_t j = run_end;
+  const size_t common = std::min(base.size(), value.size());
+  for (; j + sizeof(uint64_t) <= common; j += sizeof(uint64_t)) {
+    // A whole equal word is an equal stretch longer than kMaxGapInRun: the run ends.
+    if (std::memcmp(base.data() + j, value.data() + j, sizeof(uint64_t)) == 0) return run_end;
+    size_t last = j + sizeof(uint64_t) - 1;
+    while (value[last] == base[last]) --last;
+    run_end = last + 1;
+  }
+  while (j < value.size()) {
+    if (value[j] != base_at(base, j)) {
+      run_end = ++j;
+    } else if (j - run_end < kMaxGapInRun) {
+      ++j;
+    } else {
+      break;
+    }
+  }
+  return run_end;
+}
+
+void append_patch(const Blob& base, const Blob& value, Blob& out) {
+  put_varint(out, value.size());
+  size_t end = 0;  // end of the previous run
+  size_t i = 0;
+  while ((i = next_difference(base, value, i)) < value.size()) {
+    const size_t run_end = run_end_from(base, value, i);
+    put_varint(out, i - end);
+    put_varint(out, run_end - i);
+    out.insert(out.end(), value.begin() + static_cast<std::ptrdiff_t>(i),
+               value.begin() + static_cast<std::ptrdiff_t>(run_end));
+    end = i = run_end;
+  }
+}
+
 }  // namespace
 
 Blob encode_patch(const Blob& base, const Blob& value) {
   Blob patch;
-  put_varint(patch, value.size());
-  size_t end = 0;  // end of the previous run
-  size_t i = 0;
-  while ((i = next_difference(base, value, i)) < value.size()) {
-    // A run from i: extend while bytes differ or equal stretches are short.
-    size_t run_end = i + 1;
-    size_t j = run_end;
-    while (j < value.size()) {
-      if (value[j] != base_at(base, j)) {
-        run_end = ++j;
-      } else if (j - run_end < kMaxGapInRun) {
-        ++j;
-      } else {
-        break;
-      }
-    }
-    put_varint(patch, i - end);
-    put_varint(patch, run_end - i);
-    patch.insert(patch.end(), value.begin() + static_cast<std::ptrdiff_t>(i),
-                 value.begin() + static_cast<std::ptrdiff_t>(run_end));
-    end = i = run_end;
-  }
+  append_patch(base, value, patch);
   return patch;
 }
 
@@ -154,20 +180,23 @@ ParamTable::ParamTable(std::vector<Blob> base) : base_(std::move(base)) {
   raw_bytes_ = base_bytes_;
 }
 
-uint32_t ParamTable::intern(uint32_t node, const Blob& patch) {
-  const uint64_t h = hash_bytes(node, patch.data(), patch.size());
+uint32_t ParamTable::intern(uint32_t node, const Blob& value) {
+  // Encoded in place at the end of the dictionary's bytes, and taken back if an entry holds it.
+  const size_t offset = patches_.size();
+  append_patch(base_[node], value, patches_);
+  const size_t size = patches_.size() - offset;
+  const uint64_t h = hash_bytes(node, patches_.data() + offset, size);
   auto [first, last] = index_.equal_range(h);
   for (auto it = first; it != last; ++it) {
     const Entry& e = entries_[it->second];
-    if (e.node == node && e.size == patch.size() &&
-        std::memcmp(patches_.data() + e.offset, patch.data(), patch.size()) == 0) {
+    if (e.node == node && e.size == size &&
+        std::memcmp(patches_.data() + e.offset, patches_.data() + offset, size) == 0) {
+      patches_.resize(offset);
       return it->second;
     }
   }
   const auto id = static_cast<uint32_t>(entries_.size());
-  entries_.push_back({node, static_cast<uint32_t>(patches_.size()),
-                      static_cast<uint32_t>(patch.size())});
-  patches_.insert(patches_.end(), patch.begin(), patch.end());
+  entries_.push_back({node, static_cast<uint32_t>(offset), static_cast<uint32_t>(size)});
   index_.emplace(h, id);
   return id;
 }
@@ -200,7 +229,7 @@ void ParamTable::compress(ShapeId shape) {
   Shape& s = shapes_[shape];
   for (size_t i = 0; i < s.whole.size(); ++i) {
     const uint32_t node = s.changes[i].node;
-    s.changes[i].entry = intern(node, encode_patch(base_[node], s.whole[i]));
+    s.changes[i].entry = intern(node, s.whole[i]);
   }
   s.whole = {};
 }

@@ -13,9 +13,9 @@
 // Switching the executable from shape A to shape B touches only the nodes whose entries differ
 // between A and B (changed_nodes), each rebuilt from its base blob and a patch (decode).
 // A shape is added as it was read, its differing blobs held whole, and compressed later
-// (compress): encoding costs about as much per node as reading the graph did, and the first
-// launch of a new shape needs its parameters, not their patches (SharedExecutables compresses
-// once that launch is queued).
+// (compress): the first launch of a new shape needs its parameters, not their patches
+// (SharedExecutables compresses once that launch is queued, on a worker thread; a table is
+// never read while compress writes it).
 // Blobs are opaque bytes here: this file knows neither torch nor CUDA.
 
 #include <cstddef>
@@ -92,7 +92,9 @@ class ParamTable {
     size_t raw_bytes = 0;
     bool live = false;
   };
-  uint32_t intern(uint32_t node, const Blob& patch);
+  // The dictionary entry holding node `node`'s blob `value` (encoded against the node's base
+  // blob); a new one where none does.
+  uint32_t intern(uint32_t node, const Blob& value);
   // Whether change `i` of shape `a` and change `j` of shape `b` (of the same node) hold one blob.
   bool same_blob(ShapeId a, size_t i, ShapeId b, size_t j) const;
 

@@ -90,6 +90,7 @@ SharedExecutables::SharedExecutables(Sharing sharing, size_t cache_bytes, SlotGr
     : sharing_(sharing), cache_bytes_(cache_bytes), growth_(growth) {}
 
 SharedExecutables::~SharedExecutables() {
+  wait_settled();
   for (cudaGraph_t graph : joined_graphs_) (void)cudaGraphDestroy(graph);
   for (auto& group : groups_) {
     if (!group) continue;
@@ -214,6 +215,7 @@ bool SharedExecutables::gpu_waits(cudaStream_t stream) {
 SharedExecutables::Member SharedExecutables::add(cudaGraph_t graph, cudaStream_t stream) {
   GraphOwner owner{graph};
   settle();
+  wait_settled();
   const bool share = sharing_ != Sharing::kNone;
   const auto read_start = core::Clock::now();
   GraphContents contents = read_graph(graph, share);
@@ -443,6 +445,7 @@ uint32_t SharedExecutables::join_grown(uint32_t index, const GraphContents& cont
 }
 
 void SharedExecutables::remove(Member member) {
+  wait_settled();
   if (!member.valid() || member.group >= groups_.size() || !groups_[member.group]) return;
   Group& group = *groups_[member.group];
   if (group.params) {
@@ -498,11 +501,13 @@ size_t SharedExecutables::load(Group& group, uint32_t shape, cudaStream_t stream
 }
 
 cudaGraphExec_t SharedExecutables::prepare(Member member, cudaStream_t stream, bool host_paced) {
+  wait_settled();
   Group& group = *groups_.at(member.group);
   return group.executables[load(group, member.shape, stream, host_paced)].exec;
 }
 
 void SharedExecutables::prepare_ahead(Member member) {
+  wait_settled();
   if (!member.valid() || member.group >= groups_.size() || !groups_[member.group]) return;
   Group& group = *groups_[member.group];
   if (group.slots.empty() || !group.params || !group.params->contains(member.shape)) return;
@@ -521,17 +526,31 @@ void SharedExecutables::prepare_ahead(Member member) {
 
 void SharedExecutables::settle() {
   if (uncompressed_.empty() && joined_graphs_.empty()) return;
-  const auto start = core::Clock::now();
+  std::vector<std::pair<core::ParamTable*, uint32_t>> shapes;
   for (const Member m : uncompressed_) {
     // A shape removed since (its group ended, or its graph was refused) has nothing to compress.
     if (m.group < groups_.size() && groups_[m.group] && groups_[m.group]->params) {
-      groups_[m.group]->params->compress(m.shape);
+      shapes.emplace_back(groups_[m.group]->params.get(), m.shape);
     }
   }
   uncompressed_.clear();
-  for (cudaGraph_t graph : joined_graphs_) (void)cudaGraphDestroy(graph);
+  std::vector<cudaGraph_t> graphs = std::move(joined_graphs_);
   joined_graphs_.clear();
-  counters_.settle_ns += core::elapsed_ns(start);
+  settler_.post([shapes = std::move(shapes), graphs = std::move(graphs), &ns = settle_ns_] {
+    const auto start = core::Clock::now();
+    try {
+      for (const auto& [table, shape] : shapes) table->compress(shape);
+    } catch (const std::exception&) {
+      // Out of host memory: a shape left whole decodes all the same.
+    }
+    for (cudaGraph_t graph : graphs) (void)cudaGraphDestroy(graph);
+    ns += core::elapsed_ns(start);
+  });
+}
+
+void SharedExecutables::wait_settled() {
+  settler_.wait();
+  counters_.settle_ns += settle_ns_.exchange(0);
 }
 
 void SharedExecutables::launched(Member member) {
@@ -616,7 +635,8 @@ int SharedExecutables::evict_to(size_t bytes, Member keep) {
   return evicted;
 }
 
-ExecutableStats SharedExecutables::stats() const {
+ExecutableStats SharedExecutables::stats() {
+  wait_settled();
   ExecutableStats s = counters_;
   s.device_bytes = device_bytes_;
   s.cached_bytes = cached_bytes_;

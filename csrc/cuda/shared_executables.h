@@ -14,8 +14,9 @@
 // A new graph joins a group whose topology key matches if the driver takes its parameters,
 // patched node by node into the executable it will replay in: the driver, not this file, decides
 // what may share. The graph is then read, and destroyed once its first launch is queued; only
-// its parameters stay, compressed then too (settle), so that a new shape's first launch waits
-// for neither. Launching a member without a slot of its own
+// its parameters stay, compressed then too (settle, on a worker thread: the host is the
+// bottleneck while a function captures, and this work would delay its next capture as much as
+// reading the graph does), so that a new shape's first launch waits for neither. Launching a member without a slot of its own
 // first patches the nodes whose parameters differ from what its slot holds. Patching never touches
 // launches already queued ("modifications only affect future launches"), so with the cache empty
 // (`cache_bytes` 0) memory stays one executable per topology.
@@ -31,12 +32,14 @@
 
 #include <cuda_runtime_api.h>
 
+#include <atomic>
 #include <cstdint>
 #include <memory>
 #include <string>
 #include <unordered_map>
 #include <vector>
 
+#include "core/background_worker.h"
 #include "core/executable_slots.h"
 #include "core/param_codec.h"
 #include "core/topology_union.h"
@@ -110,7 +113,7 @@ class SharedExecutables {
   void set_cache_bytes(size_t bytes) { cache_bytes_ = bytes; }
   size_t device_bytes() const { return device_bytes_; }
   // Every counter, the groups' figures summed (a walk over the groups).
-  ExecutableStats stats() const;
+  ExecutableStats stats();
   // The running counters alone, without the groups' figures: cheap enough to read around a
   // capture.
   const ExecutableStats& counters() const { return counters_; }
@@ -132,10 +135,14 @@ class SharedExecutables {
   uint32_t join_grown(uint32_t index, const GraphContents& contents,
                       const core::UnionPlan& plan, const std::vector<core::Blob>& blobs,
                       cudaStream_t stream);
-  // What joins leave until a launch has been queued, so that it overlaps the GPU's work: the new
+  // Hands what joins leave until a launch has been queued to the worker (settler_): the new
   // shapes' compression and the joined graphs' destruction. Called after a launch (launched)
-  // and before a join (add), so little waits.
+  // and before a join (add). The worker touches nothing else: the parameter tables of those
+  // shapes, and graphs nothing else holds.
   void settle();
+  // Waits until the worker has settled what it was handed: every method that reads or changes a
+  // parameter table calls it first, so that no table is read while the worker writes it.
+  void wait_settled();
   // A new slot of `group`, instantiated from its base graph (holding the base's parameters);
   // returns its index.
   size_t instantiate(Group& group, cudaStream_t stream);
@@ -188,6 +195,9 @@ class SharedExecutables {
   // settle()'s work: shapes not yet compressed, and graphs joined since the last launch.
   std::vector<Member> uncompressed_;
   std::vector<cudaGraph_t> joined_graphs_;
+  std::atomic<int64_t> settle_ns_{0};  // the worker's time, not yet in counters_
+  // Last: destroyed (its thread ended) before the groups it works on.
+  core::BackgroundWorker settler_;
 };
 
 }  // namespace grape::cuda

@@ -117,13 +117,14 @@ void CapturedGraph::gather_static_tensors() {
   if (!pending_statics) return;
   const PendingStatics pending = std::move(*pending_statics);
   pending_statics.reset();
+  // Which tensors the modules hold, only where leaves are to be told apart from them.
   std::unordered_set<const c10::TensorImpl*> known;
   auto add_module = [&](const py::object& module) {
     const ModuleTensors tensors = module_tensors(module);
     for (const auto* kind : {&tensors.parameters, &tensors.buffers}) {
       for (const at::Tensor& tensor : *kind) {
         static_tensors.emplace_back(tensor, tensor.data_ptr());
-        known.insert(tensor.unsafeGetTensorImpl());
+        if (!pending.leaves.empty()) known.insert(tensor.unsafeGetTensorImpl());
       }
     }
   };
