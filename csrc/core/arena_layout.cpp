@@ -41,15 +41,24 @@ std::optional<size_t> ArenaLayout::allocate(size_t bytes) {
 }
 
 std::optional<size_t> ArenaLayout::first_fit(size_t size) const {
-  // Busy intervals in address order: blocks and pins.
-  std::vector<std::pair<size_t, size_t>> busy;
-  busy.reserve(blocks_.size() + pinned_.size());
-  for (const auto& [offset, length] : blocks_) busy.emplace_back(offset, offset + length);
-  busy.insert(busy.end(), pinned_.begin(), pinned_.end());
-  std::sort(busy.begin(), busy.end());
-
+  // Busy intervals in address order: the blocks (a map, in order) and the pins (kept sorted),
+  // merged as they are walked. Every allocation of a capture comes here, with its function's
+  // other blocks and pins busy: gathering and sorting them each time cost a large model's capture
+  // a sizeable share of its function's time.
   size_t cursor = 0;  // start of the current gap (aligned)
-  for (const auto& [begin, end] : busy) {
+  auto block = blocks_.begin();
+  auto pin = pinned_.begin();
+  while (block != blocks_.end() || pin != pinned_.end()) {
+    size_t begin = 0, end = 0;
+    if (pin == pinned_.end() || (block != blocks_.end() && block->first <= pin->first)) {
+      begin = block->first;
+      end = block->first + block->second;
+      ++block;
+    } else {
+      begin = pin->first;
+      end = pin->second;
+      ++pin;
+    }
     if (begin >= cursor && begin - cursor >= size) break;
     cursor = std::max(cursor, align_up(end, alignment_));
   }
@@ -147,7 +156,9 @@ LayoutPlan plan_layout(const LayoutTrace& trace, size_t alignment) {
 }
 
 void ArenaLayout::pin(size_t offset, size_t bytes) {
-  if (bytes > 0) pinned_.emplace_back(offset, offset + bytes);
+  if (bytes == 0) return;
+  const std::pair<size_t, size_t> range{offset, offset + bytes};
+  pinned_.insert(std::upper_bound(pinned_.begin(), pinned_.end(), range), range);
 }
 
 std::optional<std::pair<size_t, size_t>> ArenaLayout::block_containing(size_t offset) const {

@@ -110,7 +110,7 @@ class ArenaLayout {
   size_t capacity_;
   size_t alignment_;
   std::map<size_t, size_t> blocks_;  // offset -> bytes (aligned)
-  std::vector<std::pair<size_t, size_t>> pinned_;  // (begin, end), unsorted
+  std::vector<std::pair<size_t, size_t>> pinned_;  // (begin, end), sorted
   size_t extent_ = 0;
   size_t allocated_bytes_ = 0;
   size_t peak_allocated_bytes_ = 0;

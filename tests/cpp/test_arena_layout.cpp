@@ -52,6 +52,47 @@ TEST(ArenaLayout, PinsAreAvoidedUntilUnpinned) {
   EXPECT_EQ(lane.allocate(4096), std::optional<size_t>(0));
 }
 
+TEST(ArenaLayout, FirstFitMatchesAReferenceOverRandomBlocksAndPins) {
+  // The lowest aligned offset that no block and no pin overlaps, against a plain reference:
+  // blocks and pins gathered and sorted, then scanned.
+  const size_t align = 512, capacity = size_t{1} << 24;
+  std::mt19937 rng(9);
+  for (int trial = 0; trial < 50; ++trial) {
+    ArenaLayout lane(capacity, align);
+    std::vector<std::pair<size_t, size_t>> blocks, pins;  // (begin, end)
+    for (int op = 0; op < 400; ++op) {
+      const unsigned kind = rng() % 10;
+      if (kind < 2 && !blocks.empty()) {
+        const size_t i = rng() % blocks.size();
+        ASSERT_TRUE(lane.free(blocks[i].first));
+        blocks.erase(blocks.begin() + static_cast<std::ptrdiff_t>(i));
+      } else if (kind == 2) {
+        const size_t begin = rng() % (1 << 20), length = 1 + rng() % 9000;
+        lane.pin(begin, length);
+        pins.emplace_back(begin, begin + length);
+      } else if (kind == 3 && rng() % 8 == 0) {
+        lane.unpin_all();
+        pins.clear();
+      } else {
+        const size_t bytes = 1 + rng() % 20000;
+        const size_t size = (bytes + align - 1) / align * align;
+        std::vector<std::pair<size_t, size_t>> busy = blocks;
+        busy.insert(busy.end(), pins.begin(), pins.end());
+        std::sort(busy.begin(), busy.end());
+        size_t cursor = 0;
+        for (const auto& [begin, end] : busy) {
+          if (begin >= cursor && begin - cursor >= size) break;
+          cursor = std::max(cursor, (end + align - 1) / align * align);
+        }
+        const auto offset = lane.allocate(bytes);
+        ASSERT_TRUE(offset.has_value());
+        ASSERT_EQ(*offset, cursor) << "trial " << trial << " op " << op;
+        blocks.emplace_back(*offset, *offset + size);
+      }
+    }
+  }
+}
+
 TEST(ArenaLayout, RefusesWhenAddressSpaceIsFull) {
   ArenaLayout lane(4096, 512);
   EXPECT_TRUE(lane.allocate(4096));
