@@ -43,8 +43,8 @@ with the prompt, then the longer prompt's):
           call that captured nothing);
           breakdown_ms_per_call: {"warmup", "capture", of the capture time "capture_function"
           (the model's forward itself), "graph_read", "join", "settle" (a join's work left
-          until its graph's first launch is queued, done after that launch on a worker thread), "instantiate" (also
-          rebuilds after eviction) and "chain_variant", "patch"} (grape.stats' <name>_seconds, in ms); graphs and fallbacks at the end
+          until its graph's first launch is queued, done after that launch, its compression on
+          a worker thread), "instantiate" (also rebuilds after eviction) and "chain_variant", "patch"} (grape.stats' <name>_seconds, in ms); graphs and fallbacks at the end
   static_compile:  compiles_per_call (graphs torch.compile compiled in each call), compiled_by_hf
 A case's capture_floor (CUDA, with grape among the modes): what PyTorch alone spends on one decode
 forward after the prompt, medians over CAPTURE_FLOOR_REPS, alternating: eager_forward_ms (host,

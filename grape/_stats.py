@@ -39,9 +39,9 @@ TABLE: list[tuple[tuple[str, ...], str]] = [
     (('graph_read_seconds', 'join_seconds', 'instantiate_seconds'),
      "of the captures' time, reading captured graphs node by node, joining groups of shared executables (alignment, unions; the patch a join makes is in `patch_seconds`), and instantiating executables (also rebuilds after eviction, outside captures)"),
     (('settle_seconds',),
-     "what joins leave until their graph's first launch is queued, handed then to a worker thread, "
-     "which does it while the caller goes on (the next join waits for it, where it is not done): "
-     "compressing the new shapes' parameters and destroying the joined graphs"),
+     "what joins leave until their graph's first launch is queued, done then: destroying the "
+     "joined graphs, and compressing the new shapes' parameters on a worker thread while the "
+     "caller goes on (the next join waits for it, where it is not done)"),
     (('chain_variant_seconds',),
      "of `capture_seconds`, chain variants' captures"),
     (('capture_function_seconds',),

@@ -6,40 +6,51 @@
 
 namespace grape::core {
 
+bool BackgroundWorker::forked() const {
+  const long owner = owner_process_.load();
+  return owner != 0 && owner != static_cast<long>(getpid());
+}
+
 BackgroundWorker::~BackgroundWorker() {
+  // A forked child has the handle of a thread that exists only in its parent, and a mutex that
+  // thread may have held: it touches neither.
+  if (forked()) {
+    (void)thread_.release();
+    return;
+  }
   {
     std::lock_guard<std::mutex> lock(mutex_);
     stopping_ = true;
   }
   wake_.notify_one();
-  if (!thread_.joinable()) return;
-  // A forked child holds the handle of a thread that exists only in its parent.
-  if (owner_process_ == static_cast<long>(getpid())) {
-    thread_.join();
-  } else {
-    thread_.detach();
-  }
+  if (thread_) thread_->join();
 }
 
 void BackgroundWorker::post(std::function<void()> task) {
+  if (forked()) {
+    task();
+    return;
+  }
   {
     std::lock_guard<std::mutex> lock(mutex_);
+    if (!thread_) {
+      thread_ = std::make_unique<std::thread>([this] { run(); });  // may throw: nothing queued yet
+      owner_process_ = static_cast<long>(getpid());
+    }
     tasks_.push_back(std::move(task));
     ++pending_;
-    if (!thread_.joinable()) {
-      owner_process_ = static_cast<long>(getpid());
-      thread_ = std::thread([this] { run(); });
-    }
   }
   wake_.notify_one();
 }
 
 void BackgroundWorker::wait() {
+  if (forked()) return;
   std::unique_lock<std::mutex> lock(mutex_);
   idle_.wait(lock, [this] { return pending_ == 0; });
 }
 
 size_t BackgroundWorker::pending() const {
+  if (forked()) return 0;
   std::lock_guard<std::mutex> lock(mutex_);
   return pending_;
 }

@@ -183,7 +183,12 @@ ParamTable::ParamTable(std::vector<Blob> base) : base_(std::move(base)) {
 uint32_t ParamTable::intern(uint32_t node, const Blob& value) {
   // Encoded in place at the end of the dictionary's bytes, and taken back if an entry holds it.
   const size_t offset = patches_.size();
-  append_patch(base_[node], value, patches_);
+  try {
+    append_patch(base_[node], value, patches_);
+  } catch (...) {
+    patches_.resize(offset);  // out of memory part-way: no entry holds those bytes
+    throw;
+  }
   const size_t size = patches_.size() - offset;
   const uint64_t h = hash_bytes(node, patches_.data() + offset, size);
   auto [first, last] = index_.equal_range(h);

@@ -526,6 +526,13 @@ void SharedExecutables::prepare_ahead(Member member) {
 
 void SharedExecutables::settle() {
   if (uncompressed_.empty() && joined_graphs_.empty()) return;
+  // The joined graphs are destroyed here, on the caller's thread: the worker makes no CUDA call,
+  // which from a thread whose device was never set would create a context on device 0, and
+  // during another thread's capture could invalidate it.
+  const auto start = core::Clock::now();
+  for (cudaGraph_t graph : joined_graphs_) (void)cudaGraphDestroy(graph);
+  joined_graphs_.clear();
+  counters_.settle_ns += core::elapsed_ns(start);
   std::vector<std::pair<core::ParamTable*, uint32_t>> shapes;
   for (const Member m : uncompressed_) {
     // A shape removed since (its group ended, or its graph was refused) has nothing to compress.
@@ -534,18 +541,21 @@ void SharedExecutables::settle() {
     }
   }
   uncompressed_.clear();
-  std::vector<cudaGraph_t> graphs = std::move(joined_graphs_);
-  joined_graphs_.clear();
-  settler_.post([shapes = std::move(shapes), graphs = std::move(graphs), &ns = settle_ns_] {
+  if (shapes.empty()) return;
+  auto compress = [shapes = std::move(shapes), &ns = settle_ns_] {
     const auto start = core::Clock::now();
     try {
       for (const auto& [table, shape] : shapes) table->compress(shape);
     } catch (const std::exception&) {
       // Out of host memory: a shape left whole decodes all the same.
     }
-    for (cudaGraph_t graph : graphs) (void)cudaGraphDestroy(graph);
     ns += core::elapsed_ns(start);
-  });
+  };
+  try {
+    settler_.post(compress);
+  } catch (const std::exception&) {
+    compress();  // no thread to be had: here, then
+  }
 }
 
 void SharedExecutables::wait_settled() {

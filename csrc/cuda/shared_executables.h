@@ -14,9 +14,9 @@
 // A new graph joins a group whose topology key matches if the driver takes its parameters,
 // patched node by node into the executable it will replay in: the driver, not this file, decides
 // what may share. The graph is then read, and destroyed once its first launch is queued; only
-// its parameters stay, compressed then too (settle, on a worker thread: the host is the
-// bottleneck while a function captures, and this work would delay its next capture as much as
-// reading the graph does), so that a new shape's first launch waits for neither. Launching a member without a slot of its own
+// its parameters stay, compressed then too (settle; on a worker thread, since the host is the
+// bottleneck while a function captures and compressing on the caller's thread delayed its next
+// capture), so that a new shape's first launch waits for neither. Launching a member without a slot of its own
 // first patches the nodes whose parameters differ from what its slot holds. Patching never touches
 // launches already queued ("modifications only affect future launches"), so with the cache empty
 // (`cache_bytes` 0) memory stays one executable per topology.
@@ -135,10 +135,10 @@ class SharedExecutables {
   uint32_t join_grown(uint32_t index, const GraphContents& contents,
                       const core::UnionPlan& plan, const std::vector<core::Blob>& blobs,
                       cudaStream_t stream);
-  // Hands what joins leave until a launch has been queued to the worker (settler_): the new
-  // shapes' compression and the joined graphs' destruction. Called after a launch (launched)
-  // and before a join (add). The worker touches nothing else: the parameter tables of those
-  // shapes, and graphs nothing else holds.
+  // What joins leave until a launch has been queued: destroys the joined graphs and hands the new
+  // shapes' compression to the worker (settler_), which touches nothing but those shapes'
+  // parameter tables and makes no CUDA call. Called after a launch (launched) and before a join
+  // (add).
   void settle();
   // Waits until the worker has settled what it was handed: every method that reads or changes a
   // parameter table calls it first, so that no table is read while the worker writes it.

@@ -19,41 +19,24 @@ PyObject* interned(const char* name) {
 // A module's dict of parameters, buffers or submodules.
 enum class ModuleDict { kParameters, kBuffers, kModules };
 
-// A module's three dicts, read from the instance's __dict__, where Module.__init__ puts them: the
-// attribute lookup goes through Module's __getattr__ hook and the class's attributes first, at
-// several times the cost. The __dict__ is fetched once for the three.
-struct ModuleDicts {
-  py::object dicts[3];
-  const py::object& operator[](ModuleDict which) const { return dicts[static_cast<int>(which)]; }
-};
-
-ModuleDicts module_dicts(py::handle module) {
+py::object module_dict(py::handle module, ModuleDict which) {
   static PyObject* const names[] = {interned("_parameters"), interned("_buffers"),
                                     interned("_modules")};
-  ModuleDicts out;
+  PyObject* name = names[static_cast<int>(which)];
+  // Read from the instance's __dict__, where Module.__init__ puts them: the attribute lookup goes
+  // through Module's __getattr__ hook and the class's attributes first, at several times the cost.
   PyObject* instance_dict = PyObject_GenericGetDict(module.ptr(), nullptr);
-  if (instance_dict == nullptr) PyErr_Clear();  // no __dict__ (a ScriptModule's wrapper)
-  for (int i = 0; i < 3; ++i) {
-    if (instance_dict != nullptr) {
-      PyObject* found = PyDict_GetItemWithError(instance_dict, names[i]);  // borrowed
-      if (found != nullptr) {
-        out.dicts[i] = py::reinterpret_borrow<py::object>(found);
-        continue;
-      }
-      if (PyErr_Occurred()) {
-        Py_DECREF(instance_dict);
-        throw py::error_already_set();
-      }
-    }
-    PyObject* value = PyObject_GetAttr(module.ptr(), names[i]);  // asked as an attribute
-    if (value == nullptr) {
-      Py_XDECREF(instance_dict);
-      throw py::error_already_set();
-    }
-    out.dicts[i] = py::reinterpret_steal<py::object>(value);
+  if (instance_dict == nullptr) {
+    PyErr_Clear();  // no __dict__ (a ScriptModule's wrapper): asked as an attribute below
+  } else {
+    PyObject* found = PyDict_GetItemWithError(instance_dict, name);  // borrowed
+    Py_DECREF(instance_dict);
+    if (found != nullptr) return py::reinterpret_borrow<py::object>(found);
+    if (PyErr_Occurred()) throw py::error_already_set();
   }
-  Py_XDECREF(instance_dict);
-  return out;
+  PyObject* value = PyObject_GetAttr(module.ptr(), name);
+  if (value == nullptr) throw py::error_already_set();
+  return py::reinterpret_steal<py::object>(value);
 }
 
 struct Walk {
@@ -63,8 +46,9 @@ struct Walk {
   // The tensors of a module's dict `which` (_parameters or _buffers), in its order; None
   // skipped. False where it is no dict (a ScriptModule's wrappers): the walk cannot read this
   // module.
-  bool add(const py::object& dict, std::unordered_set<PyObject*>& seen,
+  bool add(py::handle module, ModuleDict which, std::unordered_set<PyObject*>& seen,
            std::vector<at::Tensor>& into) {
+    const py::object dict = module_dict(module, which);
     if (!PyDict_Check(dict.ptr())) return false;
     PyObject* key = nullptr;
     PyObject* value = nullptr;
@@ -79,12 +63,11 @@ struct Walk {
   // Module.named_modules' order: the module, then each submodule's walk in registration order.
   bool visit(py::handle module) {
     if (!modules.insert(module.ptr()).second) return true;
-    const ModuleDicts dicts = module_dicts(module);
-    if (!add(dicts[ModuleDict::kParameters], parameters, out.parameters) ||
-        !add(dicts[ModuleDict::kBuffers], buffers, out.buffers)) {
+    if (!add(module, ModuleDict::kParameters, parameters, out.parameters) ||
+        !add(module, ModuleDict::kBuffers, buffers, out.buffers)) {
       return false;
     }
-    const py::object& children = dicts[ModuleDict::kModules];
+    const py::object children = module_dict(module, ModuleDict::kModules);
     if (!PyDict_Check(children.ptr())) return false;
     PyObject* key = nullptr;
     PyObject* child = nullptr;

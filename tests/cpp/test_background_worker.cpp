@@ -1,5 +1,8 @@
 #include <gtest/gtest.h>
 
+#include <sys/wait.h>
+#include <unistd.h>
+
 #include <atomic>
 #include <chrono>
 #include <stdexcept>
@@ -72,4 +75,30 @@ TEST(BackgroundWorker, TheDestructorRunsWhatIsQueued) {
     }
   }
   EXPECT_EQ(ran.load(), 10);
+}
+
+TEST(BackgroundWorker, AForkedChildRunsTasksWhereTheyArePostedAndNeverWaits) {
+  auto* worker = new BackgroundWorker;
+  std::atomic<bool> release{false};
+  worker->post([&] {
+    while (!release) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  });
+  // Forked while the parent's thread runs a task: the child has no such thread.
+  const pid_t child = fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    alarm(10);  // a child that hangs dies of SIGALRM instead
+    int ran = 0;
+    worker->post([&] { ran = 1; });
+    worker->wait();
+    const bool ok = ran == 1 && worker->pending() == 0;
+    delete worker;
+    _exit(ok ? 0 : 1);
+  }
+  int status = 0;
+  ASSERT_EQ(waitpid(child, &status, 0), child);
+  EXPECT_TRUE(WIFEXITED(status)) << "the child hung or crashed";
+  EXPECT_EQ(WEXITSTATUS(status), 0);
+  release = true;
+  delete worker;
 }
