@@ -7,6 +7,14 @@ namespace grape::core {
 
 namespace {
 size_t align_up(size_t v, size_t a) { return (v + a - 1) & ~(a - 1); }
+
+// First fit's step over busy intervals taken in address order: true where `size` bytes fit in the
+// gap from `cursor` (aligned) to `begin`; else `cursor` moves past the interval's aligned end.
+bool fits_before(size_t begin, size_t end, size_t size, size_t alignment, size_t& cursor) {
+  if (begin >= cursor && begin - cursor >= size) return true;
+  cursor = std::max(cursor, align_up(end, alignment));
+  return false;
+}
 }  // namespace
 
 ArenaLayout::ArenaLayout(size_t capacity, size_t alignment)
@@ -59,8 +67,7 @@ std::optional<size_t> ArenaLayout::first_fit(size_t size) const {
       end = pin->second;
       ++pin;
     }
-    if (begin >= cursor && begin - cursor >= size) break;
-    cursor = std::max(cursor, align_up(end, alignment_));
+    if (fits_before(begin, end, size, alignment_, cursor)) break;
   }
   if (cursor > capacity_ || capacity_ - cursor < size) return std::nullopt;
   return cursor;
@@ -145,8 +152,7 @@ LayoutPlan plan_layout(const LayoutTrace& trace, size_t alignment) {
     std::sort(busy.begin(), busy.end());
     size_t cursor = 0;
     for (const auto& [begin, end] : busy) {
-      if (begin >= cursor && begin - cursor >= a.bytes) break;
-      cursor = std::max(cursor, align_up(end, alignment));
+      if (fits_before(begin, end, a.bytes, alignment, cursor)) break;
     }
     plan.placements[i] = {a.bytes, cursor};
     plan.extent = std::max(plan.extent, cursor + a.bytes);
