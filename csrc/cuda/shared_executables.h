@@ -16,10 +16,10 @@
 // what may share. The graph is then read, and destroyed once its first launch is queued; only
 // its parameters stay, compressed then too (settle; on a worker thread, since the host is the
 // bottleneck while a function captures and compressing on the caller's thread delayed its next
-// capture), so that a new shape's first launch waits for neither. Launching a member without a slot of its own
-// first patches the nodes whose parameters differ from what its slot holds. Patching never touches
-// launches already queued ("modifications only affect future launches"), so with the cache empty
-// (`cache_bytes` 0) memory stays one executable per topology.
+// capture), so that a new shape's first launch waits for neither. Launching a member without a
+// slot of its own first patches the nodes whose parameters differ from what its slot holds.
+// Patching never touches launches already queued ("modifications only affect future launches"),
+// so with the cache empty (`cache_bytes` 0) memory stays one executable per topology.
 // A graph of no group's topology may still join a group of a near one, whose graph becomes the
 // union of both (Note [Near topologies]).
 // Graphs that cannot be read (conditional or event nodes, kernels whose parameter layout the

@@ -289,7 +289,8 @@ CaptureContext Runtime::capture_context(FlatCall& flat) {
   pool_for(device);
   return CaptureContext{
       fn_, static_module_, flattener_, pool_, executables_, training_, hooks_, budget_,
-      function_warmup_runs_ > 0, [this](const FlatCall& f, size_t i, std::shared_ptr<InputBuffer>* buffer) {
+      function_warmup_runs_ > 0,
+      [this](const FlatCall& f, size_t i, std::shared_ptr<InputBuffer>* buffer) {
         return can_alias(f, i, buffer);
       }};
 }
