@@ -133,6 +133,19 @@ class RuntimeHooks:
         return self._capture_points.agree(signature, reason, out_of_memory)
 
     # --- captures ---------------------------------------------------------------------------------
+    def capture_cause(self, error: BaseException) -> str:
+        """Whether an exception the function raised while it was captured is the capture's doing,
+        by what Python knows of it (Note [Exceptions under capture] in csrc/core/capture_policy.h):
+        ``"compiler"`` where torch.compile raised it (it compiled inside the capture, which eager
+        never does), ``"predicated_body"`` where it left a predicated body (captured whatever its
+        condition, so eager may not have run it), ``""`` otherwise."""
+        if _predicate.raised_in_body(error):
+            return "predicated_body"
+        module = type(error).__module__ or ""
+        if module.startswith(("torch._dynamo", "torch._inductor")):
+            return "compiler"
+        return ""
+
     def pinned_host_constants(self) -> PinnedHostConstants:
         """The mode a capture of a signature that needs it runs under (Note [Host constants])."""
         return PinnedHostConstants()

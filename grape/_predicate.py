@@ -10,14 +10,14 @@ See docs/semantics.md, "Predication".
 from __future__ import annotations
 
 import sys
-from typing import Callable, Sequence
+from typing import Callable, Optional, Sequence
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from grape import _C, _distributed
 
-__all__ = ["Predicate", "PredicateError", "while_loop"]
+__all__ = ["Predicate", "PredicateError", "raised_in_body", "while_loop"]
 
 # Operator namespaces of torch.distributed's collectives (c10d's and the functional ones).
 _COLLECTIVE_NAMESPACES = ("c10d", "_c10d_functional", "c10d_functional")
@@ -47,6 +47,17 @@ class _CollectivesRefused(TorchDispatchMode):
         return func(*args, **(kwargs or {}))
 
 
+# Set on an exception that left a body under capture (Note [Exceptions under capture] in
+# csrc/core/capture_policy.h): the body was captured whatever its condition, so eager may not have
+# run the code that raised, and the call runs eagerly instead of raising.
+_RAISED_IN_BODY = "_grape_raised_in_predicated_body"
+
+
+def raised_in_body(error: BaseException) -> bool:
+    """Whether `error` left a grape.Predicate or grape.while_loop body while it was captured."""
+    return bool(getattr(error, _RAISED_IN_BODY, False))
+
+
 class _Body:
     """The capture of one predicated body: its conditional node's body, with collectives refused
     where this process is a rank of a process group."""
@@ -58,7 +69,12 @@ class _Body:
         if self._refused is not None:
             self._refused.__enter__()
 
-    def end(self) -> None:
+    def end(self, error: Optional[BaseException] = None) -> None:
+        if error is not None:
+            try:
+                setattr(error, _RAISED_IN_BODY, True)
+            except (AttributeError, TypeError):  # an exception type that takes no attributes
+                pass
         if self._refused is not None:
             self._refused.__exit__(None, None, None)
         self._branch.end_body()
@@ -168,7 +184,7 @@ class Predicate:
     def __exit__(self, exc_type, exc, tb) -> bool:
         self._state = "if done"
         if self._body is not None:
-            self._body.end()
+            self._body.end(exc)
             return False
         return self._host.__exit__(exc_type, exc, tb)
 
@@ -200,7 +216,7 @@ class _Otherwise:
 
     def __exit__(self, exc_type, exc, tb) -> bool:
         if self._body is not None:
-            self._body.end()
+            self._body.end(exc)
             return False
         return self._host.__exit__(exc_type, exc, tb)
 
@@ -229,6 +245,7 @@ def while_loop(cond_fn: Callable[..., torch.Tensor], body_fn: Callable[..., Sequ
             state = _checked_step(body_fn(*state), state)
     branch = _C.ConditionalBranch(cond_fn(*state), "while")
     body = _Body(branch, 0, "grape.while_loop")
+    error = None
     try:
         new = _checked_step(body_fn(*state), state)
         # A value that shares memory with another carried tensor is read before anything is
@@ -240,8 +257,11 @@ def while_loop(cond_fn: Callable[..., torch.Tensor], body_fn: Callable[..., Sequ
             if n is not s:
                 s.copy_(n)
         branch.set_condition(cond_fn(*state))
+    except BaseException as e:
+        error = e
+        raise
     finally:
-        body.end()
+        body.end(error)
     return state
 
 

@@ -32,6 +32,10 @@ TABLE: list[tuple[tuple[str, ...], str]] = [
      'what changed for the last recapture, else `None`'),
     (('capture_failures',),
      'captures that failed (the signature fell back, or warmed up to capture again)'),
+    (('raised_under_capture',),
+     "calls whose function raised its own exception while it was captured: the GPU work it "
+     'queued before the raise ran once, and the exception reached the caller (docs/semantics.md, '
+     '"Faults and threads")'),
     (('capture_seconds',),
      'wall time spent in successful captures'),
     (('warmup_seconds',),
@@ -129,9 +133,9 @@ TABLE: list[tuple[tuple[str, ...], str]] = [
     (('name',),
      "the function's qualified name (`Linear.forward` for a module)"),
     (('fallbacks',),
-     'list of `{"signature", "kind", "reason", "call_site"}`, one per reported fallback; `kind` names the reason\'s kind (`host_sync`, `pageable_copy`, `cpu_tensor`, `out_of_memory`, `unsupported_argument`, `results`, `capture_error`, `instantiation`, `other_rank`, `replay_refused`, `no_cuda`)'),
+     'list of `{"signature", "kind", "reason", "call_site"}`, one per reported fallback; `kind` names the reason\'s kind (`host_sync`, `pageable_copy`, `cpu_tensor`, `out_of_memory`, `unsupported_argument`, `results`, `capture_error`, `instantiation`, `other_rank`, `replay_refused`, `no_cuda`, `forked`)'),
     (('entries',),
-     'per signature: `{"signature", "state": "warmup" | "graph" | "eager", "kind", "reason", "replays", "chain_variants", "seconds"}` (`chain_variants`: the signature\'s variants held); `seconds` is what the signature cost on its way to replays: `warmup`, `capture` (every try, failed ones and chain variants included), and of it `read`, `join`, `instantiate` and `variants`'),
+     'per signature: `{"signature", "state": "warmup" | "graph" | "eager" | "deferred", "kind", "reason", "replays", "chain_variants", "nodes", "seconds"}` (`deferred`: its capture ran out of memory, and it runs eagerly until it is captured again; `chain_variants`: the signature\'s variants held; `nodes`: of its graph); `seconds` is what the signature cost on its way to replays: `warmup`, `capture` (every try, failed ones and chain variants included), and of it `read`, `join`, `instantiate` and `variants`'),
 ]
 
 KEYS: tuple[str, ...] = tuple(key for keys, _ in TABLE for key in keys)

@@ -11,6 +11,8 @@ NextTry next_try(TryResult result, ReasonKind failure, CaptureTries& tries) {
       if (tries.along_plan) return NextTry::kNone;
       tries.along_plan = true;
       return NextTry::kAlongPlan;
+    case TryResult::kRaised:
+      return NextTry::kNone;
     case TryResult::kFailed:
       break;
   }
@@ -36,11 +38,39 @@ AfterFailure after_failed_capture(const WarmupPolicy& policy, int signature_warm
   // Captured without a warm-up of its own (at first sight, or again after its static state
   // changed): lazy initialization for this signature (a new shape's workspace, a Python-side
   // cache) may be what failed.
+  if (failure == ReasonKind::kOutOfMemory) return AfterFailure::kRetryLater;
   const bool without_warmup = !policy.each_signature && policy.warmup > 0 && signature_warmups == 0;
-  const bool warmup_may_help =
-      failure != ReasonKind::kOutOfMemory && failure != ReasonKind::kUnsupportedArgument;
+  const bool warmup_may_help = failure != ReasonKind::kUnsupportedArgument;
   return without_warmup && warmup_may_help ? AfterFailure::kWarmUpAndRetry
                                            : AfterFailure::kFallBack;
+}
+
+namespace {
+
+// Whether a RuntimeError's text is about the capture: PyTorch's and CUDA's errors under capture
+// say so ("operation not permitted when stream is capturing", "during CUDA graph capture",
+// "called a synchronizing CUDA operation", "dependency created on uncaptured work in another
+// stream"), and so do grape's own, raised only under capture (a misplaced otherwise(), a
+// conditional node the driver lacks: "grape: ..."); an error of f's own rarely does.
+bool speaks_of_capture(const std::string& text) {
+  std::string lower(text);
+  for (char& c : lower) c = static_cast<char>(c >= 'A' && c <= 'Z' ? c - 'A' + 'a' : c);
+  for (const char* words : {"captur", "synchroniz", "graph replay", "cuda graph", "grape:"}) {
+    if (lower.find(words) != std::string::npos) return true;
+  }
+  return false;
+}
+
+}  // namespace
+
+ExceptionVerdict judge_capture_exception(const CaptureException& e) {
+  if (!e.is_exception || e.propagated) return {ExceptionAction::kPropagate, ReasonKind::kNone};
+  if (e.out_of_memory) return {ExceptionAction::kFallBack, ReasonKind::kOutOfMemory};
+  const bool capture_caused = !e.raised_by_function || e.capture_invalidated ||
+                              e.in_predicated_body || e.from_compiler ||
+                              (e.runtime_error && speaks_of_capture(e.text));
+  if (capture_caused) return {ExceptionAction::kFallBack, kind_of_capture_error(e.text)};
+  return {ExceptionAction::kRaiseAsEager, ReasonKind::kNone};
 }
 
 }  // namespace grape::core

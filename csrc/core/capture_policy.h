@@ -12,13 +12,18 @@
 //     is taken again once, after the executables and cached blocks were freed.
 //   - After a failed capture: a signature captured without a warm-up of its own runs eagerly once,
 //     as its warm-up, and is captured again at its next call, unless memory ran out (a warm-up
-//     does not help) or no graph can take its arguments; otherwise it falls back to eager.
+//     does not help) or no graph can take its arguments; otherwise it falls back to eager. One
+//     that ran out of memory runs eagerly and is captured again later (CaptureBackoff), since
+//     memory may be freed meanwhile.
+//   - An exception raised while f was captured: f's own reaches the caller, as in eager; one the
+//     capture caused falls back; an interrupt propagates (Note [Exceptions under capture]).
 //   - Which graph serves a call: a signature's graph, or one of its chain variants (graphs of the
 //     same signature whose placeholders are other graphs' outputs or site buffers), and when a
 //     variant is worth its capture (Note [Chain variants]).
 
 #include <cstddef>
 #include <cstdint>
+#include <string>
 
 #include "core/reasons.h"
 
@@ -50,7 +55,50 @@ enum class TryResult {
   kGraph,    // a graph, ready to replay
   kRetake,   // dropped before instantiation: take it again along its planned layout
   kFailed,   // failed, for the reason's kind
+  kRaised,   // f raised an exception of its own: it reaches the caller (Note [Exceptions under
+             // capture])
 };
+
+// Note [Exceptions under capture]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// f runs once per call, under capture as in eager, and an exception it raises reaches the caller
+// on the call that raised it. Under capture f's kernels were recorded, not run, so the graph
+// recorded up to the raise (the capture ended there) is launched once before the exception goes
+// on: the GPU work that came before it is done, as eager would have done it. The signature is not
+// marked as failed; its next call captures again.
+// Some exceptions are the capture's doing, not f's, and eager would not raise them: a host
+// synchronization, a CUDA error that ends the capture (an operation not permitted while
+// capturing, another stream's work joined in), torch.compile compiling inside the capture, a
+// collective or branch a predicated body cannot hold. Those fall back to eager as before (the
+// eager run raises what eager raises). A predicated body is captured whatever its condition, so
+// an exception leaving one may come from a branch eager would not take: it falls back too.
+// KeyboardInterrupt, SystemExit (any BaseException that is no Exception) and the errors the
+// hooks name (grape.RewriteError, grape.PredicateError) end the capture and propagate at once.
+// What grape knows of the exception, gathered where it was caught:
+struct CaptureException {
+  std::string text;                  // "Type: message", the message's first line
+  bool is_exception = true;          // false: KeyboardInterrupt, SystemExit, GeneratorExit
+  bool propagated = false;           // one of the errors the hooks let through
+  bool out_of_memory = false;        // torch.OutOfMemoryError or the arena's limit
+  bool runtime_error = false;        // a RuntimeError, as PyTorch and CUDA raise
+  bool from_compiler = false;        // raised by torch.compile (Dynamo, Inductor)
+  bool in_predicated_body = false;   // it left a grape.Predicate or while_loop body
+  bool capture_invalidated = false;  // CUDA had ended the capture when it reached grape
+  bool raised_by_function = true;    // false: grape's own work around f raised it
+};
+
+enum class ExceptionAction {
+  kPropagate,     // the capture is dropped and the exception goes on at once
+  kRaiseAsEager,  // f's own: the GPU work before it runs once, then it goes on
+  kFallBack,      // the capture's doing: the call runs eagerly, for `kind`
+};
+
+struct ExceptionVerdict {
+  ExceptionAction action = ExceptionAction::kFallBack;
+  ReasonKind kind = ReasonKind::kCaptureError;  // kFallBack
+};
+
+ExceptionVerdict judge_capture_exception(const CaptureException& e);
 
 // What a capture tried so far (one per capture, across its tries).
 struct CaptureTries {
@@ -65,7 +113,7 @@ enum class NextTry { kNone, kAlongPlan, kPinned, kAfterFreeingMemory };
 // kNone: the capture is done (a graph) or has failed for good.
 NextTry next_try(TryResult result, ReasonKind failure, CaptureTries& tries);
 
-enum class AfterFailure { kWarmUpAndRetry, kFallBack };
+enum class AfterFailure { kWarmUpAndRetry, kFallBack, kRetryLater };
 
 // Whether a capture first runs a small backward pass on its stream, outside the capture (once per
 // function): the autograd engine's lazy start (its device thread, that thread's cuBLAS handle and
@@ -78,9 +126,45 @@ enum class AfterFailure { kWarmUpAndRetry, kFallBack };
 bool prepares_backward(bool reachable, bool training, bool grad_enabled, bool warmed_up);
 
 // What a signature does after its capture failed for `failure`. `signature_warmups`: its warm-up
-// calls so far.
+// calls so far. Out of memory: this call runs eagerly (raising what eager raises where eager runs
+// out too) and the signature is captured again later (CaptureBackoff).
 AfterFailure after_failed_capture(const WarmupPolicy& policy, int signature_warmups,
                                   ReasonKind failure);
+
+// When a signature whose capture ran out of memory is captured again: memory may be freed at any
+// time (outputs dropped, another function's pool gone, empty_cache), and nothing tells. So it runs
+// eagerly for 0, 1, 3, 7, ... calls after each failure in a row, at most kMaxWait: a signature that
+// never fits costs a failed capture once in kMaxWait + 1 calls, and one that fits again captures
+// within twice the calls it waited last.
+class CaptureBackoff {
+ public:
+  static constexpr int64_t kMaxWait = 63;
+  // Its capture ran out of memory (again).
+  void failed() {
+    remaining_ = wait_;
+    wait_ = wait_ * 2 + 1 > kMaxWait ? kMaxWait : wait_ * 2 + 1;
+    deferred_ = true;
+  }
+  // A call of the signature: whether it runs eagerly, still waiting.
+  bool waits() {
+    if (remaining_ == 0) return false;
+    --remaining_;
+    return true;
+  }
+  // A capture succeeded: the next failure starts the waits anew.
+  void succeeded() {
+    wait_ = 0;
+    remaining_ = 0;
+    deferred_ = false;
+  }
+  // Whether the signature's last capture ran out of memory.
+  bool deferred() const { return deferred_; }
+
+ private:
+  int64_t wait_ = 0;
+  int64_t remaining_ = 0;
+  bool deferred_ = false;
+};
 
 // Note [Chain variants]
 // A signature first captured with the caller's tensors copies its inputs at every replay, even
@@ -130,6 +214,16 @@ struct CopyCost {
   static int64_t of(size_t bytes, bool launched_anyway) {
     return (launched_anyway ? 0 : kLaunchNs) + static_cast<int64_t>(bytes) / kBytesPerNs;
   }
+};
+
+// What a capture of `nodes` graph nodes costs, as VariantRent charges it: an estimate from the
+// graph's size, not a measurement, so that when a variant is bought does not depend on the card or
+// its load (a measured cost made a test's outcome depend on both). Near what captures cost on an
+// H100 or H200, the function's launches included (docs/results.md, "Figures behind design rules").
+struct CaptureCost {
+  static constexpr int64_t kFixedNs = 200000;
+  static constexpr int64_t kPerNodeNs = 20000;
+  static int64_t of(size_t nodes) { return kFixedNs + static_cast<int64_t>(nodes) * kPerNodeNs; }
 };
 
 // A signature's next chain variant, bought like a rental (Note [Chain variants]).

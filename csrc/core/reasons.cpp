@@ -6,6 +6,7 @@ const char* reason_kind_name(ReasonKind kind) {
   switch (kind) {
     case ReasonKind::kNone: return "none";
     case ReasonKind::kNoCuda: return "no_cuda";
+    case ReasonKind::kForked: return "forked";
     case ReasonKind::kUnsupportedArgument: return "unsupported_argument";
     case ReasonKind::kHostSync: return "host_sync";
     case ReasonKind::kPageableCopy: return "pageable_copy";

@@ -13,6 +13,7 @@ namespace grape::core {
 enum class ReasonKind {
   kNone,                 // no reason: nothing failed
   kNoCuda,               // no CUDA device, or grape built without CUDA
+  kForked,               // a process forked from one that used CUDA: its CUDA state is the parent's
   kUnsupportedArgument,  // an argument no graph can take (a type, tensors on several devices)
   kHostSync,             // a host synchronization under capture (.item(), a data-dependent shape,
                          // a tensor condition the rewriter left to the host)

@@ -4,6 +4,7 @@
 #include <torch/csrc/autograd/python_variable.h>
 
 #include "core/replay_plan.h"
+#include "torch/call_lock.h"
 #include "torch/module_tensors.h"
 #include "torch/pytree.h"
 #include "torch/side_effects.h"
@@ -21,6 +22,13 @@ namespace py = pybind11;
 using grape::Runtime;
 
 namespace {
+
+// The call lock as a context manager, for tests of its contract (Note [One compiled call at a
+// time]): `with _C._CallLock() as held:`.
+struct CallLockContext {
+  bool unless_busy = false;
+  std::unique_ptr<grape::CallLock> lock;
+};
 
 // Runtime references Python objects (the function, a module that may reference the compiled
 // function back); let the garbage collector see them so such cycles are collected.
@@ -61,6 +69,19 @@ PYBIND11_MODULE(_C, m) {
       .def("_runtime_stats", &Runtime::stats)
       .def("_entries", &Runtime::entries)
       .def("reset", &Runtime::reset, "Drops every captured graph; the next calls warm up again.");
+
+  py::class_<CallLockContext>(m, "_CallLock",
+                              "The lock every compiled call holds (tests of its contract).")
+      .def(py::init([](bool unless_busy) { return CallLockContext{unless_busy, nullptr}; }),
+           py::arg("unless_busy") = false)
+      .def("__enter__",
+           [](CallLockContext& c) {
+             c.lock = std::make_unique<grape::CallLock>(c.unless_busy);
+             return c.lock->held();
+           })
+      .def("__exit__", [](CallLockContext& c, const py::args&) { c.lock.reset(); });
+  m.def("_call_lock_held", &grape::CallLock::held_by_this_thread,
+        "Whether this thread holds the call lock.");
 
 #ifdef GRAPE_WITH_CUDA
   m.def(

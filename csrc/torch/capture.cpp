@@ -13,6 +13,7 @@
 #include "core/clock.h"
 #include "torch/allocator_hook.h"
 #include "torch/python_scopes.h"
+#include "torch/replay.h"
 #include "torch/side_effects.h"
 
 namespace grape {
@@ -33,28 +34,12 @@ namespace allocator = c10::cuda::CUDACachingAllocator;
 // function again, inside the capture, where compiling fails (a Hugging Face generate whose prompt
 // runs eagerly and whose decode steps run compiled code is such a function).
 
-class SyncDebugModeGuard {
- public:
-  SyncDebugModeGuard() : previous_(c10::cuda::warning_state().get_sync_debug_mode()) {
-    c10::cuda::warning_state().set_sync_debug_mode(c10::cuda::SyncDebugMode::L_ERROR);
-  }
-  ~SyncDebugModeGuard() { c10::cuda::warning_state().set_sync_debug_mode(previous_); }
-  SyncDebugModeGuard(const SyncDebugModeGuard&) = delete;
-  SyncDebugModeGuard& operator=(const SyncDebugModeGuard&) = delete;
-
- private:
-  c10::cuda::SyncDebugMode previous_;
-};
-
 // The arena's trace of a capture's allocations (Note [Planned capture layouts]), from the start of
 // the captured region until the blocks held to its end are freed; ended on every way out.
 class LayoutTrace {
  public:
   explicit LayoutTrace(GraphArena& arena) : arena_(arena) {}
-  // A capture that did not reach end() failed part-way: what it allocated predicts nothing.
-  ~LayoutTrace() {
-    if (begun_) (void)arena_.end_capture(nullptr, /*completed=*/false);
-  }
+  ~LayoutTrace() { abandon(); }
   LayoutTrace(const LayoutTrace&) = delete;
   LayoutTrace& operator=(const LayoutTrace&) = delete;
   void begin(const std::vector<core::LayoutPlan>& follow) {
@@ -66,6 +51,12 @@ class LayoutTrace {
     if (!begun_) return {};
     begun_ = false;
     return arena_.end_capture(survivors);
+  }
+  // A capture that did not reach end() failed part-way: what it allocated predicts nothing.
+  void abandon() {
+    if (!begun_) return;
+    begun_ = false;
+    (void)arena_.end_capture(nullptr, /*completed=*/false);
   }
 
  private:
@@ -98,25 +89,32 @@ class CaptureScope {
   std::optional<at::cuda::CUDAStreamGuard> on_capture_stream_;
 };
 
-// Ends a capture that failed part-way and puts the allocator's pool bookkeeping back where it was.
-// Torch versions differ in how much of this CUDAGraph::reset() does itself, so we compare the
-// pool's use count with its value before the capture rather than assume either.
+cudaStreamCaptureStatus capture_status(cudaStream_t stream) {
+  cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+  if (cudaStreamIsCapturing(stream, &status) != cudaSuccess) (void)cudaGetLastError();
+  return status;
+}
+
+// Ends a capture that failed part-way and puts PyTorch's state back where it was before it: no
+// stream capturing, the generators out of capture mode (Note [Generators of a failed capture]),
+// the caching allocator's and the pinned-host allocator's pool bookkeeping balanced. Torch
+// versions differ in how much of this CUDAGraph::capture_end and reset() do themselves, so we
+// compare the pool's use count with its value before the capture rather than assume either. The
+// capture stream is ours alone while the call lock is held (Note [One compiled call at a time]).
 void abort_capture(std::unique_ptr<ReplayGraph>& graph, GraphPool& pool, int use_count_before) {
   cudaStream_t stream = pool.capture_stream().stream();
-  cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
-  (void)cudaStreamIsCapturing(stream, &status);
-  if (status != cudaStreamCaptureStatusNone) {
+  if (capture_status(stream) != cudaStreamCaptureStatusNone) {
     try {
       graph->capture_end();
     } catch (const std::exception&) {
     }
-    (void)cudaStreamIsCapturing(stream, &status);
-    if (status != cudaStreamCaptureStatusNone) {
+    if (capture_status(stream) != cudaStreamCaptureStatusNone) {
       cudaGraph_t partial = nullptr;
       (void)cudaStreamEndCapture(stream, &partial);
       if (partial != nullptr) (void)cudaGraphDestroy(partial);
     }
   }
+  graph->abandon_capture();
   (void)cudaGetLastError();  // capture errors are not sticky; clear the last one
   graph.reset();
   if (pool.allocator_use_count() > use_count_before) {
@@ -125,6 +123,23 @@ void abort_capture(std::unique_ptr<ReplayGraph>& graph, GraphPool& pool, int use
     } catch (const std::exception&) {
     }
     pool.release_to(use_count_before);
+  }
+  pool.end_host_recording();
+}
+
+// Ends the capture of a function that raised, keeping what it recorded up to the raise (Note
+// [Exceptions under capture]); false where the capture cannot end cleanly.
+bool end_partial_capture(ReplayGraph& graph) {
+  // An empty graph (f raised before queueing work) is no news worth PyTorch's warning.
+  struct Quiet : c10::WarningHandler {
+    void process(const c10::Warning&) override {}
+  } quiet;
+  c10::WarningUtils::WarningHandlerGuard no_warnings(&quiet);
+  try {
+    graph.capture_end();
+    return true;
+  } catch (const std::exception&) {
+    return false;
   }
 }
 
@@ -240,6 +255,9 @@ CaptureOutcome capture(const CaptureContext& context, FlatCall& flat, bool pin_h
   std::vector<std::shared_ptr<InputBuffer>> buffers(flat.tensors.size());
   CapturedResults captured_results;
   int64_t function_ns = 0;
+  // f's own exception (Note [Exceptions under capture]): what it recorded before raising runs once,
+  // once the capture's scope is left, and the exception goes on.
+  std::shared_ptr<py::error_already_set> raised;
   LayoutTrace layout_trace(arena);
   {
     CaptureScope scope(pool);
@@ -268,9 +286,19 @@ CaptureOutcome capture(const CaptureContext& context, FlatCall& flat, bool pin_h
         leaves.push_back(py::reinterpret_steal<py::object>(THPVariable_Wrap(placeholders.back())));
       }
     }
-    // A host synchronization inside the function raises before it reaches CUDA (which would
-    // invalidate the capture and leave the RNG in capture mode on older torch).
-    SyncDebugModeGuard raise_on_sync;
+    // Before any allocation route: the generator's first registration allocates (Note
+    // [Generators of a failed capture]).
+    try {
+      graph->register_generators(pool.device());
+    } catch (const c10::OutOfMemoryError& e) {
+      return failed(core::ReasonKind::kOutOfMemory,
+                    std::string("capture failed: ") + e.what_without_backtrace());
+    } catch (const std::exception& e) {
+      return failed(core::ReasonKind::kCaptureError, std::string("capture failed: ") + e.what());
+    }
+    // A host synchronization inside f fails in CUDA, which ends the capture, and the call runs
+    // eagerly. PyTorch's sync debug mode would say so sooner, but it is one setting for the whole
+    // process, and would make other threads' synchronizations raise while this thread captures.
     // The backward pass of a training step allocates from the autograd engine's device thread.
     AllocationRoute to_arena(arena, stream, /*placeholders=*/false, /*for_all_threads=*/true);
     // f runs on the caller's argument objects, placeholders set in them; they are put back as
@@ -278,8 +306,11 @@ CaptureOutcome capture(const CaptureContext& context, FlatCall& flat, bool pin_h
     CaptureEffects record_state(flat.records);
     UnflattenLog log;
     CapturedResults& r = captured_results;
+    bool in_function = false;  // an exception now is f's (or the capture's), not grape's
     try {
-      graph->capture_begin(pool.id(), cudaStreamCaptureModeGlobal);
+      // Thread-local: other threads' eager work neither fails nor ends the capture (Note [One
+      // compiled call at a time]).
+      graph->capture_begin(pool.id(), cudaStreamCaptureModeThreadLocal);
       // From here on, what f allocates: the placeholders and what capture_begin makes (the RNG's
       // seed and offset, which replays write from the host) are laid out already.
       layout_trace.begin(follow);
@@ -288,8 +319,10 @@ CaptureOutcome capture(const CaptureContext& context, FlatCall& flat, bool pin_h
         std::optional<EnteredContext> pinned;
         if (!host_constants.is_none()) pinned.emplace(host_constants);
         const auto function_start = core::Clock::now();
+        in_function = true;
         r.result = call_python(context.fn, py::reinterpret_borrow<py::args>(call[0]),
                                py::reinterpret_borrow<py::kwargs>(call[1]));
+        in_function = false;
         function_ns = core::elapsed_ns(function_start);
       }
       graph->capture_end();
@@ -309,14 +342,32 @@ CaptureOutcome capture(const CaptureContext& context, FlatCall& flat, bool pin_h
       }
     } catch (py::error_already_set& e) {
       r.result = py::none();
-      // The capture ends before any more Python runs (a failing __str__ must not leave it open).
-      abort_capture(graph, pool, use_count_before);
-      if (!e.matches(PyExc_Exception) || context.hooks.propagates(e)) throw;  // not a reason to run eagerly
-      const std::string text = python_error_text(e);
-      const bool out_of_memory = e.matches(py::module_::import("torch").attr("OutOfMemoryError"));
-      return failed(out_of_memory ? core::ReasonKind::kOutOfMemory
-                                  : core::kind_of_capture_error(text),
-                    "capture failed: " + text, e.value());
+      // The capture ends before any more Python runs (a failing __str__ must not leave it open):
+      // where f raised into a capture CUDA still holds, with what f recorded kept.
+      const bool invalidated = capture_status(stream) == cudaStreamCaptureStatusInvalidated;
+      const bool kept = in_function && !invalidated && end_partial_capture(*graph);
+      if (!kept) abort_capture(graph, pool, use_count_before);
+      core::CaptureException facts;
+      facts.text = python_error_text(e);
+      facts.is_exception = e.matches(PyExc_Exception);
+      facts.propagated = context.hooks.propagates(e);
+      facts.out_of_memory = e.matches(py::module_::import("torch").attr("OutOfMemoryError"));
+      facts.runtime_error = e.matches(PyExc_RuntimeError);
+      facts.capture_invalidated = invalidated;
+      facts.raised_by_function = in_function;
+      if (facts.is_exception && !facts.propagated) {
+        const std::string cause = context.hooks.capture_cause(e);
+        facts.from_compiler = cause == "compiler";
+        facts.in_predicated_body = cause == "predicated_body";
+      }
+      const core::ExceptionVerdict verdict = core::judge_capture_exception(facts);
+      if (verdict.action == core::ExceptionAction::kRaiseAsEager && kept) {
+        raised = std::make_shared<py::error_already_set>(std::move(e));
+      } else {
+        if (kept) pool.destroy_graph(graph);
+        if (verdict.action != core::ExceptionAction::kFallBack) throw;
+        return failed(verdict.kind, "capture failed: " + facts.text, e.value());
+      }
     } catch (const c10::OutOfMemoryError& e) {
       r.result = py::none();
       abort_capture(graph, pool, use_count_before);
@@ -330,9 +381,32 @@ CaptureOutcome capture(const CaptureContext& context, FlatCall& flat, bool pin_h
     }
   }
 
+  if (raised) {
+    // The records and gradients are as before the call, the capture stream's scope is left, and
+    // the work runs on the caller's stream.
+    layout_trace.abandon();
+    std::vector<PartialInput> inputs;
+    for (size_t i = 0; i < placeholders.size(); ++i) {
+      inputs.push_back({placeholders[i].data_ptr(), span_bytes(placeholders[i]),
+                        placeholders[i]._version() != versions[i], chained[i] || buffers[i]});
+    }
+    const std::string not_run = replay_partial(*graph, inputs, flat, pool);
+    pool.destroy_graph(graph);
+    if (!not_run.empty()) {
+      const std::string message = "grape: the function raised while it was captured, and the GPU "
+                                  "work it queued before raising could not be run: " + not_run;
+      if (PyErr_WarnEx(PyExc_RuntimeWarning, message.c_str(), 1) != 0) PyErr_Clear();
+    }
+    CaptureOutcome outcome;
+    outcome.result = core::TryResult::kRaised;
+    outcome.raised = std::move(raised);
+    return outcome;
+  }
+
   pool.hold_for_graph(use_count_before);
   auto captured = std::make_unique<CapturedGraph>();
   captured->pool = context.pool;
+  captured->nodes = graph->node_count();
   captured->graph = std::move(graph);  // destroyed with `captured` wherever the graph is refused
   std::vector<core::AddressRange> survivors;
   std::vector<core::LayoutPlan> plan = layout_trace.end(&survivors);
@@ -357,8 +431,13 @@ CaptureOutcome capture(const CaptureContext& context, FlatCall& flat, bool pin_h
         captured->graph->release_graph(), at::cuda::getCurrentCUDAStream(pool.device()).stream());
     captured->executables = context.executables;
   } catch (const std::exception& e) {
-    return failed(core::ReasonKind::kInstantiation,
-                  std::string("instantiating the captured graph failed: ") + e.what());
+    // The driver's memory for executables is the device's: out of it, the signature waits for
+    // memory as a capture that ran out does (Note [Capture policy]).
+    const std::string text = e.what();
+    const bool out_of_memory = dynamic_cast<const c10::OutOfMemoryError*>(&e) != nullptr ||
+                               text.find("out of memory") != std::string::npos;
+    return failed(out_of_memory ? core::ReasonKind::kOutOfMemory : core::ReasonKind::kInstantiation,
+                  "instantiating the captured graph failed: " + text);
   }
   CaptureOutcome outcome;
   outcome.function_ns = function_ns;

@@ -45,6 +45,9 @@ struct CaptureOutcome {
   std::unique_ptr<CapturedGraph> graph;  // kGraph
   core::Reason reason;                   // kFailed
   py::object error = py::none();         // kFailed: the exception f raised, or None
+  // kRaised: f's own exception, to go on to the caller; the work f queued before it has been
+  // launched where it could be (Note [Exceptions under capture]).
+  std::shared_ptr<py::error_already_set> raised;
   // kRetake: the layout to capture along (Note [Planned capture layouts]); the graph was dropped
   // before instantiation and its blocks are free.
   std::vector<core::LayoutPlan> plan;
@@ -57,7 +60,10 @@ struct CaptureOutcome {
 // Captures f on `flat` (flattened with its spec, so placeholders can stand in for its tensors).
 // `pin_host_constants`: f runs under the hooks' PinnedHostConstants (Note [Host constants]).
 // `follow`: the layout to place the capture's allocations along (empty: first fit).
-// KeyboardInterrupt, SystemExit and the propagated error types reach the caller as exceptions.
+// KeyboardInterrupt, SystemExit and the propagated error types reach the caller as exceptions, the
+// capture dropped; an exception of f's own ends the try with kRaised (Note [Exceptions under
+// capture]). Whatever ends a capture early leaves PyTorch's and CUDA's state as it was (no stream
+// capturing, the generators out of capture mode, the allocators' pools balanced).
 CaptureOutcome capture(const CaptureContext& context, FlatCall& flat, bool pin_host_constants,
                        const std::vector<core::LayoutPlan>& follow);
 

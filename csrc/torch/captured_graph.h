@@ -59,6 +59,7 @@ struct CapturedGraph {
 
   std::shared_ptr<GraphPool> pool;  // outlives the graph
   std::unique_ptr<ReplayGraph> graph;
+  size_t nodes = 0;  // of the captured graph (core::CaptureCost)
   // The executable that replays it, shared with the graphs of its topology.
   std::shared_ptr<cuda::SharedExecutables> executables;
   cuda::SharedExecutables::Member member;

@@ -98,7 +98,7 @@ void ConditionalBranch::begin_body(int index) {
     stream = c10::cuda::getStreamFromPool(false, parent_stream_.device_index());
   }
   C10_CUDA_CHECK(cudaStreamBeginCaptureToGraph(stream.stream(), node_.bodies[index], nullptr,
-                                               nullptr, 0, cudaStreamCaptureModeGlobal));
+                                               nullptr, 0, cudaStreamCaptureModeThreadLocal));
   body_stream_ = stream;
   body_ = index;
   // Allocations of the body come from the arena of the capture around it.

@@ -6,6 +6,7 @@
 #include <cuda.h>
 #include <c10/util/Exception.h>
 
+#include "core/forked.h"
 #include "cuda/driver.h"
 #include "torch/capture_state.h"
 
@@ -77,6 +78,7 @@ GraphArena::GraphArena(c10::DeviceIndex device) : device_(device) {
 }
 
 GraphArena::~GraphArena() {
+  if (core::forked_child()) return;  // the parent's mappings, left to the process's end
   try {
     c10::cuda::CUDAGuard guard(device_);
     // Replays that use this memory may still be queued.

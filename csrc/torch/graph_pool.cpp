@@ -7,12 +7,16 @@
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/util/Exception.h>
 
-#include "cuda/batched_copy.h"
-#include "torch/torch_version.h"
+#include <ATen/cuda/CUDAGeneratorImpl.h>
 
 #include <algorithm>
 #include <mutex>
+#include <type_traits>
 #include <utility>
+
+#include "core/forked.h"
+#include "cuda/batched_copy.h"
+#include "torch/torch_version.h"
 
 namespace grape {
 
@@ -104,6 +108,7 @@ GraphPool::GraphPool(c10::DeviceIndex device)
 }
 
 GraphPool::~GraphPool() {
+  if (core::forked_child()) return;  // the parent's CUDA state, left to the process's end
   // Destructors must not throw: report CUDA failures as warnings.
   try {
     c10::cuda::CUDAGuard guard(device_);
@@ -135,11 +140,100 @@ void GraphPool::hold_for_graph(int before) {
   }
 }
 
+void GraphPool::end_host_recording() {
+#if GRAPE_TORCH_AT_LEAST(2, 11)
+  try {
+    at::getHostAllocator(at::kCUDA)->end_allocate_to_pool(id_);
+  } catch (const std::exception&) {
+    // Not recording: the capture ended it, or never began it.
+  }
+#endif
+}
+
 void GraphPool::destroy_graph(std::unique_ptr<ReplayGraph>& graph) {
   if (!graph) return;
   const int before = allocator_use_count();
   graph.reset();
   if (allocator_use_count() == before) allocator::releasePool(device_, id_);
+}
+
+namespace {
+
+// Note [Generators of a failed capture]
+// Where PyTorch's CUDA generator state keeps a registry of graphs and one capture flag
+// (CUDAGeneratorState::registered_graphs_ and capturing_, torch 2.11), CUDAGraph::capture_begin
+// registers the device's default generator with the graph and sets the flag, capture_end clears
+// it, and ~CUDAGraph unregisters, throwing where the graph is not registered. A capture that fails
+// part-way can leave the flag set (every later random op outside a capture then raises "Offset
+// increment outside graph capture encountered unexpectedly") or the graph half-registered (its
+// destructor throws, and the process ends): the first registration allocates the generator's
+// graph-safe seed and offset, and inside a capture's allocation route that allocation comes from
+// the arena, which a memory budget may refuse. So ReplayGraph registers the generator itself
+// before the route begins, clears the flag where a capture did not end, and unregisters without
+// throwing. Where the state keeps its capture state per capture (torch 2.13 and later), reset()
+// removes it and nothing here applies.
+template <typename State, typename = void>
+struct KeepsGraphRegistry : std::false_type {};
+template <typename State>
+struct KeepsGraphRegistry<State, std::void_t<decltype(std::declval<State&>().registered_graphs_),
+                                             decltype(std::declval<State&>().capturing_)>>
+    : std::true_type {};
+
+template <typename Impl>
+void register_with(const at::Generator& generator, at::cuda::CUDAGraph* graph) {
+  if constexpr (KeepsGraphRegistry<at::CUDAGeneratorState>::value) {
+    at::check_generator<Impl>(generator)->register_graph(graph);
+  }
+}
+
+// CUDAGeneratorState's methods are not exported from libtorch, only its fields are public: what
+// capture_epilogue and unregister_graph do to them is done here.
+template <typename State>
+void end_capture_mode(State& state) {
+  if constexpr (KeepsGraphRegistry<State>::value) state.capturing_ = false;
+}
+
+// Unregisters `graph` from every state it holds and forgets them, so that ~CUDAGraph finds none;
+// returns whether it did (not where states are kept per capture: reset() removes those).
+template <typename States>
+bool unregister_quietly(States& states, at::cuda::CUDAGraph* graph) {
+  using State = typename States::key_type::element_type;
+  if constexpr (KeepsGraphRegistry<State>::value) {
+    for (auto& entry : states) {
+      State& state = *entry.first;
+      if (state.registered_graphs_.erase(graph) == 0 || !state.registered_graphs_.empty()) {
+        continue;
+      }
+      state.seed_extragraph_.reset();  // the last graph gone: the graph-safe seed and offset too
+      state.offset_extragraph_.reset();
+    }
+    states.clear();
+    return true;
+  }
+  return false;
+}
+
+}  // namespace
+
+ReplayGraph::~ReplayGraph() {
+  detach();
+  (void)unregister_quietly(captured_generator_states_, this);
+  // A forked child has no CUDA context of its parent's: the graph is left to the process's end.
+  if (core::forked_child()) has_graph_ = false;
+}
+
+void ReplayGraph::register_generators(c10::DeviceIndex device) {
+  register_with<at::CUDAGeneratorImpl>(at::cuda::detail::getDefaultCUDAGenerator(device), this);
+}
+
+void ReplayGraph::abandon_capture() {
+  for (auto& entry : captured_generator_states_) end_capture_mode(*entry.first);
+}
+
+size_t ReplayGraph::node_count() const {
+  size_t nodes = 0;
+  if (has_graph_) C10_CUDA_CHECK(cudaGraphGetNodes(graph_, nullptr, &nodes));
+  return nodes;
 }
 
 cudaGraph_t ReplayGraph::release_graph() {
@@ -155,6 +249,19 @@ void ReplayGraph::launch(cudaGraphExec_t exec) {
     ReplayGraph& graph;
     ~Detach() { graph.detach(); }
   } detach_after{*this};
+  replay();
+}
+
+void ReplayGraph::launch_once() {
+  instantiate();
+  struct DestroyExecutable {
+    ReplayGraph& graph;
+    // Launches in flight finish first: the driver frees a launched executable once it has run.
+    ~DestroyExecutable() {
+      C10_CUDA_CHECK_WARN(cudaGraphExecDestroy(graph.graph_exec_));
+      graph.detach();
+    }
+  } destroy_after{*this};
   replay();
 }
 

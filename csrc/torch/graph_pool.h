@@ -32,19 +32,30 @@ namespace grape {
 // A captured CUDAGraph whose executable lives in a SharedExecutables (Note [Shared executables]).
 // It keeps what a replay needs from PyTorch, the RNG states registered during its capture and the
 // reference to the pool, and hands its cudaGraph_t over. Captured with keep_graph, so capture_end
-// does not instantiate.
+// does not instantiate. A failed capture leaves PyTorch's generators as they were, and the
+// destructor never throws (Note [Generators of a failed capture]).
 class ReplayGraph : public at::cuda::CUDAGraph {
  public:
   ReplayGraph() : at::cuda::CUDAGraph(/*keep_graph=*/true) {}
   // The executable is not ours: CUDAGraph's destructor must not destroy it.
-  ~ReplayGraph() { detach(); }
+  ~ReplayGraph();
   ReplayGraph(const ReplayGraph&) = delete;
   ReplayGraph& operator=(const ReplayGraph&) = delete;
 
+  // Before capture_begin, with `device`'s capture stream current and no allocation route active:
+  // registers the device's default generator with this graph, as capture_begin would.
+  void register_generators(c10::DeviceIndex device);
+  // After a capture that did not reach its end: takes the generators out of capture mode.
+  void abandon_capture();
+  // The captured graph's node count (after capture_end).
+  size_t node_count() const;
   // The captured graph; the caller owns it from here on.
   cudaGraph_t release_graph();
   // PyTorch's replay (RNG offsets advanced for the registered generators), launching `exec`.
   void launch(cudaGraphExec_t exec);
+  // Launches the captured graph once, from an executable of its own, destroyed once it has run
+  // (the work a capture recorded before f raised, Note [Exceptions under capture]).
+  void launch_once();
 
  private:
   void detach() {
@@ -78,6 +89,10 @@ class GraphPool : public std::enable_shared_from_this<GraphPool> {
   void hold_for_graph(int before);
   // ...and to destroy a captured graph.
   void destroy_graph(std::unique_ptr<ReplayGraph>& graph);
+  // After a capture that failed before its end: the pinned-host allocator stops sending this
+  // pool's captures their allocations, as capture_end would have it (a second capture of the pool
+  // is refused while it does).
+  void end_host_recording();
 
   // Re-reads the address ranges of the pool's memory: the arena's lanes and the private pool's
   // segments (after a capture grew them).

@@ -1,5 +1,7 @@
 #include "torch/python_hooks.h"
 
+#include <string>
+
 namespace grape {
 
 void PythonHooks::report_fallback(const std::string& signature, const core::Reason& reason,
@@ -24,6 +26,11 @@ std::optional<std::pair<std::string, bool>> PythonHooks::agree(const std::string
 
 bool PythonHooks::propagates(const py::error_already_set& error) const {
   return !hooks_.is_none() && error.matches(hooks_.attr("propagated_errors"));
+}
+
+std::string PythonHooks::capture_cause(const py::error_already_set& error) const {
+  if (hooks_.is_none()) return "";
+  return hooks_.attr("capture_cause")(error.value()).cast<std::string>();
 }
 
 py::object PythonHooks::pinned_host_constants() const {

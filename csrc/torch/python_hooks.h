@@ -34,6 +34,10 @@ class PythonHooks {
   // Whether a capture lets `error` through to the caller instead of falling back to eager (a
   // branch the rewriter cannot predicate, a collective in a predicated body: the user's to fix).
   bool propagates(const py::error_already_set& error) const;
+  // Where an exception f raised under capture comes from the capture's own doing, as Python
+  // knows it (Note [Exceptions under capture]): "compiler" (torch.compile compiling inside the
+  // capture), "predicated_body" (it left a grape.Predicate or while_loop body), or "".
+  std::string capture_cause(const py::error_already_set& error) const;
   // A new PinnedHostConstants mode (Note [Host constants]); its `kept` holds the pinned tensors.
   py::object pinned_host_constants() const;
 

@@ -35,6 +35,45 @@ void enforce_memory_budget(const core::MemoryBudget& budget, const GraphPool& po
   executables.evict_to(for_executables, keep);
 }
 
+std::string replay_partial(ReplayGraph& graph, const std::vector<PartialInput>& inputs,
+                           const FlatCall& flat, GraphPool& pool) {
+  if (graph.node_count() == 0) return "";  // f raised before queueing any work
+  // A changed input written back over another input would not be what eager left.
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    if (!inputs[i].mutated || inputs[i].in_place) continue;
+    const core::AddressRange written = core::make_range(flat.tensors[i].data_ptr(), inputs[i].bytes);
+    for (size_t j = 0; j < inputs.size(); ++j) {
+      if (j != i && written.overlaps(core::make_range(flat.tensors[j].data_ptr(), inputs[j].bytes))) {
+        return "argument " + std::to_string(i) + ", changed in place, shares memory with argument " +
+               std::to_string(j);
+      }
+    }
+  }
+  c10::cuda::CUDAGuard device_guard(pool.device());
+  cudaStream_t stream = at::cuda::getCurrentCUDAStream(pool.device()).stream();
+  std::vector<cuda::CopySegment> copy_in, copy_back;
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    const PartialInput& input = inputs[i];
+    if (input.in_place || input.bytes == 0) continue;
+    copy_in.push_back({flat.tensors[i].data_ptr(), input.placeholder, input.bytes});
+    if (input.mutated) copy_back.push_back({input.placeholder, flat.tensors[i].data_ptr(), input.bytes});
+  }
+  try {
+    if (!copy_in.empty()) C10_CUDA_CHECK(cuda::launch_batched_copy(copy_in, stream));
+    graph.launch_once();
+    if (!copy_back.empty()) C10_CUDA_CHECK(cuda::launch_batched_copy(copy_back, stream));
+    // What the graph reads goes once the caller has the exception (its placeholders, and the
+    // generator's graph-safe seed where this was the generator's last graph): a rare path, so it
+    // waits for the work rather than keep them.
+    C10_CUDA_CHECK(cudaStreamSynchronize(stream));
+  } catch (const c10::Error& e) {
+    return e.what_without_backtrace();
+  } catch (const std::exception& e) {
+    return e.what();
+  }
+  return "";
+}
+
 ReplayOutcome replay(const CapturedGraph& g, FlatCall& flat, ReplayContext& context) {
   const auto replay_start = core::Clock::now();
   GraphPool& pool = context.pool;

@@ -7,6 +7,7 @@
 
 #include <cstddef>
 #include <string>
+#include <vector>
 
 #include "core/memory_budget.h"
 #include "torch/captured_graph.h"
@@ -37,6 +38,20 @@ struct ReplayOutcome {
 };
 
 ReplayOutcome replay(const CapturedGraph& graph, FlatCall& flat, ReplayContext& context);
+
+// An input of a capture that f ended by raising (Note [Exceptions under capture]).
+struct PartialInput {
+  void* placeholder = nullptr;
+  size_t bytes = 0;
+  bool mutated = false;   // f changed it in place before raising
+  bool in_place = false;  // the placeholder is the input's own memory (chained, a site buffer)
+};
+
+// Runs once, on the caller's stream, what a capture recorded before f raised, as a replay runs a
+// graph: the inputs copied into their placeholders, and copied back where f changed them. Returns
+// why it could not run (nothing was launched then), or "".
+std::string replay_partial(ReplayGraph& graph, const std::vector<PartialInput>& inputs,
+                           const FlatCall& flat, GraphPool& pool);
 
 // Evicts least recently used executables until the budget holds with the arena as it is now,
 // sparing `keep`'s executable.

@@ -5,11 +5,14 @@
 #include <utility>
 
 #include "core/clock.h"
+#include "core/forked.h"
+#include "torch/call_lock.h"
 #include "torch/python_scopes.h"
 
 #ifdef GRAPE_WITH_CUDA
 #include <c10/cuda/CUDACachingAllocator.h>
 #include <c10/cuda/CUDAFunctions.h>
+#include <torch/csrc/autograd/graph_task.h>
 
 #include "cuda/shared_executables.h"
 #include "torch/capture.h"
@@ -59,7 +62,22 @@ Runtime::Runtime(py::object fn, int warmup, bool warmup_each_signature, py::obje
 }
 
 Runtime::~Runtime() {
+  if (core::forked_child()) {
+    leave_to_process_end();
+    return;
+  }
   // Graphs before the pool they allocate from.
+  cache_.clear();
+  retired_.clear();
+}
+
+void Runtime::leave_to_process_end() {
+  // A forked child holds its parent's graphs, executables and memory, which no CUDA call of its
+  // own may touch: they stay as they are until the process ends.
+  new auto(std::move(cache_));
+  new auto(std::move(retired_));
+  new auto(std::move(executables_));
+  new auto(std::move(pool_));
   cache_.clear();
   retired_.clear();
 }
@@ -122,9 +140,24 @@ py::object Runtime::call(py::args args, py::kwargs kwargs) {
   }
 
 #ifdef GRAPE_WITH_CUDA
+  if (core::forked_child()) {
+    global_fallback_ = {core::ReasonKind::kForked,
+                        "this process was forked from the one that compiled the function, and "
+                        "CUDA graphs, streams and memory are the parent's (start child processes "
+                        "that use CUDA with the 'spawn' method)"};
+    hooks_.report_fallback("", global_fallback_, py::none());
+    ++stats_.eager_calls;
+    return run_eager(args, kwargs);
+  }
   // Inside another capture (a compiled function calling this one, or a user's torch.cuda.graph),
   // the calls are recorded into that capture.
   if (current_stream_is_capturing()) return run_eager(args, kwargs);
+  // Note [One compiled call at a time]. From a backward pass, the holder may be waiting for it.
+  const CallLock lock(/*unless_busy=*/torch::autograd::get_current_graph_task_id() != -1);
+  if (!lock.held()) {
+    ++stats_.eager_calls;
+    return run_eager(args, kwargs);
+  }
 
   CallScope call_scope;  // the caller's allocations from here on are not predicted
   FlatCall& flat = scratch();
@@ -148,7 +181,7 @@ py::object Runtime::call(py::args args, py::kwargs kwargs) {
     sites_->begin_call();
     if (entry.fallback.empty()) learn_sites(flat, /*warm_up=*/warming_up(entry));
   }
-  if (!entry.fallback.empty()) {
+  if (!entry.fallback.empty() || entry.out_of_memory.waits()) {
     ++stats_.eager_calls;
     return run_eager(args, kwargs);
   }
@@ -257,6 +290,7 @@ std::optional<py::object> Runtime::capture_entry(Entry& entry, FlatCall& flat,
     outcome = capture_with_retry(entry, flat, /*variant=*/false);
     if (outcome.graph) {
       entry.graph = std::move(outcome.graph);
+      entry.out_of_memory.succeeded();
     } else {
       ++stats_.capture_failures;
     }
@@ -268,17 +302,37 @@ std::optional<py::object> Runtime::capture_entry(Entry& entry, FlatCall& flat,
   // This rank's own argument refusal decides, whatever the common reason says.
   const core::ReasonKind failure =
       argument_refusal.empty() ? outcome.reason.kind : core::ReasonKind::kUnsupportedArgument;
-  if (!known_to_fail && core::after_failed_capture(warmup_, entry.warmup_runs, failure) ==
-                            core::AfterFailure::kWarmUpAndRetry) {
+  const core::AfterFailure after = known_to_fail
+                                       ? core::AfterFailure::kFallBack
+                                       : core::after_failed_capture(warmup_, entry.warmup_runs,
+                                                                    failure);
+  if (after == core::AfterFailure::kWarmUpAndRetry) {
     // This call is its warm-up; the next one captures again, and falls back if that fails too.
     warmup_.failed_at_first_sight();
     outcome.error = py::none();
     return warm_up(entry, args, kwargs);
   }
+  if (after == core::AfterFailure::kRetryLater) {
+    outcome.error = py::none();
+    return defer_after_out_of_memory(entry, std::move(outcome.reason), args, kwargs);
+  }
   set_fallback(entry, std::move(outcome.reason), outcome.error);
   // The error's traceback holds f's frames: what they reference (an autograd graph whose nodes
   // run on the capture stream) must not outlive the capture into the eager run.
   outcome.error = py::none();
+  ++stats_.eager_calls;
+  return run_eager(args, kwargs);
+}
+
+py::object Runtime::defer_after_out_of_memory(Entry& entry, core::Reason reason,
+                                              const py::args& args, const py::kwargs& kwargs) {
+  const bool first = !entry.out_of_memory.deferred();
+  entry.out_of_memory.failed();
+  entry.out_of_memory_reason = reason;
+  if (first) {
+    reason.text += " (this call runs eagerly, and the signature is captured again later)";
+    hooks_.report_fallback(entry.description, reason, py::none());
+  }
   ++stats_.eager_calls;
   return run_eager(args, kwargs);
 }
@@ -321,6 +375,11 @@ CaptureOutcome Runtime::capture_with_retry(Entry& entry, FlatCall& flat, bool va
   while (true) {
     const auto start = core::Clock::now();
     CaptureOutcome outcome = capture(context, flat, tries.pinned, plan);
+    if (outcome.result == core::TryResult::kRaised) {
+      // f's own exception, after the work it queued before raising has run.
+      ++stats_.raised_under_capture;
+      throw *outcome.raised;
+    }
     if (outcome.result != core::TryResult::kFailed) {
       const int64_t ns = core::elapsed_ns(start);
       stats_.capture_ns += ns;
@@ -353,7 +412,11 @@ CaptureOutcome Runtime::capture_with_retry(Entry& entry, FlatCall& flat, bool va
         // the allocator's cached blocks.
         ++stats_.capture_oom_retries;
         executables_->evict_to(0, {});
-        allocator::emptyCache();
+        try {
+          allocator::emptyCache();
+        } catch (const c10::Error&) {
+          // PyTorch's allocator refuses while a graph captures in another thread (a user's own).
+        }
         plan.clear();
         break;
       case core::NextTry::kNone:
@@ -395,7 +458,14 @@ void Runtime::agree_across_ranks(Entry& entry, CaptureOutcome& outcome) {
 py::object Runtime::replay_or_run_eagerly(Entry& entry, CapturedGraph& graph, FlatCall& flat,
                                           const py::args& args, const py::kwargs& kwargs) {
   ReplayContext context{*pool_, budget_, sites_.get(), stats_, last_was_replay_};
-  ReplayOutcome outcome = replay(graph, flat, context);
+  ReplayOutcome outcome;
+  try {
+    outcome = replay(graph, flat, context);
+  } catch (const c10::OutOfMemoryError& e) {
+    // Nothing was launched or moved (a replay allocates only to evacuate, before it moves any
+    // storage): the call runs eagerly, which raises where eager runs out too.
+    outcome.refusal = std::string("out of memory before the launch: ") + e.what_without_backtrace();
+  }
   // After the launch, while the GPU runs the graph (a no-op after a graph's first replay).
   graph.gather_static_tensors();
   if (outcome.replayed) {
@@ -436,7 +506,7 @@ CapturedGraph& Runtime::select_graph(Entry& entry, bool repeated, FlatCall& flat
       [&] { return repeated || site_buffer_held(*entry.graph, flat); },
       [&] { return !outputs_read_in_place(entry); },
       [&] {
-        const int64_t capture_ns = entry.costs.capture_ns - entry.costs.variant_ns;
+        const int64_t capture_ns = core::CaptureCost::of(entry.graph->nodes);
         if (entry.variant_rent.charge(copies_a_variant_saves_ns(*entry.graph, flat), capture_ns)) {
           return true;
         }
@@ -462,16 +532,24 @@ CapturedGraph& Runtime::select_graph(Entry& entry, bool repeated, FlatCall& flat
 #endif  // GRAPE_WITH_CUDA
 
 py::list Runtime::entries() const {
+  const CallLock lock;
   py::list list;
   for (const auto& kv : cache_) {
     const Entry& e = *kv.second;
     py::dict d;
     d["signature"] = e.description;
-    d["state"] = !e.fallback.empty() ? "eager" : (e.graph ? "graph" : "warmup");
-    d["reason"] = e.fallback.text;
-    d["kind"] = core::reason_kind_name(e.fallback.kind);
+    const bool deferred = e.fallback.empty() && !e.graph && e.out_of_memory.deferred();
+    const core::Reason& reason = deferred ? e.out_of_memory_reason : e.fallback;
+    d["state"] = !e.fallback.empty() ? "eager" : (e.graph ? "graph" : (deferred ? "deferred" : "warmup"));
+    d["reason"] = reason.text;
+    d["kind"] = core::reason_kind_name(reason.kind);
     d["replays"] = e.replays;
     d["chain_variants"] = e.chain_variants.size();
+#ifdef GRAPE_WITH_CUDA
+    d["nodes"] = e.graph ? e.graph->nodes : 0;
+#else
+    d["nodes"] = 0;
+#endif
     const Entry::Costs& c = e.costs;
     d["seconds"] = py::dict(
         py::arg("warmup") = core::seconds(c.warmup_ns),
@@ -485,6 +563,7 @@ py::list Runtime::entries() const {
 }
 
 void Runtime::reset() {
+  const CallLock lock;
   for (auto& kv : cache_) {
     if (kv.second->graph) retire(std::move(kv.second->graph));
     for (auto& variant : kv.second->chain_variants) retire(std::move(variant));
@@ -508,6 +587,7 @@ int Runtime::traverse(visitproc visit, void* arg) {
 
 void Runtime::clear_references() {
   previous_entry_ = nullptr;
+  if (core::forked_child()) leave_to_process_end();
   cache_.clear();
   retired_.clear();
   fn_ = py::none();

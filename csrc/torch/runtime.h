@@ -54,6 +54,9 @@ struct Entry {
   std::vector<std::unique_ptr<CapturedGraph>> chain_variants;
   core::VariantRent variant_rent;  // toward its next chain variant
   core::Reason fallback;  // set: this signature always runs eagerly
+  // Its last capture ran out of memory: it runs eagerly for a while, then captures again.
+  core::CaptureBackoff out_of_memory;
+  core::Reason out_of_memory_reason;
   // Whether its captures build device tensors of Python values in pinned memory (Note [Host
   // constants]): set once one of its captures failed for want of it.
   bool pin_host_constants = false;
@@ -109,8 +112,13 @@ class Runtime {
                                           const py::args& args, const py::kwargs& kwargs);
   // Captures `flat` for `entry` with the tries the capture policy allows; the outcome is a graph
   // or the last failure. A refused pageable copy sets the entry's pin_host_constants; the time
-  // goes to its costs (`variant`: a chain variant's capture).
+  // goes to its costs (`variant`: a chain variant's capture). Where f raised an exception of its
+  // own, the work before it has run and the exception is thrown (Note [Exceptions under capture]).
   CaptureOutcome capture_with_retry(Entry& entry, FlatCall& flat, bool variant);
+  // After a capture that ran out of memory: this call runs eagerly, and the signature is captured
+  // again later (core::CaptureBackoff); the first time, the reason is reported.
+  py::object defer_after_out_of_memory(Entry& entry, core::Reason reason, const py::args& args,
+                                       const py::kwargs& kwargs);
   CaptureContext capture_context(FlatCall& flat);
   // At a capture point: this rank's outcome made common to every rank (Note [Capture points
   // agree across ranks]). Where another rank failed, drops this rank's graph and takes the common
@@ -141,6 +149,8 @@ class Runtime {
   void learn_sites(const FlatCall& flat, bool warm_up);
   GraphPool& pool_for(int device);
   std::string describe(const FlatCall& flat) const;
+  // In a forked child: the parent's graphs and memory left alone until the process ends.
+  void leave_to_process_end();
   // Keeps a graph that will not replay again until the runtime ends (see retired_).
   void retire(std::unique_ptr<CapturedGraph> graph);
   // Drops `entry`'s graphs, whose static state changed, if it did; returns whether.

@@ -14,6 +14,7 @@ struct RuntimeCounters {
   int64_t eager_calls = 0;  // calls of keys that fell back to eager, and refused replays
   int64_t recaptures = 0;   // graphs dropped because static state moved
   int64_t capture_failures = 0;
+  int64_t raised_under_capture = 0;  // captures that f's own exception ended (it reached the caller)
   int64_t capture_ns = 0;
   int64_t warmup_ns = 0;         // wall time of warm-up calls
   int64_t chain_variant_ns = 0;  // of capture_ns, in chain-variant captures

@@ -3,6 +3,7 @@
 #include "torch/runtime.h"
 
 #include "core/alias_sites.h"
+#include "torch/call_lock.h"
 #include "core/clock.h"
 #include "cuda/executable_stats.h"
 
@@ -41,6 +42,7 @@ py::object none_if_empty(const std::string& s) {
 }  // namespace
 
 py::dict Runtime::stats() {
+  const CallLock lock;  // another thread's call may be changing what is counted
   py::dict d;
   d["calls"] = stats_.calls;
   d["replays"] = stats_.replays;
@@ -49,6 +51,7 @@ py::dict Runtime::stats() {
   d["eager_calls"] = stats_.eager_calls;
   d["recaptures"] = stats_.recaptures;
   d["capture_failures"] = stats_.capture_failures;
+  d["raised_under_capture"] = stats_.raised_under_capture;
   d["capture_seconds"] = core::seconds(stats_.capture_ns);
   d["warmup_seconds"] = core::seconds(stats_.warmup_ns);
   d["chain_variant_seconds"] = core::seconds(stats_.chain_variant_ns);

@@ -84,15 +84,146 @@ TEST(CapturePolicy, ACaptureWithoutWarmUpWarmsUpAndTriesAgain) {
   EXPECT_EQ(after_failed_capture(lazy, 0, ReasonKind::kCaptureError),
             AfterFailure::kWarmUpAndRetry);
   EXPECT_EQ(after_failed_capture(lazy, 0, ReasonKind::kOtherRank), AfterFailure::kWarmUpAndRetry);
-  // A second failure, memory, and arguments no graph takes fall back.
+  // A second failure, and arguments no graph takes, fall back.
   EXPECT_EQ(after_failed_capture(lazy, 1, ReasonKind::kCaptureError), AfterFailure::kFallBack);
-  EXPECT_EQ(after_failed_capture(lazy, 0, ReasonKind::kOutOfMemory), AfterFailure::kFallBack);
   EXPECT_EQ(after_failed_capture(lazy, 0, ReasonKind::kUnsupportedArgument),
             AfterFailure::kFallBack);
   // Warmed up already, or no warm-up at all: nothing a warm-up could mend.
   EXPECT_EQ(after_failed_capture({1, true}, 0, ReasonKind::kCaptureError), AfterFailure::kFallBack);
   EXPECT_EQ(after_failed_capture({0, false}, 0, ReasonKind::kCaptureError),
             AfterFailure::kFallBack);
+}
+
+TEST(CapturePolicy, OutOfMemoryRunsEagerlyAndCapturesAgainLater) {
+  // Whatever the warm-ups: memory may be freed meanwhile, and a warm-up frees none.
+  for (const WarmupPolicy& policy : {WarmupPolicy{1, false}, WarmupPolicy{1, true}}) {
+    for (int warmups : {0, 1, 5}) {
+      EXPECT_EQ(after_failed_capture(policy, warmups, ReasonKind::kOutOfMemory),
+                AfterFailure::kRetryLater);
+    }
+  }
+}
+
+// Which calls of a signature run eagerly while it waits (true) after `failures` failures in a row.
+std::vector<bool> waits_after(int failures, int calls) {
+  CaptureBackoff backoff;
+  std::vector<bool> waited;
+  for (int i = 0; i < failures; ++i) {
+    backoff.failed();
+    while (i + 1 < failures && backoff.waits()) {
+    }
+  }
+  for (int i = 0; i < calls; ++i) waited.push_back(backoff.waits());
+  return waited;
+}
+
+TEST(CaptureBackoff, WaitsTwiceAsLongAfterEachFailureInARow) {
+  EXPECT_EQ(waits_after(1, 2), (std::vector<bool>{false, false}));  // the next call captures
+  EXPECT_EQ(waits_after(2, 3), (std::vector<bool>{true, false, false}));
+  EXPECT_EQ(waits_after(3, 5), (std::vector<bool>{true, true, true, false, false}));
+  EXPECT_EQ(waits_after(4, 8),
+            (std::vector<bool>{true, true, true, true, true, true, true, false}));
+}
+
+TEST(CaptureBackoff, WaitsAtMostKMaxWaitCalls) {
+  CaptureBackoff backoff;
+  for (int i = 0; i < 20; ++i) {
+    backoff.failed();
+    int waited = 0;
+    while (backoff.waits()) ++waited;
+    EXPECT_LE(waited, CaptureBackoff::kMaxWait);
+    if (i >= 6) EXPECT_EQ(waited, CaptureBackoff::kMaxWait);
+  }
+}
+
+TEST(CaptureBackoff, ASuccessStartsTheWaitsAnew) {
+  CaptureBackoff backoff;
+  EXPECT_FALSE(backoff.deferred());
+  backoff.failed();
+  backoff.failed();
+  EXPECT_TRUE(backoff.deferred());
+  backoff.succeeded();
+  EXPECT_FALSE(backoff.deferred());
+  EXPECT_FALSE(backoff.waits());
+  backoff.failed();
+  EXPECT_FALSE(backoff.waits());  // the first failure of a new run waits no call
+}
+
+CaptureException raised(const std::string& text) {
+  CaptureException e;
+  e.text = text;
+  return e;
+}
+
+TEST(ExceptionsUnderCapture, TheFunctionsOwnReachTheCaller) {
+  EXPECT_EQ(judge_capture_exception(raised("ValueError: no threes")).action,
+            ExceptionAction::kRaiseAsEager);
+  // A RuntimeError of f's own, and one that speaks of a capture but is no RuntimeError.
+  CaptureException shape = raised("RuntimeError: The size of tensor a (3) must match (4)");
+  shape.runtime_error = true;
+  EXPECT_EQ(judge_capture_exception(shape).action, ExceptionAction::kRaiseAsEager);
+  EXPECT_EQ(judge_capture_exception(raised("KeyError: 'capture group'")).action,
+            ExceptionAction::kRaiseAsEager);
+}
+
+TEST(ExceptionsUnderCapture, WhatTheCaptureCausedFallsBack) {
+  for (const char* text :
+       {"RuntimeError: CUDA error: operation not permitted when stream is capturing",
+        "RuntimeError: called a synchronizing CUDA operation",
+        "RuntimeError: CUDA error: dependency created on uncaptured work in another stream",
+        "RuntimeError: Cannot call CUDAGeneratorImpl::current_seed during CUDA graph capture",
+        "RuntimeError: grape: otherwise() must directly follow its Predicate block"}) {
+    CaptureException e = raised(text);
+    e.runtime_error = true;
+    EXPECT_EQ(judge_capture_exception(e).action, ExceptionAction::kFallBack) << text;
+  }
+  CaptureException sync = raised("RuntimeError: called a synchronizing CUDA operation");
+  sync.runtime_error = true;
+  EXPECT_EQ(judge_capture_exception(sync).kind, ReasonKind::kHostSync);
+  // CUDA ended the capture, whatever the text; torch.compile compiled inside the capture; a
+  // predicated body raised (captured whatever its condition); grape's own work raised.
+  CaptureException invalidated = raised("ValueError: after a CUDA error");
+  invalidated.capture_invalidated = true;
+  CaptureException compiler = raised("BackendCompilerFailed: inductor raised");
+  compiler.from_compiler = true;
+  CaptureException body = raised("ValueError: only where the condition holds");
+  body.in_predicated_body = true;
+  CaptureException grapes = raised("TypeError: a record's attribute");
+  grapes.raised_by_function = false;
+  for (const CaptureException& e : {invalidated, compiler, body, grapes}) {
+    const ExceptionVerdict verdict = judge_capture_exception(e);
+    EXPECT_EQ(verdict.action, ExceptionAction::kFallBack) << e.text;
+    EXPECT_EQ(verdict.kind, ReasonKind::kCaptureError) << e.text;
+  }
+}
+
+TEST(ExceptionsUnderCapture, OutOfMemoryFallsBackForMemory) {
+  CaptureException e = raised("OutOfMemoryError: CUDA out of memory");
+  e.out_of_memory = true;
+  e.runtime_error = true;
+  EXPECT_EQ(judge_capture_exception(e).action, ExceptionAction::kFallBack);
+  EXPECT_EQ(judge_capture_exception(e).kind, ReasonKind::kOutOfMemory);
+}
+
+TEST(ExceptionsUnderCapture, InterruptsAndPropagatedErrorsGoOnAtOnce) {
+  CaptureException interrupt = raised("KeyboardInterrupt: ");
+  interrupt.is_exception = false;
+  EXPECT_EQ(judge_capture_exception(interrupt).action, ExceptionAction::kPropagate);
+  CaptureException rewrite = raised("RewriteError: a return inside a tensor branch");
+  rewrite.propagated = true;
+  rewrite.runtime_error = true;
+  EXPECT_EQ(judge_capture_exception(rewrite).action, ExceptionAction::kPropagate);
+  // Even where it ended a capture CUDA had invalidated.
+  interrupt.capture_invalidated = true;
+  EXPECT_EQ(judge_capture_exception(interrupt).action, ExceptionAction::kPropagate);
+}
+
+TEST(CaptureCost, GrowsWithTheGraphAndNeedsNoClock) {
+  EXPECT_EQ(CaptureCost::of(0), CaptureCost::kFixedNs);
+  EXPECT_EQ(CaptureCost::of(10) - CaptureCost::of(0), 10 * CaptureCost::kPerNodeNs);
+  // A small graph's copies of a few bytes buy its variant within a few hundred calls.
+  const int64_t copy = CopyCost::of(2 * 73 * 8, false);
+  EXPECT_LT(CaptureCost::of(12) / copy, 200);
 }
 
 namespace {
