@@ -361,11 +361,11 @@ CaptureOutcome capture(const CaptureContext& context, FlatCall& flat, bool pin_h
         facts.in_predicated_body = cause == "predicated_body";
       }
       const core::ExceptionVerdict verdict = core::judge_capture_exception(facts);
-      if (verdict.action == core::ExceptionAction::kRaiseAsEager && kept) {
+      if (verdict.action == core::ExceptionAction::kRaiseAsEager) {
         raised = std::make_shared<py::error_already_set>(std::move(e));
       } else {
         if (kept) pool.destroy_graph(graph);
-        if (verdict.action != core::ExceptionAction::kFallBack) throw;
+        if (verdict.action == core::ExceptionAction::kPropagate) throw;
         return failed(verdict.kind, "capture failed: " + facts.text, e.value());
       }
     } catch (const c10::OutOfMemoryError& e) {
@@ -385,13 +385,18 @@ CaptureOutcome capture(const CaptureContext& context, FlatCall& flat, bool pin_h
     // The records and gradients are as before the call, the capture stream's scope is left, and
     // the work runs on the caller's stream.
     layout_trace.abandon();
-    std::vector<PartialInput> inputs;
-    for (size_t i = 0; i < placeholders.size(); ++i) {
-      inputs.push_back({placeholders[i].data_ptr(), span_bytes(placeholders[i]),
-                        placeholders[i]._version() != versions[i], chained[i] || buffers[i]});
+    // Where CUDA could not end the capture at the raise (work f forked to another stream and did
+    // not join), there is no graph to run.
+    std::string not_run = "the capture could not end where it raised";
+    if (graph) {
+      std::vector<PartialInput> inputs;
+      for (size_t i = 0; i < placeholders.size(); ++i) {
+        inputs.push_back({placeholders[i].data_ptr(), span_bytes(placeholders[i]),
+                          placeholders[i]._version() != versions[i], chained[i] || buffers[i]});
+      }
+      not_run = replay_partial(*graph, inputs, flat, pool);
+      pool.destroy_graph(graph);
     }
-    const std::string not_run = replay_partial(*graph, inputs, flat, pool);
-    pool.destroy_graph(graph);
     if (!not_run.empty()) {
       const std::string message = "grape: the function raised while it was captured, and the GPU "
                                   "work it queued before raising could not be run: " + not_run;
