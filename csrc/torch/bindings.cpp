@@ -3,6 +3,7 @@
 #include <pybind11/stl.h>
 #include <torch/csrc/autograd/python_variable.h>
 
+#include "core/forked.h"
 #include "core/replay_plan.h"
 #include "torch/call_lock.h"
 #include "torch/module_tensors.h"
@@ -82,6 +83,8 @@ PYBIND11_MODULE(_C, m) {
       .def("__exit__", [](CallLockContext& c, const py::args&) { c.lock.reset(); });
   m.def("_call_lock_held", &grape::CallLock::held_by_this_thread,
         "Whether this thread holds the call lock.");
+  m.def("_forked_child", &grape::core::forked_child,
+        "Whether this process is a fork of one in which grape made CUDA state.");
 
 #ifdef GRAPE_WITH_CUDA
   m.def(

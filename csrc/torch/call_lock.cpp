@@ -2,30 +2,39 @@
 
 #include <pybind11/pybind11.h>
 
-#include <mutex>
+#include <pthread.h>
 
-#include "core/forked.h"
+#include <mutex>
 
 namespace grape {
 
 namespace {
 
-// Never destroyed: a thread may still hold it while the interpreter exits.
-std::recursive_mutex& call_mutex() {
-  static auto* mutex = new std::recursive_mutex();
-  return *mutex;
+std::recursive_mutex* call_mutex_ = nullptr;
+thread_local int depth = 0;  // how many CallLocks this thread holds
+
+// In a forked child the threads that held the lock in the parent are gone: the child takes a new
+// lock, held as often as the thread that forked held the old one (a call that forks keeps its
+// lock). The old one is left as it is.
+void renew_in_child() {
+  auto* fresh = new std::recursive_mutex();
+  for (int i = 0; i < depth; ++i) fresh->lock();
+  call_mutex_ = fresh;
 }
 
-thread_local int depth = 0;  // how many CallLocks this thread holds
+// Never destroyed: a thread may still hold it while the interpreter exits.
+std::recursive_mutex& call_mutex() {
+  static std::once_flag made;
+  std::call_once(made, [] {
+    call_mutex_ = new std::recursive_mutex();
+    pthread_atfork(nullptr, nullptr, &renew_in_child);
+  });
+  return *call_mutex_;
+}
 
 }  // namespace
 
 CallLock::CallLock(bool unless_busy) {
-  // In a forked child the parent's threads that held it are gone, and nothing runs on graphs.
-  if (core::forked_child()) {
-    held_ = true;
-    return;
-  }
   if (!call_mutex().try_lock()) {
     if (unless_busy) return;
     if (PyGILState_Check()) {
@@ -40,7 +49,7 @@ CallLock::CallLock(bool unless_busy) {
 }
 
 CallLock::~CallLock() {
-  if (!held_ || core::forked_child()) return;
+  if (!held_) return;
   --depth;
   call_mutex().unlock();
 }

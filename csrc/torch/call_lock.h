@@ -23,16 +23,18 @@
 // touches no state of its function; and a call from a backward pass (the autograd engine's
 // thread) while another thread holds the lock, which runs eagerly, since that thread may be
 // waiting for this backward pass (a checkpointed block recomputed inside a compiled step's
-// warm-up). A compiled function must not wait, while it runs eagerly, for another thread's
-// compiled call: that call waits for the lock it holds.
+// warm-up). grape.stats reads without the lock (what it reads changes only while the GIL is
+// held), and reset() from a backward pass while another thread holds the lock raises. A
+// compiled function must not wait, while it runs eagerly, for another thread's compiled call:
+// that call waits for the lock it holds.
 
 namespace grape {
 
 class CallLock {
  public:
   // Takes the lock, waiting as long as it takes with the GIL released. `unless_busy`: held() is
-  // false at once where another thread holds it, instead of waiting. In a forked child, where
-  // the threads that held it in the parent are gone, nothing is taken.
+  // false at once where another thread holds it, instead of waiting. A forked child has a lock
+  // of its own, held only where the thread that forked held it.
   explicit CallLock(bool unless_busy = false);
   ~CallLock();
   CallLock(const CallLock&) = delete;

@@ -143,9 +143,17 @@ bool end_partial_capture(ReplayGraph& graph) {
   }
 }
 
+// "Type: message" (the message's first line); the type alone where its __str__ raises, so that
+// f's exception is never replaced by one of its message.
 std::string python_error_text(const py::error_already_set& e) {
   std::string type = py::str(e.type().attr("__name__"));
-  std::string text = py::str(e.value());
+  std::string text;
+  try {
+    text = py::str(e.value());
+  } catch (py::error_already_set& str_failed) {
+    str_failed.discard_as_unraisable(__func__);
+    return type;
+  }
   auto nl = text.find('\n');
   if (nl != std::string::npos) text = text.substr(0, nl);
   return type + ": " + text;

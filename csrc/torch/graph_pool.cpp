@@ -86,6 +86,7 @@ void release_host_pool(c10::MempoolId_t id) {
 }  // namespace
 
 std::shared_ptr<GraphPool> GraphPool::create(c10::DeviceIndex device) {
+  core::making_cuda_state();  // a fork from here on runs eagerly (core/forked.h)
   return std::shared_ptr<GraphPool>(new GraphPool(device));
 }
 

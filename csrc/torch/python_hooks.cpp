@@ -30,7 +30,12 @@ bool PythonHooks::propagates(const py::error_already_set& error) const {
 
 std::string PythonHooks::capture_cause(const py::error_already_set& error) const {
   if (hooks_.is_none()) return "";
-  return hooks_.attr("capture_cause")(error.value()).cast<std::string>();
+  try {
+    return hooks_.attr("capture_cause")(error.value()).cast<std::string>();
+  } catch (py::error_already_set& failed) {
+    failed.discard_as_unraisable(__func__);  // f's exception goes on, as f's own
+    return "";
+  }
 }
 
 py::object PythonHooks::pinned_host_constants() const {

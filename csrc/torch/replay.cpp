@@ -37,7 +37,6 @@ void enforce_memory_budget(const core::MemoryBudget& budget, const GraphPool& po
 
 std::string replay_partial(ReplayGraph& graph, const std::vector<PartialInput>& inputs,
                            const FlatCall& flat, GraphPool& pool) {
-  if (graph.node_count() == 0) return "";  // f raised before queueing any work
   // A changed input written back over another input would not be what eager left.
   for (size_t i = 0; i < inputs.size(); ++i) {
     if (!inputs[i].mutated || inputs[i].in_place) continue;
@@ -59,6 +58,7 @@ std::string replay_partial(ReplayGraph& graph, const std::vector<PartialInput>& 
     if (input.mutated) copy_back.push_back({input.placeholder, flat.tensors[i].data_ptr(), input.bytes});
   }
   try {
+    if (graph.node_count() == 0) return "";  // f raised before queueing any work
     if (!copy_in.empty()) C10_CUDA_CHECK(cuda::launch_batched_copy(copy_in, stream));
     graph.launch_once();
     if (!copy_back.empty()) C10_CUDA_CHECK(cuda::launch_batched_copy(copy_back, stream));

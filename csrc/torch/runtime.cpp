@@ -30,6 +30,20 @@ class InputSites {};
 
 namespace grape {
 
+namespace {
+
+// Whether the calling thread runs a backward pass (the autograd engine's thread, or a backward
+// called from this one).
+bool in_backward_pass() {
+#ifdef GRAPE_WITH_CUDA
+  return torch::autograd::get_current_graph_task_id() != -1;
+#else
+  return false;
+#endif
+}
+
+}  // namespace
+
 Entry::Entry() = default;
 Entry::~Entry() = default;
 
@@ -142,9 +156,9 @@ py::object Runtime::call(py::args args, py::kwargs kwargs) {
 #ifdef GRAPE_WITH_CUDA
   if (core::forked_child()) {
     global_fallback_ = {core::ReasonKind::kForked,
-                        "this process was forked from the one that compiled the function, and "
-                        "CUDA graphs, streams and memory are the parent's (start child processes "
-                        "that use CUDA with the 'spawn' method)"};
+                        "this process was forked from one that captured CUDA graphs, whose "
+                        "graphs, streams and memory are the parent's (start child processes that "
+                        "use CUDA with the 'spawn' method)"};
     hooks_.report_fallback("", global_fallback_, py::none());
     ++stats_.eager_calls;
     return run_eager(args, kwargs);
@@ -153,7 +167,7 @@ py::object Runtime::call(py::args args, py::kwargs kwargs) {
   // the calls are recorded into that capture.
   if (current_stream_is_capturing()) return run_eager(args, kwargs);
   // Note [One compiled call at a time]. From a backward pass, the holder may be waiting for it.
-  const CallLock lock(/*unless_busy=*/torch::autograd::get_current_graph_task_id() != -1);
+  const CallLock lock(/*unless_busy=*/in_backward_pass());
   if (!lock.held()) {
     ++stats_.eager_calls;
     return run_eager(args, kwargs);
@@ -532,8 +546,7 @@ CapturedGraph& Runtime::select_graph(Entry& entry, bool repeated, FlatCall& flat
 #endif  // GRAPE_WITH_CUDA
 
 py::list Runtime::entries() const {
-  const CallLock lock;
-  py::list list;
+  py::list list;  // no call lock, as stats() (runtime_stats.cpp)
   for (const auto& kv : cache_) {
     const Entry& e = *kv.second;
     py::dict d;
@@ -563,7 +576,9 @@ py::list Runtime::entries() const {
 }
 
 void Runtime::reset() {
-  const CallLock lock;
+  const CallLock lock(/*unless_busy=*/in_backward_pass());
+  TORCH_CHECK(lock.held(), "grape: reset() from a backward pass while another thread's compiled "
+              "call runs, which may be waiting for this backward pass: reset it outside");
   for (auto& kv : cache_) {
     if (kv.second->graph) retire(std::move(kv.second->graph));
     for (auto& variant : kv.second->chain_variants) retire(std::move(variant));

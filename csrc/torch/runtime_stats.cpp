@@ -3,7 +3,6 @@
 #include "torch/runtime.h"
 
 #include "core/alias_sites.h"
-#include "torch/call_lock.h"
 #include "core/clock.h"
 #include "cuda/executable_stats.h"
 
@@ -42,7 +41,8 @@ py::object none_if_empty(const std::string& s) {
 }  // namespace
 
 py::dict Runtime::stats() {
-  const CallLock lock;  // another thread's call may be changing what is counted
+  // No call lock (a backward pass may ask while the holder waits for it): what is read here
+  // changes only while the GIL is held, as this does (Note [One compiled call at a time]).
   py::dict d;
   d["calls"] = stats_.calls;
   d["replays"] = stats_.replays;

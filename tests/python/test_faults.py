@@ -3,8 +3,11 @@ contract (Note [One compiled call at a time]) and what the Python side tells the
 exception raised under capture (Note [Exceptions under capture]; the policy itself is tested in
 tests/cpp/test_capture_policy.cpp). The GPU scenarios are in test_faults_gpu.py."""
 
+import os
+import subprocess
+import sys
+import textwrap
 import threading
-import time
 
 import pytest
 
@@ -27,27 +30,36 @@ def test_the_call_lock_is_re_entrant_and_held_per_thread():
 
 
 def test_another_thread_waits_for_the_lock_without_holding_the_gil():
-    order = []
-    waiting = threading.Event()
+    # In a child process with a time limit: were the waiting thread to hold the GIL, the holder
+    # could run no Python, and the child would hang instead of failing.
+    code = textwrap.dedent("""
+        import threading, time
+        from grape import _C
+        order, waiting = [], threading.Event()
 
-    def other():
-        waiting.set()
-        with _C._CallLock() as held:
-            order.append(("other", held))
+        def other():
+            waiting.set()
+            with _C._CallLock() as held:
+                order.append(("other", held))
 
-    with _C._CallLock():
-        thread = threading.Thread(target=other)
-        thread.start()
-        assert waiting.wait(10)
-        # The other thread now waits for the lock. Were it holding the GIL, no Python would run
-        # here, and the holder could never finish: this loop is that Python.
-        deadline = time.monotonic() + 0.2
-        while time.monotonic() < deadline:
-            order.append("holder")
-        assert ("other", True) not in order
-    thread.join(10)
-    assert not thread.is_alive()
-    assert order[-1] == ("other", True) and order.count("holder") > 1
+        with _C._CallLock():
+            thread = threading.Thread(target=other)
+            thread.start()
+            assert waiting.wait(10)
+            time.sleep(0.2)  # the other thread now waits for the lock
+            spins = 0
+            deadline = time.monotonic() + 0.2
+            while time.monotonic() < deadline:  # Python, which needs the GIL
+                spins += 1
+            assert ("other", True) not in order and spins > 1000
+        thread.join(10)
+        assert not thread.is_alive() and order == [("other", True)]
+        print("ok")
+    """)
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))
+    child = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                           timeout=60)
+    assert child.returncode == 0 and child.stdout.strip() == "ok", child.stderr
 
 
 def test_a_call_that_must_not_wait_does_not():
@@ -66,6 +78,57 @@ def test_a_call_that_must_not_wait_does_not():
     assert result == [False, False]
     with _C._CallLock(unless_busy=True) as held:  # free: taken as usual
         assert held and _C._call_lock_held()
+
+
+def _in_child(check) -> int:
+    """Runs `check()` in a forked child; its exit status (0: passed)."""
+    pid = os.fork()
+    if pid == 0:
+        code = 1
+        try:
+            code = 0 if check() else 2
+        finally:
+            os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    return os.WEXITSTATUS(status) if os.WIFEXITED(status) else -1
+
+
+def test_a_forked_child_takes_the_lock_that_a_parents_thread_held():
+    held, release = threading.Event(), threading.Event()
+
+    def hold():
+        with _C._CallLock():
+            held.set()
+            release.wait(10)
+
+    thread = threading.Thread(target=hold)
+    thread.start()
+    assert held.wait(10)
+    try:
+        def child():
+            with _C._CallLock(unless_busy=True) as taken:  # its holder is gone in the child
+                return taken and _C._call_lock_held()
+
+        assert _in_child(child) == 0
+    finally:
+        release.set()
+        thread.join(10)
+
+
+def test_a_call_that_forks_keeps_its_lock_in_the_child():
+    with _C._CallLock():
+        def child():
+            with _C._CallLock(unless_busy=True) as again:
+                inner = again and _C._call_lock_held()
+            return inner and _C._call_lock_held()  # still held: the fork's own call
+
+        assert _in_child(child) == 0
+
+
+def test_only_a_fork_of_a_process_with_graphs_is_a_forked_child():
+    # Nothing here made CUDA state (no graph pool): a fork may use CUDA, and compile, afresh.
+    assert not _C._forked_child()
+    assert _in_child(lambda: not _C._forked_child()) == 0
 
 
 class _Branch:

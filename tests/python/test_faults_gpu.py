@@ -11,6 +11,7 @@ import subprocess
 import sys
 import textwrap
 import threading
+import time
 
 import pytest
 import torch
@@ -403,7 +404,12 @@ def test_eight_threads_on_several_functions_and_shapes():
 
 
 def test_eager_work_that_allocates_in_another_thread_while_a_function_captures():
-    step = grape.compile(lambda x: (x @ x.T).softmax(-1).sum(0))
+    def f(x):
+        y = (x @ x.T).softmax(-1)
+        time.sleep(0.005)  # without the GIL, under capture: the other thread runs meanwhile
+        return y.sum(0)
+
+    step = grape.compile(f)
     sizes = iter(range(1 << 30))
 
     def eager():
@@ -427,8 +433,13 @@ def test_eager_work_that_allocates_in_another_thread_while_a_function_captures()
 def test_a_thread_replays_dropout_while_another_captures():
     # On torch 2.11 a random op outside a capture raises while any graph captures; grape's replays
     # in other threads wait for the capture (Note [One compiled call at a time]).
+    def captured(x):
+        y = x.exp()
+        time.sleep(0.005)  # without the GIL, under capture: the replaying thread tries meanwhile
+        return y.cumsum(-1)
+
     replayer = grape.compile(lambda x: torch.nn.functional.dropout(x, 0.5).sum())
-    capturer = grape.compile(lambda x: x.exp().cumsum(-1))
+    capturer = grape.compile(captured)
     x = torch.ones(4096, device=DEV)
     replayer(x), replayer(x)
 
