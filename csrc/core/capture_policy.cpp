@@ -45,24 +45,6 @@ AfterFailure after_failed_capture(const WarmupPolicy& policy, int signature_warm
                                            : AfterFailure::kFallBack;
 }
 
-namespace {
-
-// Whether a RuntimeError's text is about the capture: PyTorch's and CUDA's errors under capture
-// say so ("operation not permitted when stream is capturing", "during CUDA graph capture",
-// "called a synchronizing CUDA operation", "dependency created on uncaptured work in another
-// stream"), and so do grape's own, raised only under capture (a misplaced otherwise(), a
-// conditional node the driver lacks: "grape: ..."); an error of f's own rarely does.
-bool speaks_of_capture(const std::string& text) {
-  std::string lower(text);
-  for (char& c : lower) c = static_cast<char>(c >= 'A' && c <= 'Z' ? c - 'A' + 'a' : c);
-  for (const char* words : {"captur", "synchroniz", "graph replay", "cuda graph", "grape:"}) {
-    if (lower.find(words) != std::string::npos) return true;
-  }
-  return false;
-}
-
-}  // namespace
-
 ExceptionVerdict judge_capture_exception(const CaptureException& e) {
   if (!e.is_exception || e.propagated) return {ExceptionAction::kPropagate, ReasonKind::kNone};
   if (e.out_of_memory) return {ExceptionAction::kFallBack, ReasonKind::kOutOfMemory};

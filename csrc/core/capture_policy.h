@@ -143,7 +143,6 @@ class CaptureBackoff {
   void failed() {
     remaining_ = wait_;
     wait_ = wait_ * 2 + 1 > kMaxWait ? kMaxWait : wait_ * 2 + 1;
-    deferred_ = true;
   }
   // A call of the signature: whether it runs eagerly, still waiting.
   bool waits() {
@@ -155,15 +154,13 @@ class CaptureBackoff {
   void succeeded() {
     wait_ = 0;
     remaining_ = 0;
-    deferred_ = false;
   }
   // Whether the signature's last capture ran out of memory.
-  bool deferred() const { return deferred_; }
+  bool deferred() const { return wait_ > 0; }
 
  private:
-  int64_t wait_ = 0;
+  int64_t wait_ = 0;  // calls to wait after the next failure; 0 until a first one
   int64_t remaining_ = 0;
-  bool deferred_ = false;
 };
 
 // Note [Chain variants]

@@ -1,24 +1,27 @@
 #include "core/forked.h"
 
-#include <unistd.h>
+#include <pthread.h>
 
 #include <atomic>
+#include <mutex>
 
 namespace grape::core {
 
 namespace {
-// The process in which grape made CUDA state; 0: none yet.
-std::atomic<pid_t> cuda_state_process{0};
+
+// Set in every child forked after grape made CUDA state here (and in their children): a flag
+// rather than a comparison of process ids, since every compiled call asks.
+std::atomic<bool> in_forked_child{false};
+
+void mark_child() { in_forked_child.store(true, std::memory_order_relaxed); }
+
 }  // namespace
 
-bool forked_child() {
-  const pid_t owner = cuda_state_process.load(std::memory_order_relaxed);
-  return owner != 0 && owner != getpid();
-}
+bool forked_child() { return in_forked_child.load(std::memory_order_relaxed); }
 
 void making_cuda_state() {
-  pid_t none = 0;
-  cuda_state_process.compare_exchange_strong(none, getpid());
+  static std::once_flag registered;
+  std::call_once(registered, [] { pthread_atfork(nullptr, nullptr, &mark_child); });
 }
 
 }  // namespace grape::core

@@ -8,7 +8,8 @@
 namespace grape::core {
 
 bool forked_child();
-// Where grape makes CUDA state, before it does (GraphPool): marks this process as its owner.
+// Where grape makes CUDA state, before it does (GraphPool): children forked from here on are
+// forked children.
 void making_cuda_state();
 
 }  // namespace grape::core

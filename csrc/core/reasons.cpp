@@ -21,6 +21,15 @@ const char* reason_kind_name(ReasonKind kind) {
   return "unknown";
 }
 
+bool speaks_of_capture(const std::string& text) {
+  std::string lower(text);
+  for (char& c : lower) c = static_cast<char>(c >= 'A' && c <= 'Z' ? c - 'A' + 'a' : c);
+  for (const char* words : {"captur", "synchroniz", "graph replay", "cuda graph", "grape:"}) {
+    if (lower.find(words) != std::string::npos) return true;
+  }
+  return false;
+}
+
 ReasonKind kind_of_capture_error(const std::string& text) {
   auto says = [&](const char* words) { return text.find(words) != std::string::npos; };
   // Note [Host constants] (torch/capture.cpp): a pageable copy is retried with pinned memory.

@@ -37,8 +37,15 @@ struct Reason {
 };
 
 // The kind of a capture that failed with an exception whose message is `text`: PyTorch reports a
-// host synchronization and a pageable copy under capture only in words, so this is the one place
-// that reads them.
+// host synchronization and a pageable copy under capture only in words, so this file is the one
+// place that reads them.
 ReasonKind kind_of_capture_error(const std::string& text);
+// Whether a RuntimeError's text is about the capture (Note [Exceptions under capture]): PyTorch's
+// and CUDA's errors under capture say so ("operation not permitted when stream is capturing",
+// "during CUDA graph capture", "called a synchronizing CUDA operation", "dependency created on
+// uncaptured work in another stream"), and so do grape's own, raised only under capture (a
+// misplaced otherwise(), a conditional node the driver lacks: "grape: ..."); an error of f's own
+// rarely does.
+bool speaks_of_capture(const std::string& text);
 
 }  // namespace grape::core

@@ -77,7 +77,8 @@ PYBIND11_MODULE(_C, m) {
            py::arg("unless_busy") = false)
       .def("__enter__",
            [](CallLockContext& c) {
-             c.lock = std::make_unique<grape::CallLock>(c.unless_busy);
+             c.lock = std::make_unique<grape::CallLock>(
+                 c.unless_busy ? +[] { return true; } : nullptr);
              return c.lock->held();
            })
       .def("__exit__", [](CallLockContext& c, const py::args&) { c.lock.reset(); });

@@ -34,9 +34,9 @@ std::recursive_mutex& call_mutex() {
 
 }  // namespace
 
-CallLock::CallLock(bool unless_busy) {
+CallLock::CallLock(bool (*unless_busy)()) {
   if (!call_mutex().try_lock()) {
-    if (unless_busy) return;
+    if (unless_busy != nullptr && unless_busy()) return;
     if (PyGILState_Check()) {
       pybind11::gil_scoped_release without_gil;
       call_mutex().lock();

@@ -32,10 +32,10 @@ namespace grape {
 
 class CallLock {
  public:
-  // Takes the lock, waiting as long as it takes with the GIL released. `unless_busy`: held() is
-  // false at once where another thread holds it, instead of waiting. A forked child has a lock
-  // of its own, held only where the thread that forked held it.
-  explicit CallLock(bool unless_busy = false);
+  // Takes the lock, waiting as long as it takes with the GIL released. `unless_busy`, asked only
+  // where another thread holds the lock: if it says so, held() is false at once instead. A forked
+  // child has a lock of its own, held only where the thread that forked held it.
+  explicit CallLock(bool (*unless_busy)() = nullptr);
   ~CallLock();
   CallLock(const CallLock&) = delete;
   CallLock& operator=(const CallLock&) = delete;

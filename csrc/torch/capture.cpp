@@ -390,8 +390,8 @@ CaptureOutcome capture(const CaptureContext& context, FlatCall& flat, bool pin_h
   }
 
   if (raised) {
-    // The records and gradients are as before the call, the capture stream's scope is left, and
-    // the work runs on the caller's stream.
+    // The argument objects are as before the call, the capture stream's scope is left, and the
+    // work runs on the caller's stream.
     layout_trace.abandon();
     // Where CUDA could not end the capture at the raise (work f forked to another stream and did
     // not join), there is no graph to run.

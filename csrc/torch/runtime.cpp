@@ -167,7 +167,7 @@ py::object Runtime::call(py::args args, py::kwargs kwargs) {
   // the calls are recorded into that capture.
   if (current_stream_is_capturing()) return run_eager(args, kwargs);
   // Note [One compiled call at a time]. From a backward pass, the holder may be waiting for it.
-  const CallLock lock(/*unless_busy=*/in_backward_pass());
+  const CallLock lock(/*unless_busy=*/&in_backward_pass);
   if (!lock.held()) {
     ++stats_.eager_calls;
     return run_eager(args, kwargs);
@@ -576,7 +576,7 @@ py::list Runtime::entries() const {
 }
 
 void Runtime::reset() {
-  const CallLock lock(/*unless_busy=*/in_backward_pass());
+  const CallLock lock(/*unless_busy=*/&in_backward_pass);
   TORCH_CHECK(lock.held(), "grape: reset() from a backward pass while another thread's compiled "
               "call runs, which may be waiting for this backward pass: reset it outside");
   for (auto& kv : cache_) {
