@@ -84,22 +84,28 @@ GRAPE_STATS = ("graphs", "captures", "recaptures", "last_recapture_reason", "rep
 
 # ----------------------------------------------------------------------------------------- cases
 
-def gpt2_case(tiny: bool, steps: int, device: str) -> dict:
-    """The model (CPU, fp32, seeded), the batches, and how to make the loss of one."""
+def gpt2_case(tiny: bool, steps: int, device: str, seed: int = 1,
+              lengths: list[int] | None = None) -> dict:
+    """The model (CPU, fp32, seeded), the batches, and how to make the loss of one. The batches'
+    lengths: drawn by `seed` from `lengths` alike, or where None, log-normal around 48 tokens,
+    rounded up to one of BUCKETS multiples of 16."""
     import transformers
 
     transformers.logging.set_verbosity_error()
     size = dict(n_layer=2, n_embd=64, n_head=2) if tiny else dict(n_layer=4, n_embd=512, n_head=8)
-    config = transformers.GPT2Config(n_positions=BUCKETS * GPT2_QUANTUM, attn_implementation="sdpa", **size)
+    positions = max(lengths) if lengths else BUCKETS * GPT2_QUANTUM
+    config = transformers.GPT2Config(n_positions=positions, attn_implementation="sdpa", **size)
     torch.manual_seed(SEED)
     model = transformers.GPT2LMHeadModel(config)
-    g = torch.Generator().manual_seed(1)
-    # Log-normal lengths around 48 tokens, rounded up to one of BUCKETS multiples of 16.
-    quantum = GPT2_QUANTUM
-    lengths = torch.empty(steps).log_normal_(math.log(48), 0.6, generator=g)
+    g = torch.Generator().manual_seed(seed)
+    if lengths:
+        drawn = [lengths[int(i)] for i in torch.randint(0, len(lengths), (steps,), generator=g)]
+    else:
+        quantum = GPT2_QUANTUM
+        drawn = [min(BUCKETS, max(1, math.ceil(n / quantum))) * quantum
+                 for n in torch.empty(steps).log_normal_(math.log(48), 0.6, generator=g).tolist()]
     batches = []
-    for n in lengths.tolist():
-        length = min(BUCKETS, max(1, math.ceil(n / quantum))) * quantum
+    for length in drawn:
         ids = torch.randint(0, config.vocab_size, (BATCH, length), generator=g).to(device)
         batches.append((ids,))
 
@@ -114,15 +120,18 @@ def gpt2_case(tiny: bool, steps: int, device: str) -> dict:
                                             "attention": "sdpa: efficient, else math"}}
 
 
-def wav2vec2_case(tiny: bool, steps: int, device: str) -> dict:
+def wav2vec2_case(tiny: bool, steps: int, device: str, seed: int = 1,
+                  buckets: int = BUCKETS) -> dict:
+    """The model, and `steps` batches of clips padded to one of `buckets` widths (drawn by
+    `seed`)."""
     base = w2v.build_model(tiny)
-    g = torch.Generator().manual_seed(1)
+    g = torch.Generator().manual_seed(seed)
     lo, hi = w2v.MIN_SECONDS * w2v.SAMPLE_RATE, w2v.MAX_SECONDS * w2v.SAMPLE_RATE
-    widths = [int(lo + (hi - lo) * i / (BUCKETS - 1)) // 320 * 320 for i in range(BUCKETS)]
+    widths = [int(lo + (hi - lo) * i / (buckets - 1)) // 320 * 320 for i in range(buckets)]
     ctc, _ = w2v.choose_ctc("cudnn" if device == "cuda" else "native", device)
     batches = []
     for _ in range(steps):
-        width = widths[int(torch.randint(0, BUCKETS, (1,), generator=g))]
+        width = widths[int(torch.randint(0, buckets, (1,), generator=g))]
         x = torch.randn(BATCH, width, generator=g)
         t = w2v.frames(base.config, width)
         y = torch.randint(1, w2v.VOCAB, (BATCH, max(1, t // w2v.LABELS_PER_FRAME)), generator=g)
@@ -287,12 +296,16 @@ def compare(case_name: str, results: dict) -> None:
             r["correct"] = "reference"
 
 
+# The columns of a training loop's table up to its correctness (train_ddp's too).
+STEP_COLUMNS = (harness.STEP_COLUMN, harness.SPEEDUP_COLUMN,
+                harness.value_column("first step s", "first_call_s", "{:.2f}"),
+                harness.value_column("to steady s", "time_to_steady_s", "{:.2f}"),
+                harness.value_column("steps to steady", "calls_to_steady", "{}"),
+                harness.value_column("recaptures", "recaptures", "{}"))
+
+
 def markdown(cases: list[dict]) -> str:
-    columns = [harness.STEP_COLUMN, harness.SPEEDUP_COLUMN,
-               harness.value_column("first step s", "first_call_s", "{:.2f}"),
-               harness.value_column("to steady s", "time_to_steady_s", "{:.2f}"),
-               harness.value_column("steps to steady", "calls_to_steady", "{}"),
-               harness.value_column("recaptures", "recaptures", "{}"),
+    columns = [*STEP_COLUMNS,
                harness.value_column("losses = eager", "losses_bit_identical", "{}"),
                harness.value_column("max rel. diff vs default", "max_loss_rel_diff_default_optimizer",
                                     "{:.1e}"),
@@ -328,12 +341,17 @@ def plot(cases: list[dict], path) -> bool:
     return True
 
 
-def main(argv=None) -> list[dict]:
-    parser = harness.argument_parser(__doc__, MODES, "40 steps, 1 timed pass",
-                                     "2-layer, 64-wide models")
-    parser.add_argument("--cases", default=",".join(CASES))
+def loop_parser(doc: str, modes: list[str], cases: list[str]):
+    """The options of a training-loop benchmark (train_ddp's too)."""
+    parser = harness.argument_parser(doc, modes, "40 steps, 1 timed pass", "2-layer, 64-wide models")
+    parser.add_argument("--cases", default=",".join(cases))
     parser.add_argument("--steps", type=int, default=200)
     parser.add_argument("--device", choices=("cuda", "cpu"), default="cuda")
+    return parser
+
+
+def main(argv=None) -> list[dict]:
+    parser = loop_parser(__doc__, MODES, CASES)
     args, modes = harness.parse(parser, argv, MODES, None)
     if args.device == "cuda" and not torch.cuda.is_available():
         raise SystemExit(NEEDS)

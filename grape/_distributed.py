@@ -1,34 +1,49 @@
-"""Capture points that agree across the ranks of torch.distributed.
+"""What grape needs of torch.distributed: collectives that stay interchangeable across ranks
+whatever path each call takes, and DistributedDataParallel's timed first iterations.
 
-A rank that replays a graph holding a collective while another runs the same call eagerly, or
-captures while another replays, can leave the collective waiting forever (NCCL registers the
-buffers of a captured collective with its peers). So where a signature of a compiled function
-leaves its warm-up (its capture point), every rank says what it did through the process group's
-store, and all take the same path: every rank replays only if every rank captured; otherwise all
-run that signature eagerly, with the same reason. Ranks that reach a capture point with different
-signatures, or not at all, raise the same error on every rank that reached it.
-See docs/semantics.md, "torch.distributed".
+Note [Ranks decide alone]
+~~~~~~~~~~~~~~~~~~~~~~~~~
+Each rank warms up, captures, replays and falls back on its own signatures, at its own calls:
+data-parallel ranks see batches of their own lengths, so their signatures differ in the same
+step. That is sound because a call runs each collective it makes exactly once on every path: a
+warm-up or eager call runs it, a capture that succeeds launches its graph once (a capture records
+without running), one that fails is thrown away and the call runs eagerly, and one where f raised
+runs the recorded part once. A collective a graph launches is the same NCCL operation as the eager
+one, as long as NCCL does not register the buffers of captured collectives with their peers
+(NCCL_GRAPH_REGISTER): a registered and an unregistered buffer must never meet in one collective,
+which happens where one rank replays while another runs the call eagerly. So grape turns that
+registration off where the user did not choose (NCCL reads it when its first communicator is made,
+after grape is imported in the usual order). The ranks agree on nothing per call: none waits for
+another at a capture, and collectives order the ranks as they do eagerly.
+
+Note [DDP under capture]
+~~~~~~~~~~~~~~~~~~~~~~~~
+DistributedDataParallel's reducer times its first iterations (and every sample_rate-th) with CUDA
+events, and its next forward waits for them on the host (torch's c10d Logger). Under capture that
+wait fails the capture, and an event recorded while capturing fails the eager forward that waits
+for it later. So a compiled function that ran a DDP module warms up until the reducer passed its
+timed iterations, grape sets the module's sample rate past any run's length, and a DDP module's
+forward that would be timed inside a capture stops that capture before the reducer records
+anything.
 """
 
 from __future__ import annotations
 
-import datetime
 import os
-import pickle
-import re
-from typing import Optional
+import weakref
 
 import torch
 
-__all__ = ["RanksDisagree", "active", "agree"]
+__all__ = ["DDPWatch", "active", "ddp_class"]
 
-# Seconds a rank waits at a capture point for the others, as ProcessGroupNCCL's default timeout.
-TIMEOUT_ENV = "GRAPE_DISTRIBUTED_TIMEOUT"
-DEFAULT_TIMEOUT_S = 600.0
+# Off unless the user chose (Note [Ranks decide alone]).
+os.environ.setdefault("NCCL_GRAPH_REGISTER", "0")
 
-
-class RanksDisagree(RuntimeError):
-    """The ranks reached a capture point with different signatures, or some did not reach it."""
+# The reducer times its iterations 1 to 10 (Reducer::should_collect_runtime_stats); the Logger
+# reads the last timed one as "iteration".
+DDP_TIMED_ITERATIONS = 10
+# A sample rate no run reaches: later iterations are not timed.
+DDP_NEVER_SAMPLED = 2**31 - 1
 
 
 def active() -> bool:
@@ -37,82 +52,46 @@ def active() -> bool:
     return dist.is_available() and dist.is_initialized()
 
 
-def _timeout() -> datetime.timedelta:
-    text = os.environ.get(TIMEOUT_ENV)
-    seconds = float(text) if text else DEFAULT_TIMEOUT_S
-    if seconds <= 0:
-        raise ValueError(f"{TIMEOUT_ENV} must be a positive number of seconds, got {text!r}")
-    return datetime.timedelta(seconds=seconds)
+def ddp_class():
+    """torch's DistributedDataParallel, or None in a build without torch.distributed."""
+    if not torch.distributed.is_available():
+        return None
+    return torch.nn.parallel.DistributedDataParallel
 
 
-def _comparable(signature: str) -> str:
-    # Each rank computes on its own device: cuda:0 on rank 0 is cuda:1 on rank 1.
-    return re.sub(r"cuda:\d+", "cuda", signature)
+def _times_next_forward(ddp) -> bool:
+    """Whether `ddp`'s next forward with gradient sync may wait on the host for events of its
+    timed iterations (Note [DDP under capture])."""
+    try:
+        iteration = ddp._get_ddp_logging_data().get("iteration", 0)
+    except (AttributeError, RuntimeError):  # no C++ reducer (its Python one times nothing)
+        return False
+    return iteration < DDP_TIMED_ITERATIONS
 
 
-class CapturePoints:
-    """The capture points of one compiled function, numbered alike on every rank: the function's
-    key is its name and how many functions of that name this process compiled before it."""
+class DDPWatch:
+    """The DistributedDataParallel modules a compiled function's warm-ups and captures ran, held
+    weakly (Note [DDP under capture])."""
 
-    _compiled_per_name: dict[str, int] = {}
+    def __init__(self):
+        self.modules: weakref.WeakSet = weakref.WeakSet()
 
-    def __init__(self, name: str):
-        index = CapturePoints._compiled_per_name.get(name, 0)
-        CapturePoints._compiled_per_name[name] = index + 1
-        self.key = f"grape/{name}#{index}"
-        self.name = name
-        self.reached = 0
-
-    def agree(self, signature: str, reason: str, out_of_memory: bool) -> Optional[tuple[str, bool]]:
-        """This rank's outcome at a capture point (`reason` empty: captured) made common to all:
-        None where this process is no rank of a process group; else (reason, out_of_memory), the
-        reason empty where every rank captured, and out_of_memory whether any rank ran out."""
-        if not active():
-            return None
-        dist = torch.distributed
-        store = dist.distributed_c10d._get_default_store()
-        rank, world = dist.get_rank(), dist.get_world_size()
-        point = self.reached
-        self.reached += 1
-        prefix = f"{self.key}/{point}/"
-        keys = [prefix + str(r) for r in range(world)]
-        store.set(keys[rank], pickle.dumps((signature, reason, out_of_memory)))
-        timeout = _timeout()
-        try:
-            store.wait(keys, timeout)
-        except RuntimeError:  # the store's timeout (DistStoreError on recent torch)
-            missing = [r for r, k in enumerate(keys) if not store.check([k])]
-            raise RanksDisagree(
-                f"grape: {self.name}: rank(s) {missing} did not reach capture point {point} within "
-                f"{timeout.total_seconds():g} s (rank {rank} reached it with {signature}): every "
-                "rank must call a compiled function with the same shapes, in the same order"
-            ) from None
-        outcomes = [pickle.loads(store.get(k)) for k in keys]
-        if point > 0:
-            # Every rank has read the previous point's outcomes once all reached this one.
+    def saw(self, module: torch.nn.Module, capturing: bool) -> None:
+        """DDP `module` about to run a forward: it is remembered, its later iterations untimed;
+        inside a capture, one still timing stops the capture."""
+        if module not in self.modules:
+            self.modules.add(module)
             try:
-                store.delete_key(f"{self.key}/{point - 1}/{rank}")
-            except (RuntimeError, NotImplementedError):
-                pass  # a store that cannot delete keeps a few bytes per capture point
-        return common_outcome(self.name, point, outcomes)
+                module._set_ddp_runtime_logging_sample_rate(DDP_NEVER_SAMPLED)
+            except (AttributeError, RuntimeError):
+                pass
+        if capturing and module.require_backward_grad_sync and torch.is_grad_enabled() and \
+                _times_next_forward(module):
+            raise RuntimeError(
+                "grape: DistributedDataParallel synchronizes with the host in its first "
+                f"{DDP_TIMED_ITERATIONS} iterations (it times them with CUDA events); the step "
+                "warms up until they have passed")
 
-
-def common_outcome(name: str, point: int, outcomes: list) -> tuple[str, bool]:
-    """The path every rank takes, from each rank's (signature, reason, out_of_memory)."""
-    if len({_comparable(signature) for signature, _, _ in outcomes}) > 1:
-        listing = "; ".join(f"rank {r}: {s}" for r, (s, _, _) in enumerate(outcomes))
-        raise RanksDisagree(
-            f"grape: {name}: the ranks reached capture point {point} with different signatures "
-            f"({listing}): every rank must call a compiled function with the same shapes, in the "
-            "same order")
-    refused = [(r, why) for r, (_, why, _) in enumerate(outcomes) if why]
-    out_of_memory = any(oom for _, _, oom in outcomes)
-    if not refused:
-        return "", out_of_memory
-    reasons = {why for _, why in refused}
-    ranks = ", ".join(str(r) for r, _ in refused)
-    if len(refused) == len(outcomes) and len(reasons) == 1:
-        return refused[0][1], out_of_memory
-    where = f"on rank {ranks}" if len(refused) == 1 else f"on ranks {ranks}"
-    return (f"{refused[0][1]} ({where}; every rank runs this signature eagerly, so that their "
-            "collectives match)"), out_of_memory
+    def defers_capture(self) -> bool:
+        """Whether a capture now would meet a DDP module still timing its iterations."""
+        return any(_times_next_forward(m) for m in list(self.modules))

@@ -17,7 +17,7 @@ from typing import Any, Optional
 
 import torch
 
-from grape import _distributed, _predicate, _rewrite, _training
+from grape import _predicate, _rewrite, _training
 from grape._host_constants import PinnedHostConstants
 
 __all__ = ["FallbackWarning", "RuntimeHooks", "advice"]
@@ -39,6 +39,11 @@ _ADVICE = {
     "pageable_copy": "a copy from pageable host memory cannot be captured: pin the CPU tensor, "
                      "or build it on the device",
     "cpu_tensor": "return CUDA tensors only, or compute CPU values outside the function",
+    "legacy_stream": "the default (legacy) stream cannot join a capture: autograd runs a "
+                     "parameter's gradient hook on the stream current when the hook was made, "
+                     "so construct DistributedDataParallel under "
+                     "`with torch.cuda.stream(torch.cuda.Stream()):`, as PyTorch's CUDA graph "
+                     "recipe does",
     "out_of_memory": "raise memory_budget, or free device memory before the call",
     "unsupported_argument": "pass tensors, Python scalars, containers of them or modules",
 }
@@ -86,18 +91,16 @@ def _abbreviated(signature: str) -> str:
 
 class RuntimeHooks:
     """The Python side of one compiled function's runtime: fallback reports (kept in
-    ``fallbacks`` for grape.stats), agreement across torch.distributed ranks, and the training
-    and host-constant helpers that captures use."""
+    ``fallbacks`` for grape.stats), and the training and host-constant helpers that captures
+    use."""
 
     # Errors a capture raises to the caller instead of falling back to eager: a branch the rewriter
-    # cannot predicate, or a collective in a predicated body, is the user's to fix (on every rank
-    # alike, since every rank captures the same body).
+    # cannot predicate, or a misused grape.Predicate, is the user's to fix.
     propagated_errors = (_rewrite.RewriteError, _predicate.PredicateError)
 
     def __init__(self, name: str):
         self.name = name
         self.fallbacks: list[dict] = []
-        self._capture_points = _distributed.CapturePoints(name)
 
     # --- fallbacks --------------------------------------------------------------------------------
     def report_fallback(self, signature: str, kind: str, reason: str,
@@ -122,15 +125,6 @@ class RuntimeHooks:
                                    registry=frame.f_globals.setdefault("__warningregistry__", {}))
         else:
             warnings.warn(message, FallbackWarning, stacklevel=2)
-
-    # --- torch.distributed ------------------------------------------------------------------------
-    def in_process_group(self) -> bool:
-        return _distributed.active()
-
-    def agree(self, signature: str, reason: str, out_of_memory: bool):
-        """At each capture point: every rank's outcome made common (grape/_distributed.py); None
-        in a process of its own."""
-        return self._capture_points.agree(signature, reason, out_of_memory)
 
     # --- captures ---------------------------------------------------------------------------------
     def capture_cause(self, error: BaseException) -> str:

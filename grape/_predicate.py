@@ -29,8 +29,10 @@ class PredicateError(RuntimeError):
 
 class _CollectivesRefused(TorchDispatchMode):
     """Active while a predicated body is captured in a torch.distributed process: a collective
-    there raises at once. A CUDA conditional body cannot hold the cross-stream waits that a NCCL
-    collective makes, and ranks whose conditions differ would leave it waiting forever."""
+    there fails the capture at once, and the call runs eagerly, collective included (Note [Ranks
+    decide alone] in grape/_distributed.py). A CUDA conditional body cannot hold the cross-stream
+    waits that a NCCL collective makes, and ranks whose conditions differ would leave it waiting
+    forever."""
 
     def __init__(self, what: str):
         super().__init__()
@@ -38,12 +40,11 @@ class _CollectivesRefused(TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         if func.namespace in _COLLECTIVE_NAMESPACES:
-            raise PredicateError(
-                f"{self.what}: a torch.distributed collective ({func}) inside a predicated body: "
-                "a CUDA conditional body cannot hold the cross-stream waits of a NCCL collective, "
-                "and ranks whose conditions differ would leave it waiting. Call the collective "
-                "outside the body (compute the branch's values, select them with torch.where, "
-                "then reduce once)")
+            raise RuntimeError(
+                f"grape: {self.what}: a torch.distributed collective ({func}) inside a predicated "
+                "body cannot be captured: a CUDA conditional body cannot hold the cross-stream "
+                "waits of a NCCL collective. Call the collective outside the body (compute the "
+                "branch's values, select them with torch.where, then reduce once)")
         return func(*args, **(kwargs or {}))
 
 

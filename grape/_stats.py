@@ -133,7 +133,7 @@ TABLE: list[tuple[tuple[str, ...], str]] = [
     (('name',),
      "the function's qualified name (`Linear.forward` for a module)"),
     (('fallbacks',),
-     'list of `{"signature", "kind", "reason", "call_site"}`, one per reported fallback; `kind` names the reason\'s kind (`host_sync`, `pageable_copy`, `cpu_tensor`, `out_of_memory`, `unsupported_argument`, `results`, `capture_error`, `instantiation`, `other_rank`, `replay_refused`, `no_cuda`, `forked`)'),
+     'list of `{"signature", "kind", "reason", "call_site"}`, one per reported fallback; `kind` names the reason\'s kind (`host_sync`, `pageable_copy`, `legacy_stream`, `cpu_tensor`, `out_of_memory`, `unsupported_argument`, `results`, `capture_error`, `instantiation`, `replay_refused`, `no_cuda`, `forked`)'),
     (('entries',),
      'per signature: `{"signature", "state": "warmup" | "graph" | "eager" | "deferred", "kind", "reason", "replays", "chain_variants", "nodes", "seconds"}` (`deferred`: its capture ran out of memory, and it runs eagerly until it is captured again; `chain_variants`: the signature\'s variants held; `nodes`: of its graph); `seconds` is what the signature cost on its way to replays: `warmup`, `capture` (every try, failed ones and chain variants included), and of it `read`, `join`, `instantiate` and `variants`'),
 ]

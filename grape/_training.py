@@ -17,7 +17,7 @@ import torch
 from torch.optim.optimizer import register_optimizer_step_pre_hook
 from torch.utils.weak import WeakIdKeyDictionary
 
-from grape import _C
+from grape import _C, _distributed
 from grape._predicate import _capturing
 
 __all__ = ["DeviceSetting", "DeviceSettings", "DeviceSettingsSwap", "Seen", "StepWatch",
@@ -52,6 +52,12 @@ class Seen:
         self.optimizers: weakref.WeakSet = weakref.WeakSet()
         self.leaves = WeakIdKeyDictionary()  # tensor -> None, in the order first seen
         self.backward_seen = False
+        self.ddp = _distributed.DDPWatch()
+
+    def defers_capture(self) -> bool:
+        """Whether a call that would capture now warms up instead (Note [DDP under capture] in
+        grape/_distributed.py)."""
+        return self.ddp.defers_capture()
 
     @property
     def training(self) -> bool:
@@ -62,7 +68,8 @@ class Seen:
 
 class StepWatch:
     """While entered: every optimizer that steps is remembered in ``seen.optimizers`` and made
-    capturable, and every leaf a backward pass reaches in ``seen.leaves``. Outside a capture that
+    capturable, every leaf a backward pass reaches in ``seen.leaves``, and every
+    DistributedDataParallel module that runs in ``seen.ddp``. Outside a capture that
     is a setting change; inside one, an optimizer that is not capturable yet (or has no state
     yet), cannot be fixed without host work, so its step raises with what to do; a backward pass
     that reaches a leaf whose gradient the capture does not track is remembered, and fails the
@@ -76,6 +83,7 @@ class StepWatch:
         # GradScaler's per-optimizer stage) that the eager run after it would read.
         self.refusal: Optional[str] = None
         self._handle = None
+        self._ddp_pre_forward = None
         self._backward = None
         # In a capture: the leaves its backward passes reached untracked, with their gradients
         # before (Note [Gradients of a captured step]).
@@ -123,6 +131,18 @@ class StepWatch:
 
     def __enter__(self) -> "StepWatch":
         self._handle = register_optimizer_step_pre_hook(self._pre_step)
+        # DistributedDataParallel's own step before each forward: seen there, rather than by a
+        # global module hook, which torch.compile would trace into every compiled module.
+        ddp = _distributed.ddp_class()
+        if ddp is not None:
+            self._ddp_pre_forward = original_pre_forward = ddp._pre_forward
+            seen_ddp = self.seen.ddp
+
+            def pre_forward(module, *inputs, **kwargs):
+                seen_ddp.saw(module, _capturing())
+                return original_pre_forward(module, *inputs, **kwargs)
+
+            ddp._pre_forward = pre_forward
         # Tensor.backward calls torch.autograd.backward through the module: one place sees every
         # backward pass that sets .grad (torch.autograd.grad sets none).
         self._backward = original = torch.autograd.backward
@@ -138,6 +158,9 @@ class StepWatch:
     def __exit__(self, *exc) -> None:
         torch.autograd.backward = self._backward
         self._handle.remove()
+        if self._ddp_pre_forward is not None:
+            _distributed.ddp_class()._pre_forward = self._ddp_pre_forward
+            self._ddp_pre_forward = None
         for ref, grad in self._untracked:
             leaf = ref()
             if leaf is not None:

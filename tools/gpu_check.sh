@@ -43,4 +43,7 @@ step bench-smoke-train-lm env GRAPE_RESULTS_DIR="$out" python3 -m benchmarks.tra
 ranks=$(python3 -c "import torch; print(min(2, torch.cuda.device_count()))")
 step bench-smoke-hf-gptj-tp env GRAPE_RESULTS_DIR="$out" NCCL_NVLS_ENABLE=0 \
   python3 -m torch.distributed.run --standalone --nproc-per-node "$ranks" -m benchmarks.hf_gptj_tp --tiny --quick
+# Data-parallel training over every GPU, up to two (one rank where there is one).
+step bench-smoke-train-ddp env GRAPE_RESULTS_DIR="$out" NCCL_NVLS_ENABLE=0 \
+  python3 -m torch.distributed.run --standalone --nproc-per-node "$ranks" -m benchmarks.train_ddp --tiny --quick
 exit $status

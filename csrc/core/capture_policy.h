@@ -178,9 +178,7 @@ class CaptureBackoff {
 // another tensor, and its replay would be refused), or where the signature's call follows its
 // own previous call: a loop over one shape whose outputs feed its next call (a decode step over a
 // static cache), which settles on two variants that feed each other (each lays out its output
-// around the other's input). At most kMaxChainVariants per signature; none under
-// torch.distributed, where a capture one rank alone takes would leave the ranks' capture points
-// apart (Note [Capture points agree across ranks]).
+// around the other's input). At most kMaxChainVariants per signature.
 // Those last two are captured at once: the graph could not take the call, or the loop would copy
 // its whole state at every call. Elsewhere a variant only saves copies, often of a few bytes (a
 // generation's position, its prompt's mask, which the next call brings in another site buffer),
@@ -198,7 +196,6 @@ struct GraphChoice {
 struct ChainPolicy {
   static constexpr size_t kMaxChainVariants = 3;
   bool alias_prediction = true;
-  bool ranks_agree = false;  // capture points are agreed with other ranks
 };
 
 // What copying inputs into a graph's placeholders costs a replay, as VariantRent charges it: the
@@ -256,7 +253,7 @@ GraphChoice choose_graph(const ChainPolicy& policy, size_t variants, Fits fits,
   for (size_t i = 1; i <= variants; ++i) {
     if (fits(i)) return {GraphChoice::Kind::kUse, i};
   }
-  if (policy.ranks_agree || variants >= ChainPolicy::kMaxChainVariants || !chainable()) return {};
+  if (variants >= ChainPolicy::kMaxChainVariants || !chainable()) return {};
   if (needed() || (may_move_outputs() && rent_due())) {
     return {GraphChoice::Kind::kCaptureVariant, 0};
   }

@@ -10,12 +10,12 @@ const char* reason_kind_name(ReasonKind kind) {
     case ReasonKind::kUnsupportedArgument: return "unsupported_argument";
     case ReasonKind::kHostSync: return "host_sync";
     case ReasonKind::kPageableCopy: return "pageable_copy";
+    case ReasonKind::kLegacyStream: return "legacy_stream";
     case ReasonKind::kCpuTensor: return "cpu_tensor";
     case ReasonKind::kOutOfMemory: return "out_of_memory";
     case ReasonKind::kResults: return "results";
     case ReasonKind::kCaptureError: return "capture_error";
     case ReasonKind::kInstantiation: return "instantiation";
-    case ReasonKind::kOtherRank: return "other_rank";
     case ReasonKind::kReplayRefused: return "replay_refused";
   }
   return "unknown";
@@ -34,6 +34,9 @@ ReasonKind kind_of_capture_error(const std::string& text) {
   auto says = [&](const char* words) { return text.find(words) != std::string::npos; };
   // Note [Host constants] (torch/capture.cpp): a pageable copy is retried with pinned memory.
   if (says("unless the CPU tensor is pinned")) return ReasonKind::kPageableCopy;
+  // CUDA's cudaErrorStreamCaptureImplicit: a node's work on the legacy stream (an autograd node
+  // made on it, as DistributedDataParallel's gradient hooks are).
+  if (says("legacy stream")) return ReasonKind::kLegacyStream;
   // The sync debug mode's error, and CUDA's own where a sync reached it.
   if (says("synchroniz") || says("stream is capturing") || says("cudaErrorStreamCapture")) {
     return ReasonKind::kHostSync;

@@ -18,12 +18,12 @@ enum class ReasonKind {
   kHostSync,             // a host synchronization under capture (.item(), a data-dependent shape,
                          // a tensor condition the rewriter left to the host)
   kPageableCopy,         // a copy from pageable host memory under capture
+  kLegacyStream,         // work on the legacy default stream, which no capture can join
   kCpuTensor,            // a result on the CPU, computed once while capturing
   kOutOfMemory,          // device memory ran out while capturing (or the memory budget)
   kResults,              // results a replay cannot repeat (requires grad, a view of another dtype)
   kCaptureError,         // the function raised under capture for another reason
   kInstantiation,        // the driver refused to instantiate the captured graph
-  kOtherRank,            // another rank of torch.distributed failed its capture
   kReplayRefused,        // a replay would overwrite memory the caller holds
 };
 

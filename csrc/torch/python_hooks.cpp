@@ -11,19 +11,6 @@ void PythonHooks::report_fallback(const std::string& signature, const core::Reas
                                  error);
 }
 
-bool PythonHooks::in_process_group() const {
-  return !hooks_.is_none() && hooks_.attr("in_process_group")().cast<bool>();
-}
-
-std::optional<std::pair<std::string, bool>> PythonHooks::agree(const std::string& signature,
-                                                               const std::string& reason,
-                                                               bool out_of_memory) const {
-  if (hooks_.is_none()) return std::nullopt;
-  py::object common = hooks_.attr("agree")(signature, reason, out_of_memory);
-  if (common.is_none()) return std::nullopt;
-  return common.cast<std::pair<std::string, bool>>();
-}
-
 bool PythonHooks::propagates(const py::error_already_set& error) const {
   return !hooks_.is_none() && error.matches(hooks_.attr("propagated_errors"));
 }

@@ -5,7 +5,6 @@
 
 #include <pybind11/pybind11.h>
 
-#include <optional>
 #include <string>
 #include <utility>
 
@@ -23,14 +22,6 @@ class PythonHooks {
   // capture raised, or None. Warns (grape.FallbackWarning) and keeps it for grape.stats.
   void report_fallback(const std::string& signature, const core::Reason& reason,
                        const py::object& error) const;
-  // Whether this process is a rank of an initialized torch.distributed process group.
-  bool in_process_group() const;
-  // At a capture point: this rank's outcome (`reason` empty: captured) made common to every rank
-  // (Note [Capture points agree across ranks]): (reason, any rank out of memory), or nothing in
-  // a process of its own.
-  std::optional<std::pair<std::string, bool>> agree(const std::string& signature,
-                                                    const std::string& reason,
-                                                    bool out_of_memory) const;
   // Whether a capture lets `error` through to the caller instead of falling back to eager (a
   // branch the rewriter cannot predicate, a collective in a predicated body: the user's to fix).
   bool propagates(const py::error_already_set& error) const;

@@ -55,7 +55,7 @@ Runtime::Runtime(py::object fn, int warmup, bool warmup_each_signature, py::obje
       hooks_(std::move(hooks)),
       training_(hooks_),
       warmup_{warmup, warmup_each_signature},
-      chain_{alias_prediction, false},
+      chain_{alias_prediction},
       executable_cache_(executable_cache),
       budget_(memory_budget) {
   TORCH_CHECK(PyCallable_Check(fn_.ptr()), "grape.compile expects a callable, got ",
@@ -204,20 +204,17 @@ py::object Runtime::call(py::args args, py::kwargs kwargs) {
                                  args, kwargs);
   }
 
-  // Arguments no graph can take: the signature runs eagerly. Under torch.distributed that is
-  // decided at its capture point, with the other ranks (Note [Capture points agree across ranks]).
+  // Arguments no graph can take: the signature runs eagerly.
   const core::Reason refusal = refusal_of_arguments(args, kwargs, flat);
-  if (!refusal.empty() && !hooks_.in_process_group()) {
+  if (!refusal.empty()) {
     set_fallback(entry, refusal, py::none());
     ++stats_.eager_calls;
     return run_eager(args, kwargs);
   }
-  if (warming_up(entry)) return warm_up(entry, args, kwargs);
-  if (refusal.empty()) {
-    // Capture with the spec of the arguments, so placeholders can stand in for the tensors.
-    flattener_.flatten_call(args, kwargs, flat, /*with_spec=*/true, /*with_paths=*/false);
-  }
-  if (auto eager = capture_entry(entry, flat, refusal, args, kwargs)) return *eager;
+  if (warming_up(entry) || training_.defers_capture()) return warm_up(entry, args, kwargs);
+  // Capture with the spec of the arguments, so placeholders can stand in for the tensors.
+  flattener_.flatten_call(args, kwargs, flat, /*with_spec=*/true, /*with_paths=*/false);
+  if (auto eager = capture_entry(entry, flat, args, kwargs)) return *eager;
   return replay_or_run_eagerly(entry, *entry.graph, flat, args, kwargs);
 #else
   return run_eager(args, kwargs);
@@ -292,15 +289,13 @@ core::Reason Runtime::refusal_of_arguments(const py::args& args, const py::kwarg
 }
 
 std::optional<py::object> Runtime::capture_entry(Entry& entry, FlatCall& flat,
-                                                 const core::Reason& argument_refusal,
-                                                 const py::args& args,
-                                                 const py::kwargs& kwargs) {
+                                                 const py::args& args, const py::kwargs& kwargs) {
   CaptureOutcome outcome;
   // Known from a warm-up to fail half-way, leaving state the eager run would read: not tried.
-  const bool known_to_fail = argument_refusal.empty() && !training_.refusal().empty();
+  const bool known_to_fail = !training_.refusal().empty();
   if (known_to_fail) {
     outcome.reason = {core::ReasonKind::kHostSync, training_.refusal()};
-  } else if (argument_refusal.empty()) {
+  } else {
     outcome = capture_with_retry(entry, flat, /*variant=*/false);
     if (outcome.graph) {
       entry.graph = std::move(outcome.graph);
@@ -308,18 +303,12 @@ std::optional<py::object> Runtime::capture_entry(Entry& entry, FlatCall& flat,
     } else {
       ++stats_.capture_failures;
     }
-  } else {
-    outcome.reason = argument_refusal;
   }
-  agree_across_ranks(entry, outcome);
   if (entry.graph) return std::nullopt;
-  // This rank's own argument refusal decides, whatever the common reason says.
-  const core::ReasonKind failure =
-      argument_refusal.empty() ? outcome.reason.kind : core::ReasonKind::kUnsupportedArgument;
   const core::AfterFailure after = known_to_fail
                                        ? core::AfterFailure::kFallBack
                                        : core::after_failed_capture(warmup_, entry.warmup_runs,
-                                                                    failure);
+                                                                    outcome.reason.kind);
   if (after == core::AfterFailure::kWarmUpAndRetry) {
     // This call is its warm-up; the next one captures again, and falls back if that fails too.
     warmup_.failed_at_first_sight();
@@ -441,32 +430,6 @@ CaptureOutcome Runtime::capture_with_retry(Entry& entry, FlatCall& flat, bool va
         return outcome;
     }
   }
-}
-
-void Runtime::agree_across_ranks(Entry& entry, CaptureOutcome& outcome) {
-  // Note [Capture points agree across ranks]
-  // Under torch.distributed, a rank that replays a graph holding a collective while another runs
-  // the call eagerly (or captures) can leave the collective waiting forever: NCCL registers a
-  // captured collective's buffers with its peers. So at a capture point every rank tells the
-  // others what it did (grape/_distributed.py), and they all replay, or all run the signature
-  // eagerly with one reason. Ranks are expected to reach capture points alike, as they call
-  // collectives alike: same functions, same signatures, same order. Chain variants, captured
-  // where one rank's allocations happen to allow them, are not made (Note [Chain variants]).
-  const bool captured = outcome.result == core::TryResult::kGraph && entry.graph;
-  const auto common =
-      hooks_.agree(entry.description, captured ? "" : outcome.reason.text,
-                   !captured && outcome.reason.kind == core::ReasonKind::kOutOfMemory);
-  if (!common) return;
-  chain_.ranks_agree = true;
-  const auto& [common_reason, any_out_of_memory] = *common;
-  if (common_reason.empty()) return;
-  const bool own = !captured && common_reason == outcome.reason.text;
-  // Every rank reports the same reason, whose ever it is.
-  outcome.reason = {any_out_of_memory ? core::ReasonKind::kOutOfMemory
-                                      : (own ? outcome.reason.kind : core::ReasonKind::kOtherRank),
-                    common_reason};
-  outcome.error = py::none();
-  entry.graph.reset();  // never launched
 }
 
 py::object Runtime::replay_or_run_eagerly(Entry& entry, CapturedGraph& graph, FlatCall& flat,

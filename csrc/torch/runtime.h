@@ -105,11 +105,10 @@ class Runtime {
   core::Reason refusal_of_arguments(const py::args& args, const py::kwargs& kwargs,
                                     const FlatCall& flat);
   // A signature's capture point: captures `entry` (its arguments `flat`, flattened with their
-  // spec), agreed with the other ranks; on failure warms up or falls back (Note [Capture policy]).
-  // Returns the result when this call ran eagerly instead of capturing.
-  std::optional<py::object> capture_entry(Entry& entry, FlatCall& flat,
-                                          const core::Reason& argument_refusal,
-                                          const py::args& args, const py::kwargs& kwargs);
+  // spec); on failure warms up or falls back (Note [Capture policy]). Returns the result when
+  // this call ran eagerly instead of capturing.
+  std::optional<py::object> capture_entry(Entry& entry, FlatCall& flat, const py::args& args,
+                                          const py::kwargs& kwargs);
   // Captures `flat` for `entry` with the tries the capture policy allows; the outcome is a graph
   // or the last failure. A refused pageable copy sets the entry's pin_host_constants; the time
   // goes to its costs (`variant`: a chain variant's capture). Where f raised an exception of its
@@ -120,10 +119,6 @@ class Runtime {
   py::object defer_after_out_of_memory(Entry& entry, core::Reason reason, const py::args& args,
                                        const py::kwargs& kwargs);
   CaptureContext capture_context(FlatCall& flat);
-  // At a capture point: this rank's outcome made common to every rank (Note [Capture points
-  // agree across ranks]). Where another rank failed, drops this rank's graph and takes the common
-  // reason.
-  void agree_across_ranks(Entry& entry, CaptureOutcome& outcome);
   // Replays `graph` for `entry`'s call, or runs it eagerly where the replay is refused.
   py::object replay_or_run_eagerly(Entry& entry, CapturedGraph& graph, FlatCall& flat,
                                    const py::args& args, const py::kwargs& kwargs);

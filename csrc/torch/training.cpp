@@ -23,6 +23,10 @@ void TrainingState::remember_refusal(const py::object& watch) {
   if (!refusal.is_none()) refusal_ = refusal.cast<std::string>();
 }
 
+bool TrainingState::defers_capture() {
+  return !seen_.is_none() && seen_.attr("defers_capture")().cast<bool>();
+}
+
 std::vector<at::Tensor> TrainingState::tracked_leaves(const py::object& static_module,
                                                       const FlatCall& flat, GraphPool& pool,
                                                       bool warmed_up) {

@@ -71,6 +71,9 @@ class TrainingState {
   // succeed, where the warm-up saw a reason (StepWatch.refusal); empty: none so far.
   void remember_refusal(const py::object& watch);
   const std::string& refusal() const { return refusal_; }
+  // Whether a call that would capture now runs as a warm-up instead: a module it ran times its
+  // first iterations with host synchronizations (Seen.defers_capture, Note [DDP under capture]).
+  bool defers_capture();
   // The leaves whose gradients a capture of `flat` watches: parameter arguments, then, once the
   // function was seen training, the parameters that require grad of the known optimizers,
   // `static_module` and module arguments. Where a backward pass may reach any of those

@@ -83,7 +83,7 @@ TEST(CapturePolicy, ACaptureWithoutWarmUpWarmsUpAndTriesAgain) {
   const WarmupPolicy lazy{1, false};
   EXPECT_EQ(after_failed_capture(lazy, 0, ReasonKind::kCaptureError),
             AfterFailure::kWarmUpAndRetry);
-  EXPECT_EQ(after_failed_capture(lazy, 0, ReasonKind::kOtherRank), AfterFailure::kWarmUpAndRetry);
+  EXPECT_EQ(after_failed_capture(lazy, 0, ReasonKind::kHostSync), AfterFailure::kWarmUpAndRetry);
   // A second failure, and arguments no graph takes, fall back.
   EXPECT_EQ(after_failed_capture(lazy, 1, ReasonKind::kCaptureError), AfterFailure::kFallBack);
   EXPECT_EQ(after_failed_capture(lazy, 0, ReasonKind::kUnsupportedArgument),
@@ -347,13 +347,13 @@ TEST(VariantRent, ACaptureIsBoughtOnceTheCopiesItSavesAddUpToItsCost) {
   for (int i = 0; i < 1000; ++i) EXPECT_FALSE(rent.charge(CopyCost::of(64, true), capture_ns));
 }
 
-TEST(ChainVariants, AtMostThreeAndNoneAcrossRanksOrWithoutPrediction) {
+TEST(ChainVariants, AtMostThreeAndNoneWithoutPrediction) {
   Graphs full{std::vector<bool>(1 + ChainPolicy::kMaxChainVariants, false), true};
   EXPECT_EQ(full.choose({}).kind, GraphChoice::Kind::kUse);
   Graphs g{{false}, true};
-  EXPECT_EQ(g.choose({true, true}).kind, GraphChoice::Kind::kUse);
-  EXPECT_EQ(g.choose({false, false}).kind, GraphChoice::Kind::kUse);
-  EXPECT_EQ(g.choose({false, false}).graph, 0u);
+  EXPECT_EQ(g.choose({}).kind, GraphChoice::Kind::kCaptureVariant);
+  EXPECT_EQ(g.choose({false}).kind, GraphChoice::Kind::kUse);
+  EXPECT_EQ(g.choose({false}).graph, 0u);
 }
 
 TEST(Reasons, CaptureErrorsAreKindedByWhatPyTorchSays) {
@@ -365,6 +365,9 @@ TEST(Reasons, CaptureErrorsAreKindedByWhatPyTorchSays) {
   EXPECT_EQ(kind_of_capture_error("RuntimeError: Cannot copy between CPU and CUDA tensors during "
                                   "CUDA graph capture unless the CPU tensor is pinned."),
             ReasonKind::kPageableCopy);
+  EXPECT_EQ(kind_of_capture_error("AcceleratorError: CUDA error: operation would make the legacy "
+                                  "stream depend on a capturing blocking stream"),
+            ReasonKind::kLegacyStream);
   EXPECT_EQ(kind_of_capture_error("ValueError: bad shape"), ReasonKind::kCaptureError);
 }
 

@@ -1,5 +1,11 @@
-"""Capture points agreed across torch.distributed ranks (grape/_distributed.py) and collectives
-refused in predicated bodies, on the CPU: ranks are processes of one gloo process group."""
+"""grape under torch.distributed on the CPU, ranks as processes of one gloo process group: ranks
+that call with signatures of their own, DistributedDataParallel's timed iterations (Note [DDP
+under capture] in grape/_distributed.py), NCCL's graph buffer registration left off, and
+collectives refused in predicated bodies."""
+
+import os
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -13,70 +19,79 @@ pytestmark = pytest.mark.skipif(not dist.is_available() or not dist.is_gloo_avai
                                 reason="torch.distributed with gloo is not available")
 
 
-def test_ranks_that_all_captured_replay():
-    outcomes = [("(Half[8, 4] cuda:0)", "", False), ("(Half[8, 4] cuda:1)", "", False)]
-    assert _distributed.common_outcome("f", 0, outcomes) == ("", False)
+def own_signatures(rank, world):
+    def step(x):
+        total = x.sum().reshape(1)
+        dist.all_reduce(total)
+        return x * total
+
+    compiled = grape.compile(step)
+    lengths = [[4, 4, 8, 4], [8, 16, 16, 4]][rank]
+    return [torch.equal(compiled(torch.arange(n) * 1.0), step(torch.arange(n) * 1.0))
+            for n in lengths]
 
 
-def test_a_refusal_on_one_rank_is_every_rank_s_reason():
-    outcomes = [("(f32[4] cuda:0)", "", False),
-                ("(f32[4] cuda:1)", "returns a tensor on cpu", False)]
-    reason, out_of_memory = _distributed.common_outcome("f", 3, outcomes)
-    assert reason.startswith("returns a tensor on cpu (on rank 1;") and not out_of_memory
+def test_ranks_call_a_compiled_function_with_signatures_of_their_own():
+    # No rank waits for another to reach the same signature: only the collectives meet.
+    for equal in returned(run_ranks(own_signatures, 2)):
+        assert equal == [True] * 4
 
 
-def test_one_reason_on_every_rank_is_given_as_it_is():
-    outcomes = [("(f32[4])", "out of memory", True), ("(f32[4])", "out of memory", True)]
-    assert _distributed.common_outcome("f", 0, outcomes) == ("out of memory", True)
-
-
-def test_ranks_at_different_signatures_disagree():
-    outcomes = [("(f32[4])", "", False), ("(f32[5])", "", False)]
-    with pytest.raises(_distributed.RanksDisagree, match=r"capture point 2 with different "
-                       r"signatures \(rank 0: \(f32\[4\]\); rank 1: \(f32\[5\]\)\)"):
-        _distributed.common_outcome("f", 2, outcomes)
-
-
-def agree_at_points(rank, world, reasons_by_rank, signatures_by_rank):
-    """Each rank goes through the capture points of one function with its own outcomes."""
-    points = _distributed.CapturePoints("step")
-    got = []
-    for reason, signature in zip(reasons_by_rank[rank], signatures_by_rank[rank]):
+def ddp_timed_iterations(rank, world, steps):
+    """What a DDPWatch says of a DDP module after each of `steps` training steps."""
+    torch.manual_seed(0)
+    model = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(4, 4))
+    watch = _distributed.DDPWatch()
+    defers, refused = [], []
+    for _ in range(steps):
+        defers.append(watch.defers_capture())
         try:
-            got.append(points.agree(signature, reason, False))
-        except _distributed.RanksDisagree as e:
-            got.append(("raised", str(e)))
-            break
-    return got
+            watch.saw(model, capturing=True)  # would a capture of this forward go on?
+            refused.append(False)
+        except RuntimeError as e:
+            refused.append(str(e))
+        watch.saw(model, capturing=False)
+        model(torch.randn(2, 4)).sum().backward()
+    return defers, refused, model._get_ddp_logging_data().get("iteration")
 
 
-def test_every_rank_takes_the_path_of_the_rank_that_refused():
-    reasons = [["", "", ""], ["", "returns a tensor on cpu", ""]]
-    signatures = [["(f32[4] cuda:0)", "(f32[8] cuda:0)", "(f32[16] cuda:0)"],
-                  ["(f32[4] cuda:1)", "(f32[8] cuda:1)", "(f32[16] cuda:1)"]]
-    ranks = returned(run_ranks(agree_at_points, 2, reasons, signatures))
-    assert ranks[0] == ranks[1]
-    assert [r[0] for r in ranks[0]] == ["", ranks[0][1][0], ""]
-    assert ranks[0][1][0].startswith("returns a tensor on cpu (on rank 1;")
+def test_a_ddp_module_defers_captures_until_its_reducer_stopped_timing_iterations():
+    steps = 120  # past the reducer's default sample at iteration 100
+    for defers, refused, iteration in returned(run_ranks(ddp_timed_iterations, 2, steps)):
+        timed = _distributed.DDP_TIMED_ITERATIONS + 1  # forwards 2 to 11 wait on the host
+        # The first step is unseen until it runs; then the watch knows the module.
+        assert defers == [False] + [True] * (timed - 1) + [False] * (steps - timed)
+        assert all(refused[1:timed]) and not any(refused[timed:])
+        assert "grape: DistributedDataParallel synchronizes with the host" in refused[1]
+        # grape set the sample rate past the run: iteration 100 was not timed.
+        assert iteration == _distributed.DDP_TIMED_ITERATIONS
 
 
-def test_ranks_at_different_signatures_fail_alike():
-    reasons = [["", ""], ["", ""]]
-    signatures = [["(f32[4])", "(f32[8])"], ["(f32[4])", "(f32[9])"]]
-    ranks = returned(run_ranks(agree_at_points, 2, reasons, signatures))
-    assert ranks[0] == ranks[1]
-    kind, message = ranks[0][1]
-    assert kind == "raised" and "capture point 1 with different signatures" in message
+def test_a_forward_without_gradient_sync_is_never_refused():
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        model = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(4, 4))
+        watch = _distributed.DDPWatch()
+        watch.saw(model, capturing=False)
+        model(torch.randn(2, 4)).sum().backward()
+        with model.no_sync():
+            watch.saw(model, capturing=True)  # the reducer times no step without sync
+        with torch.no_grad():
+            watch.saw(model, capturing=True)
+        assert watch.defers_capture()  # a step with sync would still be timed
+    finally:
+        dist.destroy_process_group()
 
 
-def test_a_rank_that_does_not_reach_a_capture_point_is_named():
-    reasons = [["", ""], [""]]
-    signatures = [["(f32[4])", "(f32[8])"], ["(f32[4])"]]
-    ranks = returned(run_ranks(agree_at_points, 2, reasons, signatures,
-                               env={_distributed.TIMEOUT_ENV: "1"}))
-    kind, message = ranks[0][1]
-    assert kind == "raised" and "rank(s) [1] did not reach capture point 1 within 1 s" in message
-    assert len(ranks[1]) == 1
+@pytest.mark.parametrize("chosen", [None, "1"])
+def test_nccl_graph_buffer_registration_is_off_unless_the_user_chose(chosen):
+    env = {k: v for k, v in os.environ.items() if k != "NCCL_GRAPH_REGISTER"}
+    if chosen is not None:
+        env["NCCL_GRAPH_REGISTER"] = chosen
+    out = subprocess.run([sys.executable, "-c", "import os, grape; "
+                          "print(os.environ['NCCL_GRAPH_REGISTER'])"],
+                         env=env, capture_output=True, text=True, check=True).stdout.strip()
+    assert out == (chosen or "0")
 
 
 def collective_under_refusal(rank, world):
@@ -85,12 +100,14 @@ def collective_under_refusal(rank, world):
         y = x * 2  # other operators run
         try:
             dist.all_reduce(y)
-        except grape.PredicateError as e:
+        except RuntimeError as e:
             return str(e), y.tolist()
     return None, y.tolist()
 
 
-def test_a_collective_in_a_predicated_body_is_refused():
+def test_a_collective_in_a_predicated_body_fails_the_capture():
     (message, values), = returned(run_ranks(collective_under_refusal, 1))
     assert values == [2.0, 2.0]
-    assert message.startswith("grape.Predicate: a torch.distributed collective (c10d.allreduce_")
+    # A "grape:" error under capture: the capture falls back (Note [Exceptions under capture]).
+    assert message.startswith("grape: grape.Predicate: a torch.distributed collective "
+                              "(c10d.allreduce_")

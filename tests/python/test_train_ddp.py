@@ -1,0 +1,42 @@
+"""benchmarks/train_ddp.py: how it compares every rank's results with eager's; runs on any
+machine (the script itself runs under torchrun: make gpu-check's smoke)."""
+
+from benchmarks import train_ddp
+
+
+def rank_result(losses, digest="p", ms=1.0, **more):
+    return {"losses": losses, "parameters_digest": digest, "ms_per_step": ms, **more}
+
+
+def by_rank(grape_losses=([1.0, 0.5], [2.0, 0.7]), digests=("p", "p")):
+    reference = [rank_result([1.0, 0.5], ms=9.0), rank_result([2.0, 0.7], ms=9.0)]
+    return {
+        "eager": [rank_result([1.0, 0.5000001], ms=9.0), rank_result([2.0, 0.7], ms=9.0)],
+        "eager_device_lr": reference,
+        "grape": [rank_result(list(losses), digest, ms=3.0, captures=4, recaptures=0)
+                  for losses, digest in zip(grape_losses, digests)],
+    }
+
+
+def test_grape_is_correct_where_every_rank_s_losses_are_the_reference_s_and_ranks_agree():
+    out = train_ddp.compare("gpt2", by_rank())
+    grape = out["grape"]
+    assert grape["losses_equal_eager"] and grape["ranks_in_sync"] and grape["correct"]
+    assert grape["speedup_vs_eager"] == 3.0 and grape["meets_target_speedup"]
+    assert grape["max_loss_rel_diff_eager"] > 0 and grape["hung"] is False
+    assert grape["captures_by_rank"] == [4, 4] and grape["losses_by_rank"][1] == [2.0, 0.7]
+    assert out["eager"]["correct"] == "reference"
+
+
+def test_one_rank_s_losses_or_parameters_apart_make_grape_incorrect():
+    apart = train_ddp.compare("gpt2", by_rank(grape_losses=([1.0, 0.5], [2.0, 0.71])))["grape"]
+    assert not apart["losses_equal_eager"] and not apart["correct"]
+    out_of_sync = train_ddp.compare("gpt2", by_rank(digests=("p", "q")))["grape"]
+    assert not out_of_sync["ranks_in_sync"] and not out_of_sync["correct"]
+
+
+def test_a_rank_that_failed_is_named_in_the_mode_s_error():
+    ranks = by_rank()
+    ranks["grape"][1] = {"ms_per_step": None, "error": "RuntimeError: boom"}
+    grape = train_ddp.compare("gpt2", ranks)["grape"]
+    assert grape["error"] == "rank 1: RuntimeError: boom" and "correct" not in grape
