@@ -180,17 +180,17 @@ def make_train_step(model, opt, loss_of, device_type: str):
     return train_step
 
 
-def with_device_lr(step, opt):
+def with_device_lr(step, opt, float_calls: int = 1):
     """`step`, run eagerly with the device-readable settings of `opt` in device memory, written
     from the param groups' floats first, as grape's replays read them (Note [Device settings]);
-    its first call with the floats, as grape's warm-up."""
+    its first `float_calls` calls with the floats, as grape's warm-ups."""
     from grape import _training
 
     settings, calls = _training.DeviceSettings(), []
 
     def run(*batch):
         calls.append(None)
-        with settings.swap([opt] if len(calls) > 1 else []) as swap:
+        with settings.swap([opt] if len(calls) > float_calls else []) as swap:
             swap.write()
             return step(*batch)
 
