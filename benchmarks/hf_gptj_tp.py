@@ -5,6 +5,9 @@ Cases:
   `tp2` (`tp<N>` on N ranks): the split model, modes `eager` and `grape` (grape.compile(model) in
       place, on every rank); every rank runs the same generations (their collectives must meet),
       rank 0 reports. The target: grape >= 2x eager, with eager's tokens.
+  `tp2-dtensor` (--split dtensor): the same split made by the ecosystem's tool,
+      torch.distributed.tensor.parallel.parallelize_module (parallelize_gptj): DTensor parameters,
+      HF's code unchanged.
   `tp1`: the unsplit model on one GPU (rank 0's), `eager` and `grape`: the reference without
       collectives, run after the split case, whose shards are freed first, by rank 0 alone once
       the ranks have left their process group (the other ranks are then done).
@@ -12,6 +15,7 @@ Cases:
     torchrun --nproc-per-node 2 -m benchmarks.hf_gptj_tp                  # tp2, then tp1
     torchrun --nproc-per-node 2 -m benchmarks.hf_gptj_tp --quick          # 16 new tokens, 2 reps
     torchrun --nproc-per-node 2 -m benchmarks.hf_gptj_tp --tiny --quick   # smoke run: 2 layers
+    torchrun --nproc-per-node 2 -m benchmarks.hf_gptj_tp --split dtensor  # split by parallelize_module
     python -m benchmarks.hf_gptj_tp                                       # a world of 1: tp1 only
     torchrun --nproc-per-node 2 -m benchmarks.hf_gptj_tp --tiny --quick --device cpu
 
@@ -63,6 +67,9 @@ TARGET_SPEEDUP = 2.0  # grape over eager, both split over the ranks
 SPLIT = ("Megatron, per block: q/k/v_proj and mlp.fc_in column parallel (this rank's heads, its "
          "rows of fc_in), out_proj and mlp.fc_out row parallel (fc_out's bias on rank 0), their "
          "outputs summed by all_reduce (two a block); embeddings, layer norms, lm_head replicated")
+SPLIT_DTENSOR = ("torch.distributed.tensor.parallel.parallelize_module over a 1-D device mesh, per "
+                 "block: ColwiseParallel q/k/v_proj and mlp.fc_in, RowwiseParallel out_proj and "
+                 "mlp.fc_out (DTensor parameters; the row-parallel outputs all-reduced)")
 UNSPLIT = "none: the whole model on one device"
 
 
@@ -128,6 +135,32 @@ def shard_gptj(model, rank: int, world: int, group=None):
     return model
 
 
+def parallelize_gptj(model, world: int, device: str):
+    """The same split as shard_gptj, made by the ecosystem's tool instead of by hand:
+    parallelize_module turns each block's projections into DTensor modules over a device mesh of
+    the `world` ranks (ColwiseParallel hands the next layer its local shard, RowwiseParallel
+    all-reduces its output), and HF's attention is told the local head count as in shard_gptj."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor.parallel import (ColwiseParallel, RowwiseParallel,
+                                                   parallelize_module)
+
+    heads = model.config.n_head
+    if heads % world:
+        raise ValueError(f"GPT-J's {heads} heads do not split over {world} ranks")
+    mesh = init_device_mesh(device, (world,))
+    plan = {"attn.q_proj": ColwiseParallel(), "attn.k_proj": ColwiseParallel(),
+            "attn.v_proj": ColwiseParallel(), "attn.out_proj": RowwiseParallel(),
+            "mlp.fc_in": ColwiseParallel(), "mlp.fc_out": RowwiseParallel()}
+    for block in model.transformer.h:
+        parallelize_module(block, mesh, plan)
+        block.attn.num_attention_heads = heads // world
+        block.attn.embed_dim = block.attn.num_attention_heads * block.attn.head_dim
+    return model
+
+
+SPLITS = {"megatron": SPLIT, "dtensor": SPLIT_DTENSOR}
+
+
 # ---------------------------------------------------------------------------------------- ranks
 
 def init_ranks(device: str) -> tuple[int, int]:
@@ -173,7 +206,9 @@ def build(tiny: bool, ids: torch.Tensor):
 
 
 def parameter_bytes(model) -> int:
-    return sum(p.numel() * p.element_size() for p in model.parameters())
+    """The bytes of parameters this rank holds (a DTensor's local shard)."""
+    local = [p.to_local() if hasattr(p, "to_local") else p for p in model.parameters()]
+    return sum(p.numel() * p.element_size() for p in local)
 
 
 # ---------------------------------------------------------------------------------------- modes
@@ -277,6 +312,9 @@ def main(argv=None):
     parser.add_argument("--new-tokens", type=int, default=128)
     parser.add_argument("--device", choices=("cuda", "cpu"), default="cuda",
                         help="cpu: the ranks over gloo, grape falling back to eager (a smoke run)")
+    parser.add_argument("--split", choices=tuple(SPLITS), default="megatron",
+                        help="megatron: the split written here (the reference); dtensor: the same "
+                             "split by torch.distributed.tensor.parallel (case tp<N>-dtensor)")
     args, modes = harness.parse(parser, argv, MODES, None)
     if args.device == "cuda" and not torch.cuda.is_available():
         raise SystemExit("hf_gptj_tp needs CUDA devices (or --device cpu: a smoke run over gloo)")
@@ -295,19 +333,23 @@ def main(argv=None):
         ids = hf_gptj.prompt(gptj.vocab_size, device)
         if world > 1:
             model, initializer_range = build(args.tiny, ids)
-            shard_gptj(model, rank, world)
+            if args.split == "dtensor":
+                parallelize_gptj(model, world, args.device)
+            else:
+                shard_gptj(model, rank, world)
             harness.clear_memory()  # the full weights, of which this rank keeps its shard
-            config = dict(shared_config, world_size=world, backend=dist.get_backend(), tp_split=SPLIT,
+            config = dict(shared_config, world_size=world, backend=dist.get_backend(),
+                          tp_split=SPLITS[args.split],
                           initializer_range=initializer_range,
                           parameter_bytes_per_rank=parameter_bytes(model))
             if rank == 0:
                 print(f"tp{world}: {world} ranks, {config['parameter_bytes_per_rank'] / 1e9:.2f} GB "
                       "of parameters each", flush=True)
-            cases.append(run_case(model, f"tp{world}", ids, args, modes, config))
+            suffix = "-dtensor" if args.split == "dtensor" else ""
+            cases.append(run_case(model, f"tp{world}{suffix}", ids, args, modes, config))
             del model
             harness.clear_memory()
-            # tp1 runs on rank 0 alone, so no process group may remain: grape makes the ranks of
-            # one agree at every capture point, which the other ranks would never reach.
+            # tp1 runs on rank 0 alone, with no collective: the other ranks are done.
             barrier()
             dist.destroy_process_group()
             if rank != 0:
@@ -324,14 +366,16 @@ def main(argv=None):
         harness.print_table(case)
     print()
     print_targets(cases)
-    name = "hf_gptj_tp" + ("-tiny" if args.tiny else "") + ("-quick" if args.quick else "")
+    name = ("hf_gptj_tp" + ("-dtensor" if args.split == "dtensor" else "")
+            + ("-tiny" if args.tiny else "") + ("-quick" if args.quick else ""))
     path = harness.write_results(name, cases, args.out)
     c = cases[0]["config"]
     split = f"tensor parallel over {world} ranks" if world > 1 else "unsplit (a world of 1)"
     title = f"HF {'GPT-J tiny' if args.tiny else 'GPT-J 6B'} generate, {split}, fp16, batch 1, greedy"
     nccl = f"NCCL {c['nccl_version']}, " if c["nccl_version"] else ""
     preface = (f"{title}: {c['prompt']}-token prompt, {c['new_tokens']} new tokens, on "
-               f"{args.device} ({nccl}NCCL_NVLS_ENABLE={c['NCCL_NVLS_ENABLE']}). Split: {SPLIT}. "
+               f"{args.device} ({nccl}NCCL_NVLS_ENABLE={c['NCCL_NVLS_ENABLE']}). Split: "
+               f"{SPLITS[args.split]}. "
                "tp1: the unsplit model on rank 0's device.\n\n")
     table = generation.markdown(cases, extra=[("vs tp1", "speedup_vs_tp1", "{:.2f}x")], memory=True)
     harness.write_table_and_plot(path, preface + table,

@@ -1,31 +1,35 @@
-"""Data-parallel training as tutorials write it: DistributedDataParallel over torchrun, each rank
-with batches of its own lengths (what a DistributedSampler over variable-length data gives), eager
-and grape.compile side by side on the same weights, in one process per rank.
+"""Data-parallel training as tutorials write it: DistributedDataParallel (or FSDP2) over torchrun,
+each rank with batches of its own lengths (what a DistributedSampler over variable-length data
+gives), eager and grape.compile side by side on the same weights, in one process per rank.
 
     torchrun --nproc-per-node 2 -m benchmarks.train_ddp             # both cases, 200 steps a mode
+    torchrun --nproc-per-node 2 -m benchmarks.train_ddp --parallel fsdp2   # FSDP2 instead of DDP
     torchrun --nproc-per-node 2 -m benchmarks.train_ddp --quick     # smoke run: 40 steps, 1 pass
     torchrun --nproc-per-node 2 -m benchmarks.train_ddp --tiny --quick --device cpu  # the script
                                                                     # itself, over gloo
 
-Any number of ranks; a case is named by it (gpt2-ddp2 on 2 ranks). Cases, as benchmarks/train_lm
-builds them (its gpt2-cosine and wav2vec2-onecycle), with each rank's batches drawn by a seed of
-its own:
+Any number of ranks; a case is named by it (gpt2-ddp2 on 2 ranks, gpt2-fsdp2x2 under FSDP2).
+Cases, as benchmarks/train_lm builds them (its gpt2-cosine and wav2vec2-onecycle), with each
+rank's batches drawn by a seed of its own:
 - gpt2-ddpN: GPT2LMHeadModel (4 layers, width 512, dropout 0.1), batch 8 per rank, lengths drawn
   alike from --lengths (32, 64, 96 and 128 tokens, as train_lm's; other lengths name the case
   gpt2-ddpN-<shortest>-<longest>); bf16 autocast, AdamW, cosine lr, clipping.
 - wav2vec2-ddpN: Wav2Vec2ForCTC with wav2vec2-base's config, batch 8 clips per rank padded to one
   of 4 widths, CTC loss, bf16 autocast, AdamW, OneCycleLR.
+--parallel fsdp2 applies fully_shard to each transformer block and then to the whole model
+instead of wrapping it in DistributedDataParallel.
 
-Modes, each a DistributedDataParallel of its own over a copy of the same initial weights, seeded
+Modes, each a data-parallel model of its own over a copy of the same initial weights, seeded
 alike on every rank before its first step: eager (capturable AdamW, the float lr), eager_device_lr
-(the update grape runs: the float lr in the 11 calls grape warms a DDP step up, then the lr read
-from device memory; the bit-exact reference, as in train_lm), grape (the step compiled whole).
+(the update grape runs: the float lr in the calls grape warms the step up, 11 under DDP, then the
+lr read from device memory; the bit-exact reference, as in train_lm), grape (the step compiled
+whole).
 
 Each rank times its steps as train_lm does (the first pass step by step with a device sync,
 then --reps steady passes); a figure is rank 0's, and `*_by_rank` gives every rank's. Per rank:
 `losses` (its local losses); grape's `losses_equal_eager` (every rank's losses equal to
 eager_device_lr's to the bit), `max_loss_rel_diff_eager` (against eager, over ranks),
-`ranks_in_sync` (the parameters identical on every rank after the mode's last step),
+`ranks_in_sync` (the whole parameters identical on every rank after the mode's last step),
 `recaptures`, and `hung` (false: a watchdog writes the results with hung true and ends the run
 where no step finishes within HANG_S seconds).
 """
@@ -65,11 +69,15 @@ GRAPE_STATS = ("graphs", "captures", "recaptures", "last_recapture_reason", "rep
 
 def build_case(name: str, tiny: bool, steps: int, device: str, rank: int,
                lengths: list[int]) -> dict:
+    """train_lm's case, with this rank's batches and `blocks`: a model's transformer blocks (what
+    FSDP2 shards one by one)."""
     seed = 1 + rank  # each rank its own batches; the weights are seeded alike
     if name == "gpt2":
-        return train_lm.gpt2_case(tiny, steps, device, seed=seed,
+        case = train_lm.gpt2_case(tiny, steps, device, seed=seed,
                                   lengths=TINY_GPT2_LENGTHS if tiny else lengths)
-    return train_lm.wav2vec2_case(tiny, steps, device, seed=seed, buckets=WAV2VEC2_BUCKETS)
+        return {**case, "blocks": lambda model: model.transformer.h}
+    case = train_lm.wav2vec2_case(tiny, steps, device, seed=seed, buckets=WAV2VEC2_BUCKETS)
+    return {**case, "blocks": lambda model: model.wav2vec2.encoder.layers}
 
 
 class Watchdog:
@@ -92,21 +100,42 @@ class Watchdog:
 
 
 def parameters_digest(model: torch.nn.Module) -> str:
+    """A digest of the whole parameters (an FSDP2 shard gathered whole, on every rank)."""
     digest = hashlib.sha256()
     for p in model.parameters():
-        digest.update(p.detach().float().cpu().numpy().tobytes())
+        whole = p.full_tensor() if hasattr(p, "full_tensor") else p
+        digest.update(whole.detach().float().cpu().numpy().tobytes())
     return digest.hexdigest()
 
 
-def run_mode(name: str, case: dict, mode: str, reps: int, device: str, watchdog: Watchdog) -> dict:
+def wrapped(model: torch.nn.Module, blocks, parallel: str, local) -> torch.nn.Module:
+    """`model` made data-parallel: DistributedDataParallel, or FSDP2 (fully_shard on each of its
+    `blocks`, then on the whole)."""
+    if parallel == "fsdp2":
+        from torch.distributed.fsdp import fully_shard
+
+        for block in blocks:
+            fully_shard(block)
+        return fully_shard(model)
+    # Under a side stream, as PyTorch's CUDA graph recipe says: DDP's gradient hooks run on the
+    # stream current at its construction, and the default stream cannot join a capture.
+    with torch.cuda.stream(torch.cuda.Stream()) if local else contextlib.nullcontext():
+        return DistributedDataParallel(model, device_ids=[local.index] if local else None)
+
+
+def grape_warmups(parallel: str) -> int:
+    """The calls grape runs eagerly before it captures a step: DDP's timed iterations (Note [DDP
+    under capture]), else one."""
+    return _distributed.DDP_TIMED_ITERATIONS + 1 if parallel == "ddp" else 1
+
+
+def run_mode(name: str, case: dict, mode: str, reps: int, device: str, watchdog: Watchdog,
+             parallel: str) -> dict:
     import grape
 
     local = torch.device(device, torch.cuda.current_device()) if device == "cuda" else None
     model = copy.deepcopy(case["model"]).to(local or device).train()
-    # Under a side stream, as PyTorch's CUDA graph recipe says: DDP's gradient hooks run on the
-    # stream current at its construction, and the default stream cannot join a capture.
-    with torch.cuda.stream(torch.cuda.Stream()) if local else contextlib.nullcontext():
-        ddp = DistributedDataParallel(model, device_ids=[local.index] if local else None)
+    ddp = wrapped(model, case["blocks"](model), parallel, local)
     capturable = mode in ("eager", "eager_device_lr") and device == "cuda"
     opt = torch.optim.AdamW(ddp.parameters(), lr=case["lr"], weight_decay=case["weight_decay"],
                             capturable=capturable)
@@ -116,9 +145,8 @@ def run_mode(name: str, case: dict, mode: str, reps: int, device: str, watchdog:
     if mode == "grape":
         step = grape.compile(step)
     elif mode == "eager_device_lr":
-        # grape warms a DDP step up until the reducer stopped timing (Note [DDP under capture]):
-        # those calls read the float lr.
-        step = train_lm.with_device_lr(step, opt, _distributed.DDP_TIMED_ITERATIONS + 1)
+        # grape's warm-ups read the float lr.
+        step = train_lm.with_device_lr(step, opt, grape_warmups(parallel))
     counters = harness.GrapeCounters(step) if mode == "grape" else None
     if device == "cuda":
         harness.clear_memory()
@@ -234,6 +262,8 @@ def init_ranks(device: str) -> tuple[int, int]:
 
 def main(argv=None) -> list[dict]:
     parser = train_lm.loop_parser(__doc__, MODES, CASES)
+    parser.add_argument("--parallel", choices=("ddp", "fsdp2"), default="ddp",
+                        help="DistributedDataParallel, or FSDP2's fully_shard on each block")
     parser.add_argument("--lengths", default=GPT2_LENGTHS,
                         help="gpt2's sequence lengths, comma-separated (default %(default)s)")
     args, modes = harness.parse(parser, argv, MODES, None)
@@ -246,7 +276,8 @@ def main(argv=None) -> list[dict]:
     rank, world = init_ranks(args.device)
     warnings.simplefilter("ignore", grape.FallbackWarning)  # they are in the JSON
     mask_rules = harness.skip_unpadded_masks_while_capturing()
-    label = "train_ddp" + ("-tiny" if args.tiny else "") + ("-quick" if args.quick else "")
+    label = ("train_ddp" + ("-fsdp2" if args.parallel == "fsdp2" else "")
+             + ("-tiny" if args.tiny else "") + ("-quick" if args.quick else ""))
     if args.lengths != GPT2_LENGTHS and not args.tiny:
         shortest_longest = sorted(int(n) for n in args.lengths.split(","))
         label += f"-len{shortest_longest[0]}-{shortest_longest[-1]}"
@@ -265,7 +296,7 @@ def main(argv=None) -> list[dict]:
         if base not in CASES:
             parser.error(f"unknown case {base}; choose from {CASES}")
         lengths = [int(n) for n in args.lengths.split(",")]
-        name = f"{base}-ddp{world}"
+        name = f"{base}-{args.parallel}{'x' if args.parallel == 'fsdp2' else ''}{world}"
         if base == "gpt2" and args.lengths != GPT2_LENGTHS and not args.tiny:
             name += f"-{min(lengths)}-{max(lengths)}"
         current["name"] = name
@@ -274,10 +305,11 @@ def main(argv=None) -> list[dict]:
             print(f"{name}: {args.steps} steps, batch {train_lm.BATCH} per rank, "
                   f"modes {', '.join(modes)}", flush=True)
         results = harness.run_modes(modes, lambda mode: run_mode(base, case, mode, args.reps,
-                                                                 args.device, watchdog))
+                                                                 args.device, watchdog,
+                                                                 args.parallel))
         by_mode = compare(base, gathered(results, world))
         shapes = {tuple(t.shape for t in b) for b in case["batches"]}
-        config = {**case["config"], "world_size": world, "steps": args.steps,
+        config = {**case["config"], "parallel": args.parallel, "world_size": world, "steps": args.steps,
                   "batch_per_rank": train_lm.BATCH, "steady_steps": train_lm.STEADY_STEPS,
                   "reps": args.reps, "device": args.device, "backend": dist.get_backend(),
                   "unpadded_mask_rules_changed": mask_rules, "distinct_shapes_rank0": len(shapes)}

@@ -11,7 +11,7 @@ from ranks import returned, run_ranks
 transformers = pytest.importorskip("transformers")
 
 from benchmarks import generation, hf_gptj  # noqa: E402  (after the skip without transformers)
-from benchmarks.hf_gptj_tp import shard_gptj  # noqa: E402
+from benchmarks.hf_gptj_tp import parallelize_gptj, shard_gptj  # noqa: E402
 
 pytestmark = pytest.mark.skipif(
     not (dist.is_available() and dist.is_gloo_available()),
@@ -37,11 +37,13 @@ def tiny_gptj():
     return model
 
 
-def split_and_unsplit(rank, world):
-    """One rank: the unsplit model and its split, the same prompt through both."""
+def split_and_unsplit(rank, world, by="megatron"):
+    """One rank: the unsplit model and its split (by the benchmark's shard_gptj, or by
+    parallelize_module), the same prompt through both."""
     torch.set_num_threads(1)  # the ranks share the CI machine's cores
     unsplit = tiny_gptj()
-    split = shard_gptj(tiny_gptj(), rank, world)
+    split = (parallelize_gptj(tiny_gptj(), world, "cpu") if by == "dtensor"
+             else shard_gptj(tiny_gptj(), rank, world))
     g = torch.Generator().manual_seed(1)
     ids = torch.randint(0, unsplit.config.vocab_size, (1, 12), generator=g)
     kwargs = dict(attention_mask=torch.ones_like(ids), **generation.generate_kwargs(1, NEW_TOKENS))
@@ -50,7 +52,8 @@ def split_and_unsplit(rank, world):
             "logits": split(ids).logits, "unsplit_logits": unsplit(ids).logits,
             "tokens": split.generate(ids, **kwargs),
             "unsplit_tokens": unsplit.generate(ids, **kwargs),
-            "block": dict(split.transformer.h[0].named_parameters()),
+            "block": {name: (p.to_local() if hasattr(p, "to_local") else p).detach()
+                      for name, p in split.transformer.h[0].named_parameters()},
             "unsplit_block": dict(unsplit.transformer.h[0].named_parameters()),
             "heads": split.transformer.h[0].attn.num_attention_heads,
         }
@@ -95,3 +98,14 @@ def test_replicated_layers_are_whole_on_every_rank(ranks):
     for r in ranks:
         for name in ("ln_1.weight", "ln_1.bias"):
             assert torch.equal(r["block"][name], r["unsplit_block"][name])
+
+
+def test_the_split_by_parallelize_module_computes_what_the_unsplit_model_does():
+    for r in returned(run_ranks(split_and_unsplit, WORLD, "dtensor")):
+        want = r["unsplit_logits"]
+        torch.testing.assert_close(r["logits"], want, rtol=0, atol=1e-5 * want.abs().max().item())
+        assert torch.equal(r["tokens"], r["unsplit_tokens"])
+        assert r["heads"] == 2
+        # Its projections hold a local half each, as DTensor shards.
+        assert r["block"]["attn.q_proj.weight"].shape[0] * WORLD == \
+            r["unsplit_block"]["attn.q_proj.weight"].shape[0]
