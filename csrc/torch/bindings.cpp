@@ -149,6 +149,13 @@ PYBIND11_MODULE(_C, m) {
         return py::make_tuple(std::move(t.parameters), std::move(t.buffers));
       },
       py::arg("module"), "(parameters, buffers) of a module, as a capture reads them.");
+  m.def(
+      "_unwatchable_state",
+      [](py::handle module, std::vector<at::Tensor> leaves) {
+        return grape::unwatchable_state(module, {}, leaves);
+      },
+      py::arg("module"), py::arg("leaves"),
+      "Why a capture cannot watch a module's parameters and buffers and the leaves, or ''.");
 
   // The signature words and tensors of a call, as the runtime computes them (for tests).
   m.def(

@@ -12,6 +12,7 @@
 
 #include "core/clock.h"
 #include "torch/allocator_hook.h"
+#include "torch/module_tensors.h"
 #include "torch/python_scopes.h"
 #include "torch/replay.h"
 #include "torch/side_effects.h"
@@ -246,6 +247,12 @@ CaptureOutcome capture(const CaptureContext& context, FlatCall& flat, bool pin_h
   // Gradients before f (Note [Gradients of a captured step]); put back when the capture ends.
   std::vector<at::Tensor> grad_leaves =
       context.training.tracked_leaves(context.static_module, flat, pool, context.warmed_up);
+  if (std::string why = unwatchable_state(context.static_module, flat.modules, grad_leaves);
+      !why.empty()) {
+    CaptureOutcome refused;
+    refused.reason = {core::ReasonKind::kUnsupportedArgument, std::move(why)};
+    return refused;
+  }
   const CaptureGradients gradients(std::move(grad_leaves), pool,
                                    at::cuda::getCurrentCUDAStream(pool.device()).stream());
   EnteredContext stepped_optimizers(context.training.step_watch());

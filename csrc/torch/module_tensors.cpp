@@ -93,4 +93,49 @@ ModuleTensors module_tensors(py::handle module) {
   return out;
 }
 
+namespace {
+
+// The Python type's name of a tensor of grape's (DTensor, Parameter).
+std::string type_name_of(const at::Tensor& t) {
+  const py::object wrapped = py::reinterpret_steal<py::object>(THPVariable_Wrap(t));
+  return py::str(py::type::handle_of(wrapped).attr("__name__"));
+}
+
+bool dispatches_in_python(const at::Tensor& t) {
+  return t.defined() && t.unsafeGetTensorImpl()->key_set().has(c10::DispatchKey::Python);
+}
+
+}  // namespace
+
+std::string unwatchable_state(py::handle static_module, const std::vector<py::object>& modules,
+                              const std::vector<at::Tensor>& leaves) {
+  auto why = [](const at::Tensor& t, const std::string& what) {
+    return what + " is a " + type_name_of(t) +
+           ", a tensor subclass with a dispatch of its own (its data lies in the tensors it "
+           "wraps, which a graph's replay cannot watch)";
+  };
+  auto of_module = [&](py::handle module) -> std::string {
+    const ModuleTensors tensors = module_tensors(module);
+    const std::string owner = " of " + std::string(py::str(py::type::handle_of(module).attr(
+                                           "__name__"))) + " (or of a submodule)";
+    for (const auto& t : tensors.parameters) {
+      if (dispatches_in_python(t)) return why(t, "a parameter" + owner);
+    }
+    for (const auto& t : tensors.buffers) {
+      if (dispatches_in_python(t)) return why(t, "a buffer" + owner);
+    }
+    return "";
+  };
+  if (!static_module.is_none()) {
+    if (std::string reason = of_module(static_module); !reason.empty()) return reason;
+  }
+  for (const auto& m : modules) {
+    if (std::string reason = of_module(m); !reason.empty()) return reason;
+  }
+  for (const auto& leaf : leaves) {
+    if (dispatches_in_python(leaf)) return why(leaf, "a tensor whose gradient the step sets");
+  }
+  return "";
+}
+
 }  // namespace grape

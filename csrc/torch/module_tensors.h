@@ -10,6 +10,7 @@
 #include <ATen/core/Tensor.h>
 #include <pybind11/pybind11.h>
 
+#include <string>
 #include <vector>
 
 namespace grape {
@@ -22,5 +23,13 @@ struct ModuleTensors {
 };
 
 ModuleTensors module_tensors(py::handle module);
+
+// Why a capture cannot watch the static state of `static_module` (None: none), the module
+// arguments `modules` and the training step's `leaves`, or "" where it can. A capture watches
+// parameters, buffers and leaves by their memory (a replay whose tensors moved captures again),
+// and a tensor subclass with a dispatch of its own (a DTensor: FSDP2's sharded parameters,
+// parallelize_module's) holds none: its data lies in the tensors it wraps.
+std::string unwatchable_state(py::handle static_module, const std::vector<py::object>& modules,
+                              const std::vector<at::Tensor>& leaves);
 
 }  // namespace grape

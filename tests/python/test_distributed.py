@@ -111,3 +111,29 @@ def test_a_collective_in_a_predicated_body_fails_the_capture():
     # A "grape:" error under capture: the capture falls back (Note [Exceptions under capture]).
     assert message.startswith("grape: grape.Predicate: a torch.distributed collective "
                               "(c10d.allreduce_")
+
+
+def unwatchable(rank, world):
+    """What grape says of a module whose parameters are DTensors: split by parallelize_module, and
+    sharded by FSDP2's fully_shard."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+    from torch.distributed.tensor.parallel import ColwiseParallel, parallelize_module
+
+    from grape import _C
+
+    mesh = init_device_mesh("cpu", (world,))
+    plain = torch.nn.Sequential(torch.nn.Linear(4, 4))
+    split = parallelize_module(torch.nn.Sequential(torch.nn.Linear(4, 4)), mesh,
+                               {"0": ColwiseParallel()})
+    sharded = fully_shard(torch.nn.Sequential(torch.nn.Linear(4, 4)))
+    return (_C._unwatchable_state(plain, []), _C._unwatchable_state(split, []),
+            _C._unwatchable_state(plain, list(sharded.parameters())))
+
+
+def test_dtensor_parameters_are_named_as_what_a_capture_cannot_watch():
+    for plain, split, leaves in returned(run_ranks(unwatchable, 2)):
+        assert plain == ""
+        assert split.startswith("a parameter of Sequential (or of a submodule) is a DTensor, a "
+                                "tensor subclass with a dispatch of its own")
+        assert leaves.startswith("a tensor whose gradient the step sets is a DTensor")

@@ -256,3 +256,33 @@ def test_ddp_constructed_on_the_default_stream_runs_eagerly_and_says_how_to_cons
     assert equal and equal_params and replays == 0
     assert {f["kind"] for f in fallbacks} == {"legacy_stream"}
     assert "construct DistributedDataParallel under" in fallbacks[0]["reason"]
+
+
+def dtensor_module(rank, world):
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor.parallel import (ColwiseParallel, RowwiseParallel,
+                                                   parallelize_module)
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 16))
+    model = parallelize_module(model.cuda(), init_device_mesh("cuda", (world,)),
+                               {"0": ColwiseParallel(), "2": RowwiseParallel()})
+    compiled = grape.compile(model)
+    equal = []
+    with torch.no_grad():
+        for i in range(3):
+            x = torch.randn(4, 16, device="cuda", generator=torch.Generator("cuda").manual_seed(i))
+            equal.append(torch.equal(compiled(x), model(x)))
+    s = grape.stats(compiled)
+    return equal, s["captures"], [(f["kind"], f["reason"]) for f in s["fallbacks"]]
+
+
+@needs_nccl
+@pytest.mark.expects_fallback
+@pytest.mark.parametrize("world", [1, 2])
+def test_a_module_with_dtensor_parameters_runs_eagerly_with_the_reason(world):
+    nccl_ranks(world)
+    for equal, captures, fallbacks in returned(run_ranks(dtensor_module, world, backend="nccl")):
+        assert equal == [True] * 3 and captures == 0
+        assert [kind for kind, _ in fallbacks] == ["unsupported_argument"]
+        assert "is a DTensor, a tensor subclass with a dispatch of its own" in fallbacks[0][1]
