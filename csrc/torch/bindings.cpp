@@ -7,6 +7,7 @@
 #include "core/replay_plan.h"
 #include "torch/call_lock.h"
 #include "torch/module_tensors.h"
+#include "torch/optimizer_settings.h"
 #include "torch/pytree.h"
 #include "torch/side_effects.h"
 #include "torch/runtime.h"
@@ -118,6 +119,13 @@ PYBIND11_MODULE(_C, m) {
 
   // What a replay checks of a training step's graph (Note [Gradients of a captured step]; tests).
   m.def(
+      "_grad_held_by_leaf_only",
+      [](const at::Tensor& leaf) { return grape::held_by_leaf_only(leaf.grad()); },
+      py::arg("leaf"), "Whether nothing but leaf.grad holds the leaf's gradient.");
+#endif
+
+  // The optimizer settings a training step's graph baked in or reads (tests; every build).
+  m.def(
       "_optimizer_settings_hold",
       [](py::list settings) {
         std::string changed;
@@ -135,11 +143,6 @@ PYBIND11_MODULE(_C, m) {
       },
       py::arg("settings"),
       "Writes DeviceSettings as before a replay: whether all are numbers, and which is not.");
-  m.def(
-      "_grad_held_by_leaf_only",
-      [](const at::Tensor& leaf) { return grape::held_by_leaf_only(leaf.grad()); },
-      py::arg("leaf"), "Whether nothing but leaf.grad holds the leaf's gradient.");
-#endif
 
   // The parameters and buffers a capture reads of a module (tests).
   m.def(

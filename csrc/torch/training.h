@@ -40,6 +40,7 @@
 
 #include "torch/python_hooks.h"
 #include "torch/pytree.h"
+#include "torch/optimizer_settings.h"
 #include "torch/side_effects.h"
 
 // The CUDA runtime's stream handle, without its header (this one is read by CPU-only builds too).
@@ -122,14 +123,6 @@ class TrainingState {
   std::string refusal_;
   bool backward_prepared_ = false;
 };
-
-// Whether the optimizer settings a graph baked in, (param group, key, value) tuples, still hold;
-// if not, `changed` says which.
-bool optimizer_settings_hold(const py::list& settings, std::string& changed);
-// Before a replay, on its stream: writes into each of a graph's DeviceSettings the current value
-// of its setting where that changed (Note [Device settings]). False, with `changed` saying which,
-// where a setting is no longer a number.
-bool write_device_settings(const py::list& settings, std::string& changed);
 
 // Whether nothing but its leaf's .grad holds `grad` (no other tensor, view or Python name).
 bool held_by_leaf_only(const at::Tensor& grad);
