@@ -85,9 +85,12 @@ def _check_condition(condition, what: str) -> None:
     if not isinstance(condition, torch.Tensor):
         raise TypeError(f"{what} needs a one-element CUDA bool tensor as its condition, got "
                         f"{type(condition).__name__} (a Python bool needs no predication: use if)")
-    if not condition.is_cuda:
-        raise TypeError(f"{what} needs a one-element CUDA bool tensor as its condition, got a "
-                        f"tensor on {condition.device}")
+    if not condition.is_cuda and _capturing():
+        # Outside capture the condition is read on the host wherever it lives (a machine without
+        # a GPU runs everything eagerly), as eager would; a graph reads it on the GPU at every
+        # replay. A grape error under capture: the call runs eagerly, with the reason.
+        raise RuntimeError(f"grape: {what}: a condition on {condition.device} cannot be captured "
+                           "(a replay reads it on the GPU): make it a one-element CUDA bool tensor")
     if condition.dtype != torch.bool:
         raise TypeError(f"{what} needs a one-element CUDA bool tensor as its condition, got dtype "
                         f"{condition.dtype} (compare it, e.g. x > 0)")

@@ -54,7 +54,8 @@ def test_skipped_body_leaves_names_unbound_like_if():
 
 @pytest.mark.parametrize("condition, error, words", [
     (True, TypeError, "a Python bool needs no predication"),
-    (torch.tensor(True), TypeError, "tensor on cpu"),
+    (torch.tensor(1), TypeError, "got dtype torch.int64"),
+    (torch.tensor([True, False]), ValueError, "got 2 elements"),
 ])
 def test_bad_conditions_are_refused_with_the_reason(condition, error, words):
     with pytest.raises(error, match=words):
@@ -73,6 +74,22 @@ def test_feature_detection_names_the_versions_it_needs():
             assert f"CUDA {needs} runtime and driver" in reason and "driver 0" in reason
     with pytest.raises(RuntimeError, match="unknown conditional kind"):
         grape._C.conditional_unsupported_reason("switch")
+
+
+def test_cpu_conditions_run_eagerly_outside_capture():
+    # As everything runs without a GPU: the condition is read on the host (under capture a CUDA
+    # condition is needed, which the GPU tests check).
+    out = torch.zeros(2)
+    with grape.Predicate(torch.tensor(True)):
+        out += 1
+    branch = grape.Predicate(torch.tensor(False))
+    with branch:
+        out += 10
+    with branch.otherwise():
+        out += 100
+    assert out.tolist() == [101.0, 101.0]
+    (final,) = grape.while_loop(lambda x: x.sum() < 5, lambda x: (x + 1,), (torch.zeros(1),))
+    assert final.item() == 5.0
 
 
 def test_while_loop_carries_tensors_only():

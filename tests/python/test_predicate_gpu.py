@@ -27,6 +27,26 @@ def test_conditions_of_the_wrong_dtype_or_size_are_refused(condition, error, wor
         grape.while_loop(lambda x: condition(), lambda x: (x,), (torch.zeros(1, device=DEV),))
 
 
+@pytest.mark.expects_fallback
+def test_a_cpu_condition_under_capture_runs_the_call_eagerly_with_the_reason():
+    gate = torch.tensor(True)  # a CPU condition the function reads (an argument would be refused)
+
+    def step(x):
+        out = x.clone()
+        with grape.Predicate(gate):  # read on the host, which no replay could do
+            out.add_(1)
+        return out
+
+    compiled = grape.compile(step)
+    for value in (True, False, True):
+        gate.fill_(value)
+        x = torch.ones(4, device=DEV)
+        assert torch.equal(compiled(x), step(x))
+    s = grape.stats(compiled)
+    assert s["replays"] == 0 and len(s["fallbacks"]) == 1
+    assert "a condition on cpu cannot be captured" in s["fallbacks"][0]["reason"]
+
+
 def test_eager_predicate_runs_the_taken_block_only():
     out = torch.zeros(2, device=DEV)
     for value in (True, False):
