@@ -41,6 +41,8 @@ from typing import Callable, Iterable, Mapping, Sequence
 import torch
 
 RESULTS_DIR = Path(__file__).resolve().parent / "results"
+# Where runs whose figures are not results go by default: on the CPU, or of a tiny model.
+LOCAL_RESULTS_DIR = Path(__file__).resolve().parent.parent / "build" / "results"
 
 
 def environment() -> dict:
@@ -418,7 +420,9 @@ def write_results(benchmark: str, cases: list[dict], out_dir: Path | None = None
     env = environment()
     gpu = env["device"].replace("NVIDIA ", "").split()[0].lower() if env["device"] != "cpu" else "cpu"
     date = datetime.date.today().isoformat()
-    out_dir = Path(out_dir or os.environ.get("GRAPE_RESULTS_DIR") or RESULTS_DIR)
+    local = gpu == "cpu" or "-tiny" in benchmark  # smoke runs of the script, not results
+    out_dir = Path(out_dir or os.environ.get("GRAPE_RESULTS_DIR")
+                   or (LOCAL_RESULTS_DIR if local else RESULTS_DIR))
     out_dir.mkdir(parents=True, exist_ok=True)
     path = out_dir / f"{benchmark}-{gpu}-{date}.json"
     path.write_text(json.dumps({"benchmark": benchmark, **env, "cases": cases}, indent=2) + "\n")

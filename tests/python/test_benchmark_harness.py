@@ -60,6 +60,19 @@ def test_results_name_the_benchmark_and_hold_every_case(tmp_path):
     assert {"device", "torch", "cuda", "commit"} <= set(written)
 
 
+def test_smoke_runs_write_outside_the_tracked_results_unless_told(monkeypatch, tmp_path):
+    monkeypatch.delenv("GRAPE_RESULTS_DIR", raising=False)
+    monkeypatch.setattr(harness, "LOCAL_RESULTS_DIR", tmp_path / "local")
+    monkeypatch.setattr(harness, "RESULTS_DIR", tmp_path / "results")
+    cases = [{"name": "infer", "config": {}, "modes": {}}]
+    # A tiny model's run is a smoke run wherever it runs; any run on the CPU is one too.
+    assert harness.write_results("unit-tiny", cases).parent == tmp_path / "local"
+    on_gpu = not harness.environment()["device"] == "cpu"
+    want = tmp_path / ("results" if on_gpu else "local")
+    assert harness.write_results("unit", cases).parent == want
+    assert harness.write_results("unit-tiny", cases, tmp_path / "out").parent == tmp_path / "out"
+
+
 def tokens(*values):
     return torch.tensor([values])
 
