@@ -226,9 +226,10 @@ def hook_overhead_case(allocations=20000, reps=9) -> dict:
 
 def main(argv=None):
     parser = harness.argument_parser(__doc__, MODES, "smoke run: 24 steps and calls, 2 reps")
-    parser.add_argument("--cases", default="gpt2-cat,wav2vec2,hook")
+    parser.add_argument("--cases", default="gpt2-cat,wav2vec2,hook",
+                        help="comma-separated (default %(default)s)")
     parser.add_argument("--batch", type=int, nargs="+", default=[1, 8], help="GPT-2 batches")
-    parser.add_argument("--steps", type=int, default=128)
+    parser.add_argument("--steps", type=int, default=128, help="calls per pass (default %(default)s)")
     parser.add_argument("--calls", type=int, default=64, help="wav2vec2 calls per pass")
     args, modes = harness.parse(parser, argv, MODES, "alias_sites needs a CUDA device")
     if args.quick:

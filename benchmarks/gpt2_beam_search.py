@@ -151,7 +151,7 @@ def run(case: Case, reps: int, modes) -> dict:
 
 def main(argv=None):
     parser = harness.argument_parser(__doc__, MODES, "smoke run: 16 new tokens, 2 reps")
-    parser.add_argument("--beams", type=int, default=4)
+    parser.add_argument("--beams", type=int, default=4, help="beam width (default %(default)s)")
     parser.add_argument("--steps", type=int, default=128, help="new tokens")
     args, modes = harness.parse(parser, argv, MODES, "gpt2_beam_search needs a CUDA device")
     if args.quick:

@@ -479,8 +479,9 @@ def strip_option(argv: list[str], option: str) -> list[str]:
 
 def main(argv=None):
     parser = harness.argument_parser(__doc__, DEFAULT_MODES, "smoke run: 16 steps, 2 reps, no torch.compile")
-    parser.add_argument("--batch", type=int, nargs="+", default=[1, 8])
-    parser.add_argument("--steps", type=int, default=128)
+    parser.add_argument("--batch", type=int, nargs="+", default=[1, 8], help="batch sizes (default 1 8)")
+    parser.add_argument("--steps", type=int, default=128,
+                        help="decode steps, one shape each (default %(default)s)")
     parser.add_argument("--shapes", type=int, default=None,
                         help="graph memory: N tokens from a 1-token prompt, modes " + ",".join(SHAPES_MODES))
     parser.add_argument("--while-loop", action="store_true",

@@ -69,7 +69,8 @@ def argument_parser(doc: str, modes: list[str], quick_help: str,
                     tiny_help: str = "a 2-layer GPT-2 instead of GPT-2 small") -> argparse.ArgumentParser:
     """The options every benchmark takes; a script adds its own."""
     parser = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--reps", type=int, default=5)
+    parser.add_argument("--reps", type=int, default=5,
+                        help="timed repetitions; a figure is their median (default %(default)s)")
     parser.add_argument("--modes", default=",".join(modes), help="comma-separated, from: " + ", ".join(modes))
     parser.add_argument("--quick", action="store_true", help=quick_help)
     parser.add_argument("--tiny", action="store_true", help=tiny_help)

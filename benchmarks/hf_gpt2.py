@@ -188,7 +188,8 @@ def run_case(base, name, batch, beams, new_tokens, reps, modes) -> dict:
 def main(argv=None):
     parser = harness.argument_parser(__doc__, MODES, "smoke run: 16 new tokens, 2 reps, no torch.compile")
     parser.add_argument("--cases", default=",".join(CASES), help="from: " + ", ".join(CASES))
-    parser.add_argument("--new-tokens", type=int, default=128)
+    parser.add_argument("--new-tokens", type=int, default=128,
+                        help="tokens each generation adds (default %(default)s)")
     args, modes = harness.parse(parser, argv, MODES, "hf_gpt2 needs a CUDA device")
     if args.quick:
         args.new_tokens, args.reps = 16, 2

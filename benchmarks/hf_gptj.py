@@ -260,7 +260,8 @@ def main(argv=None):
     parser = harness.argument_parser(
         __doc__, MODES, "16 new tokens, 2 reps",
         tiny_help="a 2-layer GPT-J (n_embd 256) instead of GPT-J 6B: a smoke run that fits anywhere")
-    parser.add_argument("--new-tokens", type=int, default=128)
+    parser.add_argument("--new-tokens", type=int, default=128,
+                        help="tokens each generation adds (default %(default)s)")
     args, modes = harness.parse(parser, argv, AVAILABLE_MODES,
                                 "hf_gptj needs a CUDA device (GPT-J 6B in fp16 takes 12 GB of it)")
     if args.quick:

@@ -344,9 +344,11 @@ def plot(cases: list[dict], path) -> bool:
 def loop_parser(doc: str, modes: list[str], cases: list[str]):
     """The options of a training-loop benchmark (train_ddp's too)."""
     parser = harness.argument_parser(doc, modes, "40 steps, 1 timed pass", "2-layer, 64-wide models")
-    parser.add_argument("--cases", default=",".join(cases))
-    parser.add_argument("--steps", type=int, default=200)
-    parser.add_argument("--device", choices=("cuda", "cpu"), default="cuda")
+    parser.add_argument("--cases", default=",".join(cases), help="from: " + ", ".join(cases))
+    parser.add_argument("--steps", type=int, default=200,
+                        help="steps of the first pass (default %(default)s)")
+    parser.add_argument("--device", choices=("cuda", "cpu"), default="cuda",
+                        help="cpu: the script itself on tiny models, grape running eagerly")
     return parser
 
 
