@@ -9,6 +9,7 @@ eager's and removes them.
 from __future__ import annotations
 
 import functools
+import inspect
 import time
 from pathlib import Path
 from typing import Callable, Sequence
@@ -23,6 +24,19 @@ GRAPE_STATS = ("graphs", "captures", "capture_seconds", "fallbacks", "replays", 
                "resident_executables", "cached_executable_bytes", "bytes_copied_in", "alias_hits",
                "alias_misses", "evacuations", "executable_switches", "nodes_patched",
                "patch_seconds", "patches_ahead")
+
+
+def cache_keyword(model_class) -> str:
+    """The keyword a Hugging Face model class's forward takes its KV cache by: `cache` where it has
+    one (transformers 5.24 on, where `past_key_values` is deprecated, to go in 5.40), else
+    `past_key_values`."""
+    return "cache" if "cache" in inspect.signature(model_class.forward).parameters else \
+        "past_key_values"
+
+
+def cache_of(output):
+    """The KV cache a Hugging Face model's forward returned, under either name."""
+    return output["cache"] if "cache" in output else output.past_key_values
 
 
 def generate_kwargs(beams: int, new_tokens: int) -> dict:

@@ -12,6 +12,8 @@ import grape
 
 transformers = pytest.importorskip("transformers")
 
+from benchmarks import generation  # noqa: E402  (after the skip without transformers)
+
 # A FallbackWarning fails a test here unless it is marked expects_fallback (conftest.py).
 pytestmark = [pytest.mark.gpu]
 
@@ -58,11 +60,12 @@ def test_the_cache_holds_what_eager_leaves_in_it():
     @torch.no_grad()
     def run(m):
         cache = transformers.DynamicCache(config=m.config)
-        out = m(input_ids=ids, past_key_values=cache, use_cache=True)
+        kv = generation.cache_keyword(transformers.GPT2LMHeadModel)
+        out = m(input_ids=ids, use_cache=True, **{kv: cache})
         tok = out.logits[:, -1:].argmax(-1)
         for _ in range(6):
-            out = m(input_ids=tok, past_key_values=cache, use_cache=True)
-            assert out.past_key_values is cache  # the argument object, returned as itself
+            out = m(input_ids=tok, use_cache=True, **{kv: cache})
+            assert generation.cache_of(out) is cache  # the argument object, returned as itself
             tok = out.logits[:, -1:].argmax(-1)
         return cache, out.logits
 

@@ -5,6 +5,7 @@ runs here without a graph (grape._C._trace_effects), with clones standing in for
 import pytest
 import torch
 
+from benchmarks import generation
 from grape import _C
 
 
@@ -165,20 +166,21 @@ def test_hugging_face_dynamic_cache_decode_step():
     cfg = transformers.GPT2Config(n_layer=2, n_head=2, n_embd=64, vocab_size=512, n_positions=64)
     model = transformers.GPT2LMHeadModel(cfg).eval()
     ids = torch.randint(0, 512, (2, 4))
+    kv = generation.cache_keyword(transformers.GPT2LMHeadModel)
     cache = transformers.DynamicCache(config=model.config)
     with torch.no_grad():
-        tok = model(input_ids=ids, past_key_values=cache).logits[:, -1:].argmax(-1)
+        tok = model(input_ids=ids, **{kv: cache}).logits[:, -1:].argmax(-1)
         eager_cache = copy.deepcopy(cache)
-        want = model(input_ids=tok, past_key_values=eager_cache).logits
+        want = model(input_ids=tok, **{kv: eager_cache}).logits
 
-        traced = trace(lambda **kw: model(**kw), input_ids=tok, past_key_values=cache, use_cache=True)
+        traced = trace(lambda **kw: model(**kw), input_ids=tok, use_cache=True, **{kv: cache})
     assert traced["reason"] == ""
     # Records: the cache (0) and its layers (1, 2); each layer's keys and values are rebound.
     assert traced["effects"] == [(1, "keys"), (1, "values"), (2, "keys"), (2, "values")]
     assert cache.get_seq_length() == 4  # put back
-    assert traced["result"].past_key_values is cache
+    assert generation.cache_of(traced["result"]) is cache
     torch.testing.assert_close(traced["result"].logits, want)
-    _C._apply_effects((), dict(input_ids=tok, past_key_values=cache, use_cache=True),
+    _C._apply_effects((), dict(input_ids=tok, use_cache=True, **{kv: cache}),
                       traced["effects"], traced["values"])
     for got, ref in zip(cache.layers, eager_cache.layers):
         torch.testing.assert_close(got.keys, ref.keys)
