@@ -63,9 +63,9 @@ class CompiledFunction(_C.Runtime):
             return self
         return functools.partial(self, instance)
 
-    def stats(self) -> dict:
+    def stats(self) -> _stats.Stats:
         """Counters of this function; see :func:`grape.stats`."""
-        s = self._runtime_stats()
+        s = _stats.Stats(self._runtime_stats())
         s["name"] = self.__qualname__
         s["fallbacks"] = list(self._hooks.fallbacks)
         s["entries"] = self._entries()
@@ -192,8 +192,9 @@ def compile(fn: Optional[Callable] = None, *, warmup: int = 1, warmup_each_signa
 
 
 def stats(fn: Any) -> dict:
-    """What a compiled function (or compiled module) did so far, as a dict. See
-    docs/semantics.md, "grape.stats". Keys:
+    """What a compiled function (or compiled module) did so far, as a dict; printed, a short
+    summary (calls, graphs, memory, fallbacks with reasons). See docs/semantics.md,
+    "grape.stats". Keys:
 
 """
     target = fn

@@ -8,7 +8,7 @@ prints it). The docstring of :func:`grape.stats` is made from it.
 
 from __future__ import annotations
 
-__all__ = ["KEYS", "TABLE", "docstring", "markdown_table"]
+__all__ = ["KEYS", "TABLE", "Stats", "docstring", "markdown_table"]
 
 # (keys, meaning): keys that are read together share a row.
 TABLE: list[tuple[tuple[str, ...], str]] = [
@@ -139,6 +139,45 @@ TABLE: list[tuple[tuple[str, ...], str]] = [
 ]
 
 KEYS: tuple[str, ...] = tuple(key for keys, _ in TABLE for key in keys)
+
+
+class Stats(dict):
+    """What :func:`grape.stats` returns: a dict of every key above, printed as a short summary
+    (``print(grape.stats(f))``); ``repr`` and ``dict(...)`` give the whole dict."""
+
+    def __str__(self) -> str:
+        return summary(self)
+
+
+def _mib(nbytes) -> str:
+    return f"{(nbytes or 0) / 2**20:.1f} MiB"
+
+
+def summary(s: dict) -> str:
+    """A few lines: calls and how they ran, graphs and what they cost on the way, memory, and every
+    fallback with its reason."""
+    lines = [f"grape.stats({s.get('name', '?')}): {s.get('calls', 0)} calls: "
+             f"{s.get('replays', 0)} replayed, {s.get('warmup_calls', 0)} warm-up, "
+             f"{s.get('eager_calls', 0)} eager"]
+    if s.get("fallback"):
+        lines.append(f"  every call runs eagerly: {s['fallback']}")
+    lines.append(f"  graphs: {s.get('graphs', 0)} for {s.get('signatures', 0)} signatures; "
+                 f"{s.get('captures', 0)} captures, {s.get('recaptures', 0)} recaptures; "
+                 f"the way there: warm-up {s.get('warmup_seconds', 0.0):.2f} s, captures "
+                 f"{s.get('capture_seconds', 0.0):.2f} s")
+    budget = s.get("memory_budget")
+    lines.append(f"  memory: pool {_mib(s.get('pool_bytes'))}, executables "
+                 f"{_mib(s.get('executable_bytes'))}"
+                 + (f", budget {_mib(budget)}" if budget is not None else ""))
+    fallbacks = s.get("fallbacks") or []
+    if fallbacks:
+        lines.append(f"  fallbacks ({len(fallbacks)}):")
+        lines.extend(f"    {f['signature'] or 'every call'} {f['kind']}: {f['reason']}"
+                     for f in fallbacks)
+    else:
+        lines.append("  fallbacks: none")
+    lines.append(f"  ({len(s)} keys in all: dict(grape.stats(f)); docs/semantics.md, \"grape.stats\")")
+    return "\n".join(lines)
 
 
 def markdown_table() -> str:

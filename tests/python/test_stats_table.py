@@ -56,3 +56,20 @@ def test_the_docstring_names_every_key():
 def test_fallbacks_carry_their_kind():
     s = _stats_after_calls("cpu")
     assert s["fallbacks"] and all(f["kind"] for f in s["fallbacks"])
+
+
+def test_printed_stats_are_a_short_summary_and_the_dict_stays_whole():
+    s = _stats.Stats(calls=10, replays=7, warmup_calls=1, eager_calls=2, graphs=2, signatures=3,
+                     captures=2, recaptures=0, warmup_seconds=0.5, capture_seconds=0.25,
+                     pool_bytes=3 << 20, executable_bytes=1 << 20, memory_budget=None,
+                     fallback=None, name="step",
+                     fallbacks=[{"signature": "(Float[4] cuda:0)", "kind": "host_sync",
+                                 "reason": "capture failed: .item() at model.py:3",
+                                 "call_site": "run.py:9"}])
+    text = str(s)
+    assert text.splitlines()[0] == "grape.stats(step): 10 calls: 7 replayed, 1 warm-up, 2 eager"
+    assert "2 for 3 signatures; 2 captures, 0 recaptures" in text
+    assert "warm-up 0.50 s, captures 0.25 s" in text and "pool 3.0 MiB" in text
+    assert "(Float[4] cuda:0) host_sync: capture failed: .item() at model.py:3" in text
+    assert len(text.splitlines()) <= 8
+    assert s["calls"] == 10 and dict(s) == s and repr(s) == repr(dict(s))
