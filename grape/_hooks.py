@@ -2,8 +2,8 @@
 
 Each :class:`grape.CompiledFunction` hands its runtime (csrc/torch/runtime.cpp) a
 :class:`RuntimeHooks` at construction; the runtime reaches Python only through it
-(csrc/torch/python_hooks.h), never by importing grape's modules by name. The runtime calls it on
-warm-up, capture and fallback paths, never on a replay.
+(csrc/torch/python/python_hooks.h), never by importing grape's modules by name. The runtime calls
+it on warm-up, capture and fallback paths, never on a replay.
 """
 
 from __future__ import annotations

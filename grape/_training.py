@@ -2,8 +2,8 @@
 whose gradients its graphs produce, the hyperparameters baked into its graphs, and the ones its
 graphs read from device memory (Note [Device settings]).
 
-The runtime (csrc/torch/training.cpp) calls into this module only on warm-up and capture calls;
-see Note [Gradients of a captured step] and docs/design.md, "Training steps".
+The runtime (csrc/torch/graphs/training.cpp) calls into this module only on warm-up and capture
+calls; see Note [Gradients of a captured step] and docs/design.md, "Training steps".
 """
 
 from __future__ import annotations

@@ -29,8 +29,8 @@
 // classes no site has served are passed to PyTorch's allocator after one check each.
 //
 // This file holds the torch-free parts: keys, size classes, occurrence counting, the log of
-// recorded allocations, the table of sites and the learning budget. csrc/torch/site_predictor.cpp
-// reads Python frames and hands out the buffers.
+// recorded allocations, the table of sites and the learning budget.
+// csrc/torch/memory/site_predictor.cpp reads Python frames and hands out the buffers.
 
 #include <cstddef>
 #include <cstdint>

@@ -2,9 +2,9 @@
 // Note [Capture arena layout]
 // ~~~~~~~~~~~~~~~~~~~~~~~~~~~
 // Where a capture's allocations go inside one lane of a compiled function's arena (see Note
-// [Graph pool] in csrc/torch/graph_pool.h). A lane is a reserved range of virtual addresses whose
-// physical memory is mapped from offset 0 up to the highest byte ever handed out (the extent),
-// so the lane's device memory is its extent, rounded up to the mapping granularity.
+// [Graph pool] in csrc/torch/memory/graph_pool.h). A lane is a reserved range of virtual addresses
+// whose physical memory is mapped from offset 0 up to the highest byte ever handed out (the
+// extent), so the lane's device memory is its extent, rounded up to the mapping granularity.
 //
 // Placement is first fit in address order over the gaps between allocated blocks and pinned
 // ranges; freed blocks coalesce with their neighbours by construction (only allocated blocks are
@@ -17,7 +17,7 @@
 // reach without owning it: the capture lays out around them, so its graph reads a live input in
 // place and never writes over another live output.
 //
-// This file is torch-free and unit-tested; csrc/torch/graph_arena.cpp maps the memory.
+// This file is torch-free and unit-tested; csrc/torch/memory/graph_arena.cpp maps the memory.
 //
 // Note [Planned capture layouts]
 // ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~

@@ -32,7 +32,7 @@ bool speaks_of_capture(const std::string& text) {
 
 ReasonKind kind_of_capture_error(const std::string& text) {
   auto says = [&](const char* words) { return text.find(words) != std::string::npos; };
-  // Note [Host constants] (torch/capture.cpp): a pageable copy is retried with pinned memory.
+  // Note [Host constants] (torch/graphs/capture.cpp): a pageable copy is retried, pinned.
   if (says("unless the CPU tensor is pinned")) return ReasonKind::kPageableCopy;
   // CUDA's cudaErrorStreamCaptureImplicit: a node's work on the legacy stream (an autograd node
   // made on it, as DistributedDataParallel's gradient hooks are).

@@ -18,7 +18,7 @@
 //     overwrite the moved tensor; such an input is evacuated and copied in;
 //   - an input that already is the graph's placeholder needs nothing.
 // This file decides, without touching memory, which of these applies to each input. The decision
-// is pure so that it is unit-tested without a GPU; csrc/torch/replay.cpp carries it out.
+// is pure so that it is unit-tested without a GPU; csrc/torch/graphs/replay.cpp carries it out.
 
 #include <string>
 #include <vector>

@@ -4,9 +4,10 @@
 // A compiled function keeps one graph per call signature. The signature is everything that can
 // change what a capture records: the tree structure of the arguments, every tensor's dtype,
 // device, sizes, strides and requires_grad, the values of non-tensor leaves, and the global state
-// that changes which kernels run (grad mode, autocast). The Python layer (csrc/torch/pytree.cpp)
-// encodes all of it as a flat sequence of 64-bit words; this file only stores, hashes and compares
-// such sequences, so it has no dependency on torch or Python and is tested on its own.
+// that changes which kernels run (grad mode, autocast). The Python layer
+// (csrc/torch/python/pytree.cpp) encodes all of it as a flat sequence of 64-bit words; this file
+// only stores, hashes and compares such sequences, so it has no dependency on torch or Python and
+// is tested on its own.
 //
 // Values that do not fit a word (strings, enums, large ints, other hashable objects) are interned
 // by the Python layer into small integers that are unique for the lifetime of the compiled function,

@@ -15,7 +15,8 @@
 //      (cudaStreamBeginCaptureToGraph ... cudaStreamEndCapture).
 // A WHILE body ends with the same 1-thread kernel, reading the condition recomputed by the body.
 // Bodies may hold kernels, memcpys, memsets and nested conditionals, not event waits across
-// streams. This file is torch-free; csrc/torch/conditional.cpp routes allocations and streams.
+// streams. This file is torch-free; csrc/torch/graphs/conditional.cpp routes allocations and
+// streams.
 
 #include <cuda_runtime_api.h>
 

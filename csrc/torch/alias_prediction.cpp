@@ -3,11 +3,11 @@
 // a graph fits a call's inputs as they are, and learning where the caller allocates inputs.
 #include <ATen/core/Tensor.h>
 
-#include "torch/allocator_hook.h"
-#include "torch/captured_graph.h"
-#include "torch/graph_pool.h"
+#include "torch/memory/allocator_hook.h"
+#include "torch/graphs/captured_graph.h"
+#include "torch/memory/graph_pool.h"
 #include "torch/runtime.h"
-#include "torch/site_predictor.h"
+#include "torch/memory/site_predictor.h"
 
 namespace grape {
 

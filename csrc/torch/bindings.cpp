@@ -6,18 +6,18 @@
 #include "core/forked.h"
 #include "core/replay_plan.h"
 #include "torch/call_lock.h"
-#include "torch/module_tensors.h"
-#include "torch/optimizer_settings.h"
-#include "torch/pytree.h"
-#include "torch/side_effects.h"
+#include "torch/python/module_tensors.h"
+#include "torch/python/optimizer_settings.h"
+#include "torch/python/pytree.h"
+#include "torch/python/side_effects.h"
 #include "torch/runtime.h"
 
 #ifdef GRAPE_WITH_CUDA
 #include <torch/csrc/utils/pybind.h>  // at::Tensor arguments
 
-#include "torch/allocator_hook.h"
-#include "torch/capture_state.h"
-#include "torch/conditional.h"
+#include "torch/memory/allocator_hook.h"
+#include "torch/memory/capture_state.h"
+#include "torch/graphs/conditional.h"
 #endif
 
 namespace py = pybind11;

@@ -7,7 +7,7 @@
 #include "core/clock.h"
 #include "core/forked.h"
 #include "torch/call_lock.h"
-#include "torch/python_scopes.h"
+#include "torch/python/python_scopes.h"
 
 #ifdef GRAPE_WITH_CUDA
 #include <c10/cuda/CUDACachingAllocator.h>
@@ -15,12 +15,12 @@
 #include <torch/csrc/autograd/graph_task.h>
 
 #include "cuda/shared_executables.h"
-#include "torch/capture.h"
-#include "torch/capture_state.h"
-#include "torch/captured_graph.h"
-#include "torch/graph_pool.h"
-#include "torch/replay.h"
-#include "torch/site_predictor.h"
+#include "torch/graphs/capture.h"
+#include "torch/memory/capture_state.h"
+#include "torch/graphs/captured_graph.h"
+#include "torch/memory/graph_pool.h"
+#include "torch/graphs/replay.h"
+#include "torch/memory/site_predictor.h"
 #else
 namespace grape {
 struct CapturedGraph {};

@@ -16,10 +16,10 @@
 #include "core/memory_budget.h"
 #include "core/reasons.h"
 #include "core/signature.h"
-#include "torch/python_hooks.h"
-#include "torch/pytree.h"
-#include "torch/runtime_counters.h"
-#include "torch/training.h"
+#include "torch/python/python_hooks.h"
+#include "torch/python/pytree.h"
+#include "torch/graphs/runtime_counters.h"
+#include "torch/graphs/training.h"
 
 namespace grape {
 

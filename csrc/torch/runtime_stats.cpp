@@ -10,9 +10,9 @@
 
 #ifdef GRAPE_WITH_CUDA
 #include "cuda/shared_executables.h"
-#include "torch/captured_graph.h"
-#include "torch/graph_pool.h"
-#include "torch/site_predictor.h"
+#include "torch/graphs/captured_graph.h"
+#include "torch/memory/graph_pool.h"
+#include "torch/memory/site_predictor.h"
 #endif
 
 namespace grape {

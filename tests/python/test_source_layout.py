@@ -1,21 +1,30 @@
 """The C++ sources keep their layers: csrc/core (torch-free) below csrc/cuda (CUDA, no torch)
-below csrc/torch (libtorch and pybind11). No file includes one of a higher layer, no files include
-each other in a cycle (a header and its .cpp counting as one), and no file outgrows one job."""
+below csrc/torch (libtorch and pybind11). Inside csrc/torch, its rooms by job: python (pybind11
+glue: trees, argument objects, the hooks into grape's Python) and memory (the arena, the pool, the
+allocator hook, site prediction) side by side, neither including the other; graphs (capture,
+replay, training steps, conditional nodes) above both; the runtime and the bindings at the top,
+in csrc/torch itself. No file includes one of a higher layer or room, no files include each other
+in a cycle (a header and its .cpp counting as one), no file outgrows one job, and csrc/torch keeps
+few files of its own."""
 
 import os
 import re
 
 CSRC = os.path.join(os.path.dirname(__file__), "..", "..", "csrc")
+# A file's place: its layer, then its room inside csrc/torch (the top: the folder itself).
 LAYERS = {"core": 0, "cuda": 1, "torch": 2}
+ROOMS = {"torch/python": 0, "torch/memory": 0, "torch/graphs": 1, "torch": 2}
 MAX_LINES = 700
+MAX_TOP_LEVEL_TORCH_FILES = 12
 INCLUDE = re.compile(r'^\s*#\s*include\s+"([^"]+)"', re.M)
 
 
 def _sources(csrc):
     for layer in LAYERS:
-        for name in sorted(os.listdir(os.path.join(csrc, layer))):
-            if name.endswith((".h", ".cpp", ".cu", ".cuh")):
-                yield f"{layer}/{name}"
+        for folder, _, names in sorted(os.walk(os.path.join(csrc, layer))):
+            for name in sorted(names):
+                if name.endswith((".h", ".cpp", ".cu", ".cuh")):
+                    yield os.path.relpath(os.path.join(folder, name), csrc).replace(os.sep, "/")
 
 
 def _includes(csrc, source):
@@ -27,9 +36,26 @@ def _module(source):
     return os.path.splitext(source)[0]
 
 
+def _room(path):
+    return os.path.dirname(path)
+
+
+def _rank(path):
+    """(layer, room): the room counts inside csrc/torch only."""
+    layer = path.split("/")[0]
+    return LAYERS[layer], ROOMS.get(_room(path), 0) if layer == "torch" else 0
+
+
 def upward_includes(csrc):
-    return [(s, i) for s in _sources(csrc) for i in _includes(csrc, s)
-            if LAYERS[i.split("/")[0]] > LAYERS[s.split("/")[0]]]
+    """Includes of a higher layer or room, and of a room of the same rank beside one's own."""
+    found = []
+    for s in _sources(csrc):
+        for i in _includes(csrc, s):
+            above = _rank(i) > _rank(s)
+            beside = _rank(i) == _rank(s) and _room(i) != _room(s)
+            if above or beside:
+                found.append((s, i))
+    return found
 
 
 def include_cycle(csrc):
@@ -61,8 +87,18 @@ def include_cycle(csrc):
     return None
 
 
-def test_no_file_includes_a_higher_layer():
+def test_no_file_includes_a_higher_layer_or_room():
     assert not upward_includes(CSRC)
+
+
+def test_every_torch_source_is_in_a_known_room():
+    rooms = {_room(s) for s in _sources(CSRC) if s.startswith("torch/")}
+    assert rooms <= set(ROOMS), rooms - set(ROOMS)
+
+
+def test_csrc_torch_keeps_few_files_of_its_own():
+    top = [s for s in _sources(CSRC) if _room(s) == "torch"]
+    assert len(top) <= MAX_TOP_LEVEL_TORCH_FILES, top
 
 
 def test_includes_form_no_cycle():
@@ -80,10 +116,16 @@ def test_no_file_outgrows_one_job():
 
 
 def test_the_checks_find_a_cycle_and_an_upward_include(tmp_path):
-    for layer in LAYERS:
-        (tmp_path / layer).mkdir()
+    for folder in ("core", "cuda", "torch/memory", "torch/python", "torch/graphs"):
+        (tmp_path / folder).mkdir(parents=True)
     (tmp_path / "torch" / "a.h").write_text('#include "torch/b.h"\n')
     (tmp_path / "torch" / "b.cpp").write_text('#include "torch/a.h"\n')
     (tmp_path / "core" / "c.h").write_text('#include "torch/a.h"\n')
+    (tmp_path / "torch" / "memory" / "m.h").write_text('#include "torch/python/p.h"\n')
+    (tmp_path / "torch" / "python" / "p.h").write_text("")
+    (tmp_path / "torch" / "graphs" / "g.h").write_text('#include "torch/a.h"\n'
+                                                       '#include "torch/memory/m.h"\n')
     assert include_cycle(str(tmp_path)) == ["torch/a", "torch/b", "torch/a"]
-    assert upward_includes(str(tmp_path)) == [("core/c.h", "torch/a.h")]
+    assert sorted(upward_includes(str(tmp_path))) == [
+        ("core/c.h", "torch/a.h"), ("torch/graphs/g.h", "torch/a.h"),
+        ("torch/memory/m.h", "torch/python/p.h")]

@@ -234,8 +234,8 @@ def test_a_gradient_is_dropped_before_a_replay_only_when_nothing_else_holds_it()
 
 
 def test_a_capture_reads_the_parameters_and_buffers_that_the_module_gives():
-    # Read from the modules' dicts (csrc/torch/module_tensors.cpp): the same tensors, in the same
-    # order, each once, as Module.parameters() and Module.buffers().
+    # Read from the modules' dicts (csrc/torch/python/module_tensors.cpp): the same tensors, in
+    # the same order, each once, as Module.parameters() and Module.buffers().
     shared = torch.nn.Linear(3, 3)
     m = torch.nn.Sequential(shared, torch.nn.BatchNorm1d(3), torch.nn.Sequential(shared),
                             torch.nn.Linear(3, 2, bias=False))

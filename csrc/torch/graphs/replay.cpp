@@ -1,4 +1,4 @@
-#include "torch/replay.h"
+#include "torch/graphs/replay.h"
 
 #include <c10/cuda/CUDAException.h>
 #include <c10/cuda/CUDAGuard.h>
@@ -10,7 +10,7 @@
 #include "core/replay_plan.h"
 #include "cuda/batched_copy.h"
 #include "core/clock.h"
-#include "torch/site_predictor.h"
+#include "torch/memory/site_predictor.h"
 
 namespace grape {
 

@@ -10,9 +10,9 @@
 #include <vector>
 
 #include "core/memory_budget.h"
-#include "torch/captured_graph.h"
-#include "torch/pytree.h"
-#include "torch/runtime_counters.h"
+#include "torch/graphs/captured_graph.h"
+#include "torch/python/pytree.h"
+#include "torch/graphs/runtime_counters.h"
 
 namespace grape {
 

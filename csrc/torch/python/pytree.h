@@ -19,7 +19,7 @@ namespace py = pybind11;
 // The shape of a Python tree whose tensor leaves were taken out; rebuilt by unflatten().
 // Argument objects that hold tensors (an HF cache, say) are records: flattened by their
 // attributes, and rebuilt in place, by setting those attributes on the object itself (see Note
-// [Argument objects] in torch/side_effects.h).
+// [Argument objects] in torch/python/side_effects.h).
 struct TreeSpec {
   enum class Kind {
     kTuple, kList, kDict, kNamedTuple, kDataclass, kTensor, kConstant,

@@ -1,4 +1,4 @@
-#include "torch/graph_pool.h"
+#include "torch/memory/graph_pool.h"
 
 #include <ATen/cuda/CUDAContext.h>
 #include <ATen/core/CachingHostAllocator.h>
@@ -16,7 +16,7 @@
 
 #include "core/forked.h"
 #include "cuda/batched_copy.h"
-#include "torch/torch_version.h"
+#include "torch/memory/torch_version.h"
 
 namespace grape {
 

@@ -17,7 +17,7 @@
 
 #include <cuda_runtime_api.h>
 
-#include "torch/graph_arena.h"
+#include "torch/memory/graph_arena.h"
 
 namespace grape {
 

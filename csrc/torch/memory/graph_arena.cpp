@@ -1,4 +1,4 @@
-#include "torch/graph_arena.h"
+#include "torch/memory/graph_arena.h"
 
 #include <c10/cuda/CUDAException.h>
 #include <c10/cuda/CUDAFunctions.h>
@@ -8,7 +8,7 @@
 
 #include "core/forked.h"
 #include "cuda/driver.h"
-#include "torch/capture_state.h"
+#include "torch/memory/capture_state.h"
 
 #include <algorithm>
 #include <string>

@@ -1,4 +1,4 @@
-#include "torch/module_tensors.h"
+#include "torch/python/module_tensors.h"
 
 #include <torch/csrc/autograd/python_variable.h>
 

@@ -1,4 +1,4 @@
-#include "torch/capture_state.h"
+#include "torch/memory/capture_state.h"
 
 #include <c10/cuda/CUDAGraphsC10Utils.h>
 

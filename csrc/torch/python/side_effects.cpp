@@ -1,4 +1,4 @@
-#include "torch/side_effects.h"
+#include "torch/python/side_effects.h"
 
 #include <torch/csrc/autograd/python_variable.h>
 

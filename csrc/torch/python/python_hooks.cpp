@@ -1,4 +1,4 @@
-#include "torch/python_hooks.h"
+#include "torch/python/python_hooks.h"
 
 #include <string>
 

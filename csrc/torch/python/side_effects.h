@@ -25,7 +25,7 @@
 #include <string>
 #include <vector>
 
-#include "torch/pytree.h"
+#include "torch/python/pytree.h"
 
 namespace grape {
 
@@ -33,7 +33,7 @@ namespace py = pybind11;
 
 // An attribute of a record that f rebinds: records[record].<attribute> = the next value; or, when
 // `leaf` is defined, the gradient of a leaf tensor (a parameter) that f's backward pass set:
-// leaf.grad = the next value (Note [Gradients of a captured step] in torch/training.h).
+// leaf.grad = the next value (Note [Gradients of a captured step] in torch/graphs/training.h).
 struct Effect {
   int record = -1;
   py::object attribute;

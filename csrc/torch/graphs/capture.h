@@ -14,10 +14,10 @@
 #include "core/capture_policy.h"
 #include "core/memory_budget.h"
 #include "core/reasons.h"
-#include "torch/captured_graph.h"
-#include "torch/python_hooks.h"
-#include "torch/pytree.h"
-#include "torch/training.h"
+#include "torch/graphs/captured_graph.h"
+#include "torch/python/python_hooks.h"
+#include "torch/python/pytree.h"
+#include "torch/graphs/training.h"
 
 namespace grape {
 

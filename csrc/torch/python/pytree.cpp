@@ -1,4 +1,4 @@
-#include "torch/pytree.h"
+#include "torch/python/pytree.h"
 
 #include <ATen/autocast_mode.h>
 #include <ATen/core/grad_mode.h>

@@ -1,8 +1,8 @@
-#include "torch/allocator_hook.h"
+#include "torch/memory/allocator_hook.h"
 
-#include "torch/capture_state.h"
-#include "torch/site_predictor.h"
-#include "torch/torch_version.h"
+#include "torch/memory/capture_state.h"
+#include "torch/memory/site_predictor.h"
+#include "torch/memory/torch_version.h"
 
 #include <c10/cuda/CUDACachingAllocator.h>
 #include <c10/cuda/CUDAStream.h>

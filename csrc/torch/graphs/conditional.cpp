@@ -1,10 +1,10 @@
-#include "torch/conditional.h"
+#include "torch/graphs/conditional.h"
 
 #include <c10/cuda/CUDAException.h>
 #include <c10/cuda/CUDAFunctions.h>
 
-#include "torch/allocator_hook.h"
-#include "torch/capture_state.h"
+#include "torch/memory/allocator_hook.h"
+#include "torch/memory/capture_state.h"
 
 namespace grape {
 

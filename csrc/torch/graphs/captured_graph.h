@@ -12,10 +12,10 @@
 #include <vector>
 
 #include "cuda/shared_executables.h"
-#include "torch/graph_pool.h"
-#include "torch/pytree.h"
-#include "torch/side_effects.h"
-#include "torch/training.h"
+#include "torch/memory/graph_pool.h"
+#include "torch/python/pytree.h"
+#include "torch/python/side_effects.h"
+#include "torch/graphs/training.h"
 
 namespace grape {
 

@@ -1,4 +1,4 @@
-#include "torch/capture.h"
+#include "torch/graphs/capture.h"
 
 #include <ATen/ATen.h>
 #include <ATen/cuda/CUDAGraph.h>
@@ -11,11 +11,11 @@
 #include <string>
 
 #include "core/clock.h"
-#include "torch/allocator_hook.h"
-#include "torch/module_tensors.h"
-#include "torch/python_scopes.h"
-#include "torch/replay.h"
-#include "torch/side_effects.h"
+#include "torch/memory/allocator_hook.h"
+#include "torch/python/module_tensors.h"
+#include "torch/python/python_scopes.h"
+#include "torch/graphs/replay.h"
+#include "torch/python/side_effects.h"
 
 namespace grape {
 

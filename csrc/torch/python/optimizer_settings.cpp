@@ -1,4 +1,4 @@
-#include "torch/optimizer_settings.h"
+#include "torch/python/optimizer_settings.h"
 
 #include <torch/csrc/autograd/python_variable.h>
 

@@ -38,10 +38,10 @@
 #include <utility>
 #include <vector>
 
-#include "torch/python_hooks.h"
-#include "torch/pytree.h"
-#include "torch/optimizer_settings.h"
-#include "torch/side_effects.h"
+#include "torch/python/python_hooks.h"
+#include "torch/python/pytree.h"
+#include "torch/python/optimizer_settings.h"
+#include "torch/python/side_effects.h"
 
 // The CUDA runtime's stream handle, without its header (this one is read by CPU-only builds too).
 typedef struct CUstream_st* cudaStream_t;

@@ -25,7 +25,7 @@
 #include <vector>
 
 #include "core/address_ranges.h"
-#include "torch/graph_arena.h"
+#include "torch/memory/graph_arena.h"
 
 namespace grape {
 

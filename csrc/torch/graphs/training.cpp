@@ -1,13 +1,13 @@
-#include "torch/training.h"
+#include "torch/graphs/training.h"
 
 #include <ATen/core/grad_mode.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <torch/csrc/autograd/python_variable.h>
 
 #include "core/capture_policy.h"
-#include "torch/graph_pool.h"
-#include "torch/module_tensors.h"
-#include "torch/torch_version.h"
+#include "torch/memory/graph_pool.h"
+#include "torch/python/module_tensors.h"
+#include "torch/memory/torch_version.h"
 
 namespace grape {
 

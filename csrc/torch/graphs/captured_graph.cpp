@@ -1,4 +1,4 @@
-#include "torch/captured_graph.h"
+#include "torch/graphs/captured_graph.h"
 
 #include <c10/core/TensorImpl.h>
 #include <c10/util/Exception.h>
@@ -7,7 +7,7 @@
 #include <unordered_map>
 #include <unordered_set>
 
-#include "torch/module_tensors.h"
+#include "torch/python/module_tensors.h"
 
 namespace grape {
 

@@ -1,12 +1,12 @@
-#include "torch/site_predictor.h"
+#include "torch/memory/site_predictor.h"
 
 #include <Python.h>
 #include <c10/cuda/CUDAFunctions.h>
 #include <c10/cuda/CUDAStream.h>
 #include <frameobject.h>
 
-#include "torch/capture_state.h"
-#include "torch/graph_pool.h"
+#include "torch/memory/capture_state.h"
+#include "torch/memory/graph_pool.h"
 
 namespace grape {
 
