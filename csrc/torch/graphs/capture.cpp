@@ -343,7 +343,7 @@ CaptureOutcome capture(const CaptureContext& context, FlatCall& flat, bool pin_h
       graph->capture_end();
       r.effects_ok = record_state.collect(log, r.effects, r.effect_values, r.effects_reason);
       if (r.effects_ok) {
-        const py::object changed = device_settings.get().attr("changed_by_function")();
+        const py::object changed = PythonHooks::changed_by_function(device_settings.get());
         r.effects_ok = changed.is_none();
         if (!r.effects_ok) r.effects_reason = changed.cast<std::string>();
       }
@@ -351,7 +351,7 @@ CaptureOutcome capture(const CaptureContext& context, FlatCall& flat, bool pin_h
       if (r.effects_ok) {
         // A gradient no guard or effect covers would be written by every replay where this
         // capture left it (Note [Gradients of a captured step]).
-        const py::object untracked = stepped_optimizers.get().attr("untracked_leaves_kept")();
+        const py::object untracked = PythonHooks::untracked_leaves_kept(stepped_optimizers.get());
         r.effects_ok = untracked.is_none();
         if (!r.effects_ok) r.effects_reason = untracked.cast<std::string>();
       }
@@ -484,7 +484,9 @@ CaptureOutcome capture(const CaptureContext& context, FlatCall& flat, bool pin_h
       stepped_optimizers.get(), device_settings.get(), captured->static_tensors);
   captured->hyperparameters = std::move(baked.hyperparameters);
   captured->device_settings = std::move(baked.device_settings);
-  if (!host_constants.is_none()) captured->host_constants = host_constants.attr("kept");
+  if (!host_constants.is_none()) {
+    captured->host_constants = PythonHooks::kept_host_constants(host_constants);
+  }
   outcome.result = core::TryResult::kGraph;
   outcome.graph = std::move(captured);
   // Dropping `placeholders`, `out` and the results frees their blocks back to the pool: later

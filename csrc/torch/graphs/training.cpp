@@ -19,12 +19,12 @@ const py::object& TrainingState::seen() {
 py::object TrainingState::step_watch() { return hooks_.step_watch(seen()); }
 
 void TrainingState::remember_refusal(const py::object& watch) {
-  const py::object refusal = watch.attr("refusal");
+  const py::object refusal = PythonHooks::watch_refusal(watch);
   if (!refusal.is_none()) refusal_ = refusal.cast<std::string>();
 }
 
 bool TrainingState::defers_capture() {
-  return !seen_.is_none() && seen_.attr("defers_capture")().cast<bool>();
+  return !seen_.is_none() && PythonHooks::defers_capture(seen_);
 }
 
 std::vector<at::Tensor> TrainingState::tracked_leaves(const py::object& static_module,
@@ -46,7 +46,7 @@ std::vector<at::Tensor> TrainingState::tracked_leaves(const py::object& static_m
   // tracked: checking them cost an inference function's every capture more than reading its
   // graph (docs/results.md), and a backward pass that reaches them all the same fails that
   // capture once and tracks them from then on (StepWatch.untracked_leaves_kept).
-  const bool training = any_gradient || seen().attr("training").cast<bool>();
+  const bool training = any_gradient || PythonHooks::seen_training(seen());
   std::vector<at::Tensor> leaves;
   if (training || !flat.static_leaves.empty()) {
     py::list arguments, parameter_list;
@@ -80,18 +80,18 @@ void TrainingState::prepare_backward(GraphPool& pool) {
 
 py::object TrainingState::device_settings_swap() {
   if (device_settings_.is_none()) device_settings_ = hooks_.device_settings();
-  return device_settings_.attr("swap")(seen().attr("optimizers"));
+  return PythonHooks::settings_swap(device_settings_, seen());
 }
 
 TrainingState::BakedSettings TrainingState::bake_optimizers(
     const py::object& watch, const py::object& swap,
     std::vector<std::pair<at::Tensor, const void*>>& statics) const {
-  const py::list stepped = watch.attr("stepped");
+  const py::list stepped = PythonHooks::stepped(watch);
   for (py::handle t : hooks_.state_tensors(stepped)) {
     const at::Tensor& tensor = THPVariable_Unpack(t.ptr());
     statics.emplace_back(tensor, tensor.data_ptr());
   }
-  const py::tuple baked = swap.attr("bake")(stepped);
+  const py::tuple baked = PythonHooks::bake(swap, stepped);
   return {baked[0], baked[1]};
 }
 

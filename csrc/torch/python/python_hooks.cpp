@@ -29,6 +29,36 @@ py::object PythonHooks::pinned_host_constants() const {
   return hooks_.attr("pinned_host_constants")();
 }
 
+py::object PythonHooks::kept_host_constants(const py::object& mode) { return mode.attr("kept"); }
+
+bool PythonHooks::seen_training(const py::object& seen) {
+  return seen.attr("training").cast<bool>();
+}
+
+bool PythonHooks::defers_capture(const py::object& seen) {
+  return seen.attr("defers_capture")().cast<bool>();
+}
+
+py::object PythonHooks::watch_refusal(const py::object& watch) { return watch.attr("refusal"); }
+
+py::list PythonHooks::stepped(const py::object& watch) { return watch.attr("stepped"); }
+
+py::object PythonHooks::untracked_leaves_kept(const py::object& watch) {
+  return watch.attr("untracked_leaves_kept")();
+}
+
+py::object PythonHooks::changed_by_function(const py::object& swap) {
+  return swap.attr("changed_by_function")();
+}
+
+py::object PythonHooks::settings_swap(const py::object& device_settings, const py::object& seen) {
+  return device_settings.attr("swap")(seen.attr("optimizers"));
+}
+
+py::tuple PythonHooks::bake(const py::object& swap, const py::list& stepped) {
+  return swap.attr("bake")(stepped);
+}
+
 py::object PythonHooks::training_seen() const { return hooks_.attr("training_seen")(); }
 
 py::object PythonHooks::step_watch(const py::object& seen) const {

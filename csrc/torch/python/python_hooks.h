@@ -29,8 +29,9 @@ class PythonHooks {
   // knows it (Note [Exceptions under capture]): "compiler" (torch.compile compiling inside the
   // capture), "predicated_body" (it left a grape.Predicate or while_loop body), or "".
   std::string capture_cause(const py::error_already_set& error) const;
-  // A new PinnedHostConstants mode (Note [Host constants]); its `kept` holds the pinned tensors.
+  // A new PinnedHostConstants mode (Note [Host constants]), and the pinned tensors one kept.
   py::object pinned_host_constants() const;
+  static py::object kept_host_constants(const py::object& mode);
 
   // Training steps (Note [Gradients of a captured step]).
   py::object training_seen() const;  // a grape._training.Seen
@@ -40,6 +41,18 @@ class PythonHooks {
   void prepare_backward(int device_index) const;
   py::object state_tensors(const py::object& optimizers) const;
   py::object device_settings() const;  // Note [Device settings]: a DeviceSettings registry
+  // What training state objects say (grape._training: Seen, StepWatch, DeviceSettings and its
+  // swap); static, as they need no hooks object, but named here, the one place C++ asks Python.
+  static bool seen_training(const py::object& seen);            // Seen.training
+  static bool defers_capture(const py::object& seen);           // Seen.defers_capture()
+  static py::object watch_refusal(const py::object& watch);     // StepWatch.refusal: str or None
+  static py::list stepped(const py::object& watch);             // StepWatch.stepped
+  // StepWatch.untracked_leaves_kept() and DeviceSettingsSwap.changed_by_function(): why a capture
+  // cannot be used, or None.
+  static py::object untracked_leaves_kept(const py::object& watch);
+  static py::object changed_by_function(const py::object& swap);
+  static py::object settings_swap(const py::object& device_settings, const py::object& seen);
+  static py::tuple bake(const py::object& swap, const py::list& stepped);  // (hyper, on device)
 
   int traverse(visitproc visit, void* arg) {
     Py_VISIT(hooks_.ptr());
