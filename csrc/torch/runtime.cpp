@@ -16,6 +16,7 @@
 
 #include "cuda/shared_executables.h"
 #include "torch/graphs/capture.h"
+#include "torch/memory/budget.h"
 #include "torch/memory/capture_state.h"
 #include "torch/graphs/captured_graph.h"
 #include "torch/memory/graph_pool.h"

@@ -12,6 +12,7 @@
 
 #include "core/clock.h"
 #include "torch/memory/allocator_hook.h"
+#include "torch/memory/budget.h"
 #include "torch/python/module_tensors.h"
 #include "torch/python/python_scopes.h"
 #include "torch/graphs/replay.h"
@@ -238,10 +239,7 @@ CaptureOutcome capture(const CaptureContext& context, FlatCall& flat, bool pin_h
   auto graph = std::make_unique<ReplayGraph>();
   const int use_count_before = pool.allocator_use_count();
   GraphArena& arena = pool.arena();
-  if (context.budget.limited()) {
-    // The arena may grow into what the resident executables leave of the budget.
-    arena.set_limit(context.budget.arena_limit(context.executables->device_bytes()));
-  }
+  limit_arena_to_budget(context.budget, arena, *context.executables);
   install_allocator_hook();  // again, in case it was removed since the pool was made
 
   // Gradients before f (Note [Gradients of a captured step]); put back when the capture ends.

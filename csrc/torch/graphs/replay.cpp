@@ -10,6 +10,7 @@
 #include "core/replay_plan.h"
 #include "cuda/batched_copy.h"
 #include "core/clock.h"
+#include "torch/memory/budget.h"
 #include "torch/memory/site_predictor.h"
 
 namespace grape {
@@ -25,15 +26,6 @@ ReplayOutcome refused(std::string why) {
 }
 
 }  // namespace
-
-void enforce_memory_budget(const core::MemoryBudget& budget, const GraphPool& pool,
-                           cuda::SharedExecutables& executables,
-                           cuda::SharedExecutables::Member keep) {
-  if (!budget.limited()) return;
-  const size_t for_executables = budget.executable_limit(pool.arena().mapped_bytes());
-  executables.set_device_limit(for_executables);
-  executables.evict_to(for_executables, keep);
-}
 
 std::string replay_partial(ReplayGraph& graph, const std::vector<PartialInput>& inputs,
                            const FlatCall& flat, GraphPool& pool) {

@@ -53,10 +53,4 @@ struct PartialInput {
 std::string replay_partial(ReplayGraph& graph, const std::vector<PartialInput>& inputs,
                            const FlatCall& flat, GraphPool& pool);
 
-// Evicts least recently used executables until the budget holds with the arena as it is now,
-// sparing `keep`'s executable.
-void enforce_memory_budget(const core::MemoryBudget& budget, const GraphPool& pool,
-                           cuda::SharedExecutables& executables,
-                           cuda::SharedExecutables::Member keep);
-
 }  // namespace grape
