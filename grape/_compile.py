@@ -44,8 +44,7 @@ class CompiledFunction(_C.Runtime):
         # The runtime reaches Python through this object alone (grape/_hooks.py).
         self._hooks = _hooks.RuntimeHooks(qualname)
         super().__init__(run, warmup, warmup_each_signature, module, alias_prediction, sharing,
-                         -1 if executable_cache is None else executable_cache,
-                         -1 if memory_budget is None else memory_budget, self._hooks)
+                         executable_cache, memory_budget, self._hooks)
         # Whether tensor-dependent control flow in fn is predicated (docs/semantics.md); else why not.
         self.rewritten = run is not fn
         self.rewrite_note = why

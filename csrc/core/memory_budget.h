@@ -6,27 +6,32 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <optional>
 
 namespace grape::core {
 
+// "No limit", the one way to say it in C++: a limit of bytes that nothing reaches. (Python says
+// None, which the bindings pass as an empty std::optional.)
+inline constexpr size_t kNoLimit = SIZE_MAX;
+
 class MemoryBudget {
  public:
-  // `bytes` < 0: no budget.
-  explicit MemoryBudget(int64_t bytes) : bytes_(bytes) {}
-  bool limited() const { return bytes_ >= 0; }
-  int64_t bytes() const { return bytes_; }  // < 0: none
-  // What the arena may map while resident executables hold `executable_bytes` (SIZE_MAX: no limit).
+  // `bytes` empty: no budget.
+  explicit MemoryBudget(std::optional<size_t> bytes) : bytes_(bytes) {}
+  bool limited() const { return bytes_.has_value(); }
+  std::optional<size_t> bytes() const { return bytes_; }
+  // What the arena may map while resident executables hold `executable_bytes` (kNoLimit without
+  // a budget).
   size_t arena_limit(size_t executable_bytes) const { return rest(executable_bytes); }
-  // What resident executables may hold while the arena maps `arena_bytes` (SIZE_MAX: no limit).
+  // What resident executables may hold while the arena maps `arena_bytes` (kNoLimit without one).
   size_t executable_limit(size_t arena_bytes) const { return rest(arena_bytes); }
 
  private:
   size_t rest(size_t taken) const {
-    if (!limited()) return SIZE_MAX;
-    const auto budget = static_cast<size_t>(bytes_);
-    return budget > taken ? budget - taken : 0;
+    if (!limited()) return kNoLimit;
+    return *bytes_ > taken ? *bytes_ - taken : 0;
   }
-  int64_t bytes_;
+  std::optional<size_t> bytes_;
 };
 
 }  // namespace grape::core

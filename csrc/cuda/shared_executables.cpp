@@ -193,8 +193,8 @@ bool SharedExecutables::room_for_slot(const Group& group) const {
     return false;
   }
   const size_t bytes = executable_charge(group.nodes.size());
-  if (device_limit_ != SIZE_MAX && device_bytes_ + bytes > device_limit_) return false;
-  return cache_bytes_ == SIZE_MAX || cached_bytes_ + bytes <= cache_bytes_;
+  if (device_limit_ != core::kNoLimit && device_bytes_ + bytes > device_limit_) return false;
+  return cache_bytes_ == core::kNoLimit || cached_bytes_ + bytes <= cache_bytes_;
 }
 
 bool SharedExecutables::gpu_waits(cudaStream_t stream) {

@@ -40,6 +40,7 @@
 #include <vector>
 
 #include "core/background_worker.h"
+#include "core/memory_budget.h"
 #include "core/executable_slots.h"
 #include "core/param_codec.h"
 #include "core/topology_union.h"
@@ -74,7 +75,7 @@ class SharedExecutables {
   };
 
   // `cache_bytes`: device memory that the executables beyond one per group may take
-  // (Note [Executable slots]); SIZE_MAX: no limit.
+  // (Note [Executable slots]); core::kNoLimit: no limit.
   SharedExecutables(Sharing sharing, size_t cache_bytes,
                     SlotGrowth growth = SlotGrowth::kWhileRoom);
   ~SharedExecutables();
@@ -175,7 +176,7 @@ class SharedExecutables {
   size_t cache_bytes_;
   SlotGrowth growth_;
   size_t cached_bytes_ = 0;  // the executables beyond the first of each group
-  size_t device_limit_ = SIZE_MAX;
+  size_t device_limit_ = core::kNoLimit;
   bool slots_refused_ = false;  // an instantiation failed: no new slots until memory is freed
   std::vector<std::unique_ptr<Group>> groups_;  // null where a group ended
   std::unordered_multimap<uint64_t, uint32_t> by_topology_;

@@ -62,8 +62,8 @@ PYBIND11_MODULE(_C, m) {
 #endif
 
   py::class_<Runtime>(m, "Runtime", py::custom_type_setup(setup_gc))
-      .def(py::init<py::object, int, bool, py::object, bool, const std::string&, int64_t,
-                    int64_t, py::object>(),
+      .def(py::init<py::object, int, bool, py::object, bool, const std::string&,
+                    std::optional<size_t>, std::optional<size_t>, py::object>(),
            py::arg("fn"), py::arg("warmup"), py::arg("warmup_each_signature"),
            py::arg("static_module"), py::arg("alias_prediction"), py::arg("sharing"),
            py::arg("executable_cache"), py::arg("memory_budget"), py::arg("hooks"))

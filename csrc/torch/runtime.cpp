@@ -49,8 +49,9 @@ Entry::Entry() = default;
 Entry::~Entry() = default;
 
 Runtime::Runtime(py::object fn, int warmup, bool warmup_each_signature, py::object static_module,
-                 bool alias_prediction, const std::string& sharing, int64_t executable_cache,
-                 int64_t memory_budget, py::object hooks)
+                 bool alias_prediction, const std::string& sharing,
+                 std::optional<size_t> executable_cache, std::optional<size_t> memory_budget,
+                 py::object hooks)
     : fn_(std::move(fn)),
       static_module_(std::move(static_module)),
       hooks_(std::move(hooks)),
@@ -71,7 +72,7 @@ Runtime::Runtime(py::object fn, int warmup, bool warmup_each_signature, py::obje
   executables_ = std::make_shared<cuda::SharedExecutables>(
       sharing == "none" ? Sharing::kNone
                         : (sharing == "near" ? Sharing::kNearTopologies : Sharing::kTopology),
-      executable_cache < 0 ? SIZE_MAX : static_cast<size_t>(executable_cache),
+      executable_cache.value_or(core::kNoLimit),
       cuda::SharedExecutables::SlotGrowth::kWhenGpuWaits);
 #endif
 }

@@ -74,14 +74,15 @@ class Runtime {
   // `sharing`: which graphs share executables: "none", "topology" (Note [Shared executables]) or
   // "near" (near topologies too, Note [Near topologies]).
   // `executable_cache`: bytes of device memory for the executables beyond one per topology, which
-  // let shapes replay without patching (Note [Executable slots]); < 0: no limit.
-  // `memory_budget`: bytes of device memory for the arena and resident executables; < 0: none.
+  // let shapes replay without patching (Note [Executable slots]); empty: no limit.
+  // `memory_budget`: bytes of device memory for the arena and resident executables; empty: none.
   // `warmup_each_signature`: every signature runs `warmup` eager calls before its capture; false:
   // only the function's first `warmup` calls do (Note [Capture policy]).
   // `hooks`: the runtime's way into Python (grape/_hooks.py RuntimeHooks).
   Runtime(py::object fn, int warmup, bool warmup_each_signature, py::object static_module,
-          bool alias_prediction, const std::string& sharing, int64_t executable_cache,
-          int64_t memory_budget, py::object hooks);
+          bool alias_prediction, const std::string& sharing,
+          std::optional<size_t> executable_cache, std::optional<size_t> memory_budget,
+          py::object hooks);
   virtual ~Runtime();
   Runtime(const Runtime&) = delete;
   Runtime& operator=(const Runtime&) = delete;
@@ -161,7 +162,7 @@ class Runtime {
   core::WarmupPolicy warmup_;
   int function_warmup_runs_ = 0;
   core::ChainPolicy chain_;
-  int64_t executable_cache_;  // < 0: no limit
+  std::optional<size_t> executable_cache_;  // empty: no limit
   core::MemoryBudget budget_;
   Flattener flattener_;
   std::unordered_map<core::Signature, std::unique_ptr<Entry>, core::SignatureHash> cache_;

@@ -30,8 +30,8 @@ py::dict per_lane(PerLane figure) {
   return d;
 }
 
-py::object none_if_negative(int64_t v) {
-  return v < 0 ? py::object(py::none()) : py::object(py::int_(v));
+py::object none_if_empty(std::optional<size_t> v) {
+  return v ? py::object(py::int_(*v)) : py::object(py::none());
 }
 
 py::object none_if_empty(const std::string& s) {
@@ -80,7 +80,7 @@ py::dict Runtime::stats() {
   d["last_recapture_reason"] = none_if_empty(last_recapture_reason_);
   d["warmup_each_signature"] = warmup_.each_signature;
   d["first_sight_failures"] = warmup_.first_sight_failures;
-  d["memory_budget"] = none_if_negative(budget_.bytes());
+  d["memory_budget"] = none_if_empty(budget_.bytes());
   cuda::ExecutableStats ex;
   std::string unshareable_reason;
   core::SiteStats sites;
@@ -98,7 +98,7 @@ py::dict Runtime::stats() {
   d["resident_executables"] = ex.resident;
   d["executable_bytes"] = static_cast<int64_t>(ex.device_bytes);
   d["cached_executable_bytes"] = static_cast<int64_t>(ex.cached_bytes);
-  d["executable_cache"] = none_if_negative(executable_cache_);
+  d["executable_cache"] = none_if_empty(executable_cache_);
   d["instantiations"] = ex.instantiations;
   d["evictions"] = ex.evictions;
   d["graphs_joined"] = ex.joins;

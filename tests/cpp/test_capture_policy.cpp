@@ -383,10 +383,10 @@ TEST(Reasons, EveryKindHasItsOwnName) {
 }
 
 TEST(MemoryBudget, EachSideTakesWhatTheOtherLeaves) {
-  const MemoryBudget none(-1);
+  const MemoryBudget none(std::nullopt);
   EXPECT_FALSE(none.limited());
-  EXPECT_EQ(none.arena_limit(123), SIZE_MAX);
-  EXPECT_EQ(none.executable_limit(123), SIZE_MAX);
+  EXPECT_EQ(none.arena_limit(123), kNoLimit);
+  EXPECT_EQ(none.executable_limit(123), kNoLimit);
   const MemoryBudget budget(100);
   EXPECT_TRUE(budget.limited());
   EXPECT_EQ(budget.arena_limit(30), 70u);

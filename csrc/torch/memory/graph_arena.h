@@ -32,6 +32,7 @@
 
 #include "core/address_ranges.h"
 #include "core/arena_layout.h"
+#include "core/memory_budget.h"
 #include "core/survivor_prediction.h"
 
 namespace grape {
@@ -143,7 +144,7 @@ class GraphArena : public std::enable_shared_from_this<GraphArena> {
   };
   std::vector<SmallAllocation> small_allocations_;
   bool owner_released_ = false;
-  size_t limit_ = SIZE_MAX;
+  size_t limit_ = core::kNoLimit;
 };
 
 }  // namespace grape
