@@ -267,12 +267,12 @@ def dtensor_module(rank, world):
     model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 16))
     model = parallelize_module(model.cuda(), init_device_mesh("cuda", (world,)),
                                {"0": ColwiseParallel(), "2": RowwiseParallel()})
-    compiled = grape.compile(model)
-    equal = []
+    inputs = [torch.randn(4, 16, device="cuda", generator=torch.Generator("cuda").manual_seed(i))
+              for i in range(3)]
     with torch.no_grad():
-        for i in range(3):
-            x = torch.randn(4, 16, device="cuda", generator=torch.Generator("cuda").manual_seed(i))
-            equal.append(torch.equal(compiled(x), model(x)))
+        want = [model(x) for x in inputs]  # eager, before the module is compiled in place
+        compiled = grape.compile(model)
+        equal = [torch.equal(compiled(x), w) for x, w in zip(inputs, want)]
     s = grape.stats(compiled)
     return equal, s["captures"], [(f["kind"], f["reason"]) for f in s["fallbacks"]]
 
