@@ -221,7 +221,14 @@ def compare(name: str, by_rank: dict[str, list[dict]]) -> dict[str, dict]:
                 r[f"{key}_by_rank"] = [x.get(key) for x in ranks]
             r["fallbacks_by_rank"] = [x.get("fallbacks") for x in ranks]
         ok = lambda rs: rs is not None and not any(x.get("error") for x in rs)  # noqa: E731
-        if ok(reference) and mode != "eager_device_lr":
+        # The update a mode ran: grape's, unless it replayed nothing (a fallback on every rank:
+        # eager's update, the float lr throughout).
+        same_update = eager if mode == "grape" and not any(x.get("replays") for x in ranks) \
+            else reference
+        if ok(same_update) and mode not in ("eager_device_lr", "eager"):
+            r["losses_equal_eager"] = all(x["losses"] == y["losses"]
+                                          for x, y in zip(ranks, same_update))
+        elif ok(reference) and mode == "eager":
             r["losses_equal_eager"] = all(x["losses"] == y["losses"]
                                           for x, y in zip(ranks, reference))
         if ok(eager) and mode != "eager":

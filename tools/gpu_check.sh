@@ -46,4 +46,11 @@ step bench-smoke-hf-gptj-tp env GRAPE_RESULTS_DIR="$out" NCCL_NVLS_ENABLE=0 \
 # Data-parallel training over every GPU, up to two (one rank where there is one).
 step bench-smoke-train-ddp env GRAPE_RESULTS_DIR="$out" NCCL_NVLS_ENABLE=0 \
   python3 -m torch.distributed.run --standalone --nproc-per-node "$ranks" -m benchmarks.train_ddp --tiny --quick
+# The ecosystem's sharding and tensor parallelism (DTensor parameters): they work or fall back.
+step bench-smoke-train-fsdp2 env GRAPE_RESULTS_DIR="$out" NCCL_NVLS_ENABLE=0 \
+  python3 -m torch.distributed.run --standalone --nproc-per-node "$ranks" -m benchmarks.train_ddp \
+  --tiny --quick --parallel fsdp2 --cases gpt2
+step bench-smoke-hf-gptj-tp-dtensor env GRAPE_RESULTS_DIR="$out" NCCL_NVLS_ENABLE=0 \
+  python3 -m torch.distributed.run --standalone --nproc-per-node "$ranks" -m benchmarks.hf_gptj_tp \
+  --tiny --quick --split dtensor
 exit $status

@@ -13,7 +13,7 @@ def by_rank(grape_losses=([1.0, 0.5], [2.0, 0.7]), digests=("p", "p")):
     return {
         "eager": [rank_result([1.0, 0.5000001], ms=9.0), rank_result([2.0, 0.7], ms=9.0)],
         "eager_device_lr": reference,
-        "grape": [rank_result(list(losses), digest, ms=3.0, captures=4, recaptures=0)
+        "grape": [rank_result(list(losses), digest, ms=3.0, captures=4, recaptures=0, replays=10)
                   for losses, digest in zip(grape_losses, digests)],
     }
 
@@ -40,3 +40,14 @@ def test_a_rank_that_failed_is_named_in_the_mode_s_error():
     ranks["grape"][1] = {"ms_per_step": None, "error": "RuntimeError: boom"}
     grape = train_ddp.compare("gpt2", ranks)["grape"]
     assert grape["error"] == "rank 1: RuntimeError: boom" and "correct" not in grape
+
+
+def test_a_grape_that_replayed_nothing_is_compared_with_eager_s_own_update():
+    # FSDP2's DTensor parameters make every signature fall back: grape then ran eager's update.
+    ranks = by_rank(grape_losses=([1.0, 0.5000001], [2.0, 0.7]))
+    for r in ranks["grape"]:
+        r["replays"] = 0
+    grape = train_ddp.compare("gpt2", ranks)["grape"]
+    assert grape["losses_equal_eager"] and grape["correct"]
+    ranks["grape"][0]["replays"] = 5  # replays on a rank: the device-lr update is the reference
+    assert not train_ddp.compare("gpt2", ranks)["grape"]["losses_equal_eager"]
