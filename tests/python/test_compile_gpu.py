@@ -334,6 +334,37 @@ def test_cpu_and_mixed_inputs_run_eagerly_with_the_argument_named():
     assert "args[1]" in reason and "cpu" in reason
 
 
+def test_a_cpu_scalar_argument_keys_the_signature_by_value():
+    # Note [Host scalars]: a graph per value, replayed for the calls that bring it.
+    def step(x, scale):
+        return x * scale + 1
+
+    compiled = grape.compile(step)
+    x = torch.ones(4, device=DEV)
+    for v in (2.0, 2.0, 2.0, 3.0, 3.0, 2.0):
+        assert torch.equal(compiled(x, torch.tensor(v)), step(x, torch.tensor(v)))
+    s = grape.stats(compiled)
+    assert s["fallbacks"] == [] and s["warmup_calls"] == 1 and s["replays"] == 5
+    assert s["signatures"] == 2
+
+
+@pytest.mark.expects_fallback
+def test_a_cpu_scalar_argument_changed_in_place_runs_eagerly_as_eager_would():
+    def step(x, count):
+        count += 1  # on the host, at once: a replay could not repeat it
+        return x * count
+
+    compiled = grape.compile(step)
+    x = torch.ones(4, device=DEV)
+    for _ in range(4):
+        mine, theirs = torch.tensor(1), torch.tensor(1)
+        assert torch.equal(compiled(x, mine), step(x, theirs))
+        assert mine.item() == theirs.item() == 2  # changed once, as eager changes it
+    s = grape.stats(compiled)
+    assert s["replays"] == 0 and len(s["fallbacks"]) == 1
+    assert "changed a CPU scalar tensor argument in place" in s["fallbacks"][0]["reason"]
+
+
 def test_module_parameters_are_static_and_tracked():
     model = torch.nn.Sequential(torch.nn.Linear(16, 16), torch.nn.ReLU(), torch.nn.Linear(16, 4)).to(DEV)
     ref = torch.nn.Sequential(torch.nn.Linear(16, 16), torch.nn.ReLU(), torch.nn.Linear(16, 4)).to(DEV)

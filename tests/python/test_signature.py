@@ -127,3 +127,23 @@ def test_map_tensors_rebuilds_every_container():
     assert rebuilt["out"].extra[1] == 3 and torch.equal(rebuilt["out"].extra[0], torch.ones(1))
     assert isinstance(rebuilt["pair"], Pair) and rebuilt["pair"].b is None
     assert rebuilt["t"] == (1.5,)
+
+
+def test_a_cpu_scalar_is_part_of_the_signature_by_its_value():
+    # Note [Host scalars]: a 0-dim CPU tensor (a cache's sliding window) is a value, not data.
+    class Layer:
+        def __init__(self, window):
+            self.keys = torch.zeros(2, 3)
+            self.window = torch.tensor(window)
+
+    for make in (lambda v: torch.tensor(v), lambda v: torch.tensor(float(v)),
+                 lambda v: torch.tensor(bool(v % 2))):
+        sig = _C.signature(make(4))
+        assert sig["unsupported"] == "" and sig["tensors"] == []
+        assert words(make(4)) == words(make(4)) and words(make(4)) != words(make(5))
+    layer = _C.signature(Layer(4))
+    assert "cpu" in layer["unsupported"]  # its 2-D keys, not the window
+    assert layer["path"] == "args[0].keys"
+    assert "cpu" in _C.signature(torch.tensor([4]))["unsupported"]  # one element, not 0-dim
+    assert "cpu" in _C.signature(torch.tensor(4.0, requires_grad=True))["unsupported"]
+    assert "cpu" in _C.signature(torch.tensor(1 + 2j))["unsupported"]

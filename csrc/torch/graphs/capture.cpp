@@ -229,6 +229,22 @@ core::Reason refusal_of_results(Flattener& flattener, const CapturedResults& r,
   return {};
 }
 
+// Note [Host scalars]: a replay would not change a CPU scalar argument that f changed in place.
+// Where f did, the values from before f (`before`, in order) are put back, so that the eager run
+// that follows the failed capture starts from them, as eager would.
+std::string changed_host_scalar(const FlatCall& flat, const std::vector<at::Tensor>& before) {
+  std::string why;
+  for (size_t i = 0; i < flat.host_scalars.size(); ++i) {
+    const auto& [t, version] = flat.host_scalars[i];
+    if (t._version() == version) continue;
+    at::Tensor scalar = t;  // a handle: copy_ writes the argument's own storage
+    scalar.copy_(before[i]);
+    why = "the function changed a CPU scalar tensor argument in place (a graph bakes its value "
+          "in; a replay would not change it)";
+  }
+  return why;
+}
+
 }  // namespace
 
 CaptureOutcome capture(const CaptureContext& context, FlatCall& flat, bool pin_host_constants,
@@ -251,6 +267,8 @@ CaptureOutcome capture(const CaptureContext& context, FlatCall& flat, bool pin_h
     refused.reason = {core::ReasonKind::kUnsupportedArgument, std::move(why)};
     return refused;
   }
+  std::vector<at::Tensor> host_scalars_before;  // Note [Host scalars]
+  for (const auto& [t, version] : flat.host_scalars) host_scalars_before.push_back(t.clone());
   const CaptureGradients gradients(std::move(grad_leaves), pool,
                                    at::cuda::getCurrentCUDAStream(pool.device()).stream());
   EnteredContext stepped_optimizers(context.training.step_watch());
@@ -340,6 +358,12 @@ CaptureOutcome capture(const CaptureContext& context, FlatCall& flat, bool pin_h
       }
       graph->capture_end();
       r.effects_ok = record_state.collect(log, r.effects, r.effect_values, r.effects_reason);
+      // Put back whatever the other checks say: the eager run after a failed capture reads them.
+      std::string scalar_changed = changed_host_scalar(flat, host_scalars_before);
+      if (r.effects_ok && !scalar_changed.empty()) {
+        r.effects_ok = false;
+        r.effects_reason = std::move(scalar_changed);
+      }
       if (r.effects_ok) {
         const py::object changed = PythonHooks::changed_by_function(device_settings.get());
         r.effects_ok = changed.is_none();

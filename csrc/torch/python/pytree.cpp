@@ -114,6 +114,26 @@ void Flattener::push_interned(py::handle obj, FlatCall& out) {
   out.signature.push(id);
 }
 
+namespace {
+
+// A 0-dim CPU tensor of a real or bool dtype, which no autograd graph needs (Note [Host scalars]).
+bool is_host_scalar(const at::Tensor& t) {
+  return t.device().is_cpu() && t.dim() == 0 && !t.requires_grad() && !t.is_complex();
+}
+
+// A host scalar's value as one signature word: the integer, or the bits of the double.
+int64_t host_scalar_word(const at::Tensor& t) {
+  if (t.is_floating_point()) {
+    const double v = t.item<double>();
+    int64_t bits = 0;
+    std::memcpy(&bits, &v, sizeof bits);
+    return bits;
+  }
+  return t.item<int64_t>();
+}
+
+}  // namespace
+
 void Flattener::visit_tensor(py::handle obj, FlatCall& out, TreeSpec* spec) {
   const TorchTypes& tt = torch_types();
   PyObject* type = reinterpret_cast<PyObject*>(Py_TYPE(obj.ptr()));
@@ -141,6 +161,15 @@ void Flattener::visit_tensor(py::handle obj, FlatCall& out, TreeSpec* spec) {
     mark_unsupported(out, "tensor that requires grad and is not a leaf (a graph cannot join an "
                           "autograd graph built outside it: compute it inside the function, or "
                           "pass it detached)");
+  } else if (!t.is_cuda() && !in_value_ && is_host_scalar(t)) {
+    // Note [Host scalars]: its value keys the signature; the capture reads it as f does.
+    sig.push(host_scalar_word(t));
+    if (spec != nullptr) {
+      spec->kind = TreeSpec::Kind::kConstant;
+      spec->constant = py::reinterpret_borrow<py::object>(obj);
+    }
+    out.host_scalars.emplace_back(t, t._version());
+    return;
   } else if (!t.is_cuda()) {
     mark_unsupported(out, "tensor on " + t.device().str() + " (graphs read CUDA tensors only)");
   } else if (trained) {
@@ -390,6 +419,7 @@ void Flattener::flatten_call(py::handle args, py::handle kwargs, FlatCall& out, 
   out.modules.clear();
   out.static_leaves.clear();
   out.records.clear();
+  out.host_scalars.clear();
   out.unsupported.clear();
   out.unsupported_path.clear();
   with_paths_ = with_paths;
@@ -419,6 +449,7 @@ void Flattener::flatten_value(py::handle value, FlatCall& out,
   out.modules.clear();
   out.static_leaves.clear();
   out.records.clear();
+  out.host_scalars.clear();
   out.unsupported.clear();
   out.unsupported_path.clear();
   out.spec = TreeSpec{};

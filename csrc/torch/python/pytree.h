@@ -8,6 +8,7 @@
 #include <string>
 #include <unordered_map>
 #include <unordered_set>
+#include <utility>
 #include <vector>
 
 #include "core/signature.h"
@@ -36,6 +37,15 @@ struct TreeSpec {
   std::vector<TreeSpec> children;
 };
 
+// Note [Host scalars]
+// ~~~~~~~~~~~~~~~~~~~
+// A 0-dim CPU tensor among the arguments (a cache's `_sliding_window_tensor`, a step count kept
+// on the host) is a value, not data a graph reads: kernels take it as a scalar when they launch.
+// So it is part of the signature, by its value, and the capture bakes that value in, as it does a
+// Python number; a replay runs only for calls that bring the same value. Other CPU tensors are
+// refused (a graph would read their memory on the device). A capture whose function changes such
+// a scalar in place fails (a replay would not change it).
+
 // What flattening found. `unsupported` names the first leaf that prevents capture (then the call
 // runs eagerly); its path is filled in only when flattening was asked for paths.
 struct FlatCall {
@@ -46,6 +56,9 @@ struct FlatCall {
   // module's parameters, so a backward inside the function reaches their .grad.
   std::vector<at::Tensor> static_leaves;
   std::vector<py::object> records;  // argument objects that hold tensors, in visiting order
+  // CPU scalar tensors among the arguments (Note [Host scalars]), with their versions when
+  // flattened: a capture checks that f left them as they were.
+  std::vector<std::pair<at::Tensor, int64_t>> host_scalars;
   std::string unsupported;
   std::string unsupported_path;
   TreeSpec spec;  // only when asked for
