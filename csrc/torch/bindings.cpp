@@ -155,7 +155,7 @@ PYBIND11_MODULE(_C, m) {
   m.def(
       "_unwatchable_state",
       [](py::handle module, std::vector<at::Tensor> leaves) {
-        return grape::unwatchable_state(module, {}, leaves);
+        return grape::unwatchable_state(grape::call_modules(module, {}), leaves);
       },
       py::arg("module"), py::arg("leaves"),
       "Why a capture cannot watch a module's parameters and buffers and the leaves, or ''.");

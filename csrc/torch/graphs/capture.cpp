@@ -259,13 +259,11 @@ CaptureOutcome capture(const CaptureContext& context, FlatCall& flat, bool pin_h
   install_allocator_hook();  // again, in case it was removed since the pool was made
 
   // Gradients before f (Note [Gradients of a captured step]); put back when the capture ends.
+  const std::vector<CallModule> modules = call_modules(context.static_module, flat.modules);
   std::vector<at::Tensor> grad_leaves =
-      context.training.tracked_leaves(context.static_module, flat, pool, context.warmed_up);
-  if (std::string why = unwatchable_state(context.static_module, flat.modules, grad_leaves);
-      !why.empty()) {
-    CaptureOutcome refused;
-    refused.reason = {core::ReasonKind::kUnsupportedArgument, std::move(why)};
-    return refused;
+      context.training.tracked_leaves(modules, flat, pool, context.warmed_up);
+  if (std::string why = unwatchable_state(modules, grad_leaves); !why.empty()) {
+    return failed(core::ReasonKind::kUnsupportedArgument, std::move(why));
   }
   std::vector<at::Tensor> host_scalars_before;  // Note [Host scalars]
   for (const auto& [t, version] : flat.host_scalars) host_scalars_before.push_back(t.clone());

@@ -27,20 +27,18 @@ bool TrainingState::defers_capture() {
   return !seen_.is_none() && PythonHooks::defers_capture(seen_);
 }
 
-std::vector<at::Tensor> TrainingState::tracked_leaves(const py::object& static_module,
+std::vector<at::Tensor> TrainingState::tracked_leaves(const std::vector<CallModule>& modules,
                                                       const FlatCall& flat, GraphPool& pool,
                                                       bool warmed_up) {
   std::vector<at::Tensor> parameters;
   bool any_gradient = false;  // set by a backward pass, or by the caller (.grad = ...)
-  auto add_parameters = [&](const py::handle& module) {
-    for (at::Tensor& p : module_tensors(module).parameters) {
+  for (const auto& m : modules) {
+    for (const at::Tensor& p : m.tensors.parameters) {
       if (!p.requires_grad()) continue;
       any_gradient = any_gradient || p.grad().defined();
-      parameters.push_back(std::move(p));
+      parameters.push_back(p);
     }
-  };
-  if (!static_module.is_none()) add_parameters(static_module);
-  for (const auto& m : flat.modules) add_parameters(m);
+  }
   // Until a warm-up or capture saw the function train, or one of its modules' parameters has a
   // gradient (which f may read or replace: clip_grad_norm_, zero_grad), those parameters are not
   // tracked: checking them cost an inference function's every capture more than reading its

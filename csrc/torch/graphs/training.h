@@ -38,6 +38,7 @@
 #include <utility>
 #include <vector>
 
+#include "torch/python/module_tensors.h"
 #include "torch/python/python_hooks.h"
 #include "torch/python/pytree.h"
 #include "torch/python/optimizer_settings.h"
@@ -76,13 +77,13 @@ class TrainingState {
   // first iterations with host synchronizations (Seen.defers_capture, Note [DDP under capture]).
   bool defers_capture();
   // The leaves whose gradients a capture of `flat` watches: parameter arguments, then, once the
-  // function was seen training, the parameters that require grad of the known optimizers,
-  // `static_module` and module arguments. Where a backward pass may reach any of those
+  // function was seen training, the parameters that require grad of the known optimizers and of
+  // `modules` (the call's, read once per capture). Where a backward pass may reach any of those
   // (core::prepares_backward; `warmed_up`: the function ran a warm-up call), prepares `pool`'s
   // capture stream for it first (once per function): a small backward pass on it, outside any
   // capture (grape._training.prepare_backward).
-  std::vector<at::Tensor> tracked_leaves(const py::object& static_module, const FlatCall& flat,
-                                         GraphPool& pool, bool warmed_up);
+  std::vector<at::Tensor> tracked_leaves(const std::vector<CallModule>& modules,
+                                         const FlatCall& flat, GraphPool& pool, bool warmed_up);
   // A context manager for a capture, entered outside the CUDA capture: the float settings of the
   // known optimizers that they can read from device memory are tensors while entered
   // (grape._training.DeviceSettingsSwap, Note [Device settings]).

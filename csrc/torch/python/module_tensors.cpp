@@ -107,15 +107,22 @@ bool dispatches_in_python(const at::Tensor& t) {
 
 }  // namespace
 
-std::string unwatchable_state(py::handle static_module, const std::vector<py::object>& modules,
+std::vector<CallModule> call_modules(py::handle static_module,
+                                     const std::vector<py::object>& modules) {
+  std::vector<CallModule> out;
+  if (!static_module.is_none()) out.push_back({static_module, module_tensors(static_module)});
+  for (const auto& m : modules) out.push_back({m, module_tensors(m)});
+  return out;
+}
+
+std::string unwatchable_state(const std::vector<CallModule>& modules,
                               const std::vector<at::Tensor>& leaves) {
   auto why = [](const at::Tensor& t, const std::string& what) {
     return what + " is a " + type_name_of(t) +
            ", a tensor subclass with a dispatch of its own (its data lies in the tensors it "
            "wraps, which a graph's replay cannot watch)";
   };
-  auto of_module = [&](py::handle module) -> std::string {
-    const ModuleTensors tensors = module_tensors(module);
+  for (const auto& [module, tensors] : modules) {
     const std::string owner = " of " + std::string(py::str(py::type::handle_of(module).attr(
                                            "__name__"))) + " (or of a submodule)";
     for (const auto& t : tensors.parameters) {
@@ -124,13 +131,6 @@ std::string unwatchable_state(py::handle static_module, const std::vector<py::ob
     for (const auto& t : tensors.buffers) {
       if (dispatches_in_python(t)) return why(t, "a buffer" + owner);
     }
-    return "";
-  };
-  if (!static_module.is_none()) {
-    if (std::string reason = of_module(static_module); !reason.empty()) return reason;
-  }
-  for (const auto& m : modules) {
-    if (std::string reason = of_module(m); !reason.empty()) return reason;
   }
   for (const auto& leaf : leaves) {
     if (dispatches_in_python(leaf)) return why(leaf, "a tensor whose gradient the step sets");

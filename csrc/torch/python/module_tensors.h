@@ -24,12 +24,21 @@ struct ModuleTensors {
 
 ModuleTensors module_tensors(py::handle module);
 
-// Why a capture cannot watch the static state of `static_module` (None: none), the module
-// arguments `modules` and the training step's `leaves`, or "" where it can. A capture watches
-// parameters, buffers and leaves by their memory (a replay whose tensors moved captures again),
-// and a tensor subclass with a dispatch of its own (a DTensor: FSDP2's sharded parameters,
-// parallelize_module's) holds none: its data lies in the tensors it wraps.
-std::string unwatchable_state(py::handle static_module, const std::vector<py::object>& modules,
+// A call's modules with what they hold, read once per capture: the compiled module (where
+// `static_module` is not None), then the module arguments `modules`.
+struct CallModule {
+  py::handle module;
+  ModuleTensors tensors;
+};
+std::vector<CallModule> call_modules(py::handle static_module,
+                                     const std::vector<py::object>& modules);
+
+// Why a capture cannot watch the static state of `modules` and the training step's `leaves`, or
+// "" where it can. A capture watches parameters, buffers and leaves by their memory (a replay
+// whose tensors moved captures again), and a tensor subclass with a dispatch of its own (a
+// DTensor: FSDP2's sharded parameters, parallelize_module's) holds none: its data lies in the
+// tensors it wraps.
+std::string unwatchable_state(const std::vector<CallModule>& modules,
                               const std::vector<at::Tensor>& leaves);
 
 }  // namespace grape

@@ -23,7 +23,7 @@ class PythonHooks {
   void report_fallback(const std::string& signature, const core::Reason& reason,
                        const py::object& error) const;
   // Whether a capture lets `error` through to the caller instead of falling back to eager (a
-  // branch the rewriter cannot predicate, a collective in a predicated body: the user's to fix).
+  // branch the rewriter cannot predicate, a misused grape.Predicate: the user's to fix).
   bool propagates(const py::error_already_set& error) const;
   // Where an exception f raised under capture comes from the capture's own doing, as Python
   // knows it (Note [Exceptions under capture]): "compiler" (torch.compile compiling inside the

@@ -59,6 +59,22 @@ bool is_plain_constant(PyObject* obj, const TorchTypes& tt) {
 
 std::string type_name(PyObject* obj) { return Py_TYPE(obj)->tp_name; }
 
+// A 0-dim CPU tensor of a real or bool dtype, which no autograd graph needs (Note [Host scalars]).
+bool is_host_scalar(const at::Tensor& t) {
+  return t.device().is_cpu() && t.dim() == 0 && !t.requires_grad() && !t.is_complex();
+}
+
+// A host scalar's value as one signature word: the integer, or the bits of the double.
+int64_t host_scalar_word(const at::Tensor& t) {
+  if (t.is_floating_point()) {
+    const double v = t.item<double>();
+    int64_t bits = 0;
+    std::memcpy(&bits, &v, sizeof bits);
+    return bits;
+  }
+  return t.item<int64_t>();
+}
+
 }  // namespace
 
 Flattener::Flattener() { (void)torch_types(); }
@@ -113,26 +129,6 @@ void Flattener::push_interned(py::handle obj, FlatCall& out) {
   out.signature.push(Tag::kInterned);
   out.signature.push(id);
 }
-
-namespace {
-
-// A 0-dim CPU tensor of a real or bool dtype, which no autograd graph needs (Note [Host scalars]).
-bool is_host_scalar(const at::Tensor& t) {
-  return t.device().is_cpu() && t.dim() == 0 && !t.requires_grad() && !t.is_complex();
-}
-
-// A host scalar's value as one signature word: the integer, or the bits of the double.
-int64_t host_scalar_word(const at::Tensor& t) {
-  if (t.is_floating_point()) {
-    const double v = t.item<double>();
-    int64_t bits = 0;
-    std::memcpy(&bits, &v, sizeof bits);
-    return bits;
-  }
-  return t.item<int64_t>();
-}
-
-}  // namespace
 
 void Flattener::visit_tensor(py::handle obj, FlatCall& out, TreeSpec* spec) {
   const TorchTypes& tt = torch_types();
@@ -414,14 +410,7 @@ bool Flattener::visit_record(py::handle obj_h, FlatCall& out, TreeSpec* spec) {
 
 void Flattener::flatten_call(py::handle args, py::handle kwargs, FlatCall& out, bool with_spec,
                              bool with_paths) {
-  out.signature.clear();
-  out.tensors.clear();
-  out.modules.clear();
-  out.static_leaves.clear();
-  out.records.clear();
-  out.host_scalars.clear();
-  out.unsupported.clear();
-  out.unsupported_path.clear();
+  out.clear();
   with_paths_ = with_paths;
   path_.clear();
   if (with_spec) {
@@ -444,14 +433,7 @@ void Flattener::flatten_call(py::handle args, py::handle kwargs, FlatCall& out, 
 
 void Flattener::flatten_value(py::handle value, FlatCall& out,
                               const std::vector<py::object>* call_records) {
-  out.signature.clear();
-  out.tensors.clear();
-  out.modules.clear();
-  out.static_leaves.clear();
-  out.records.clear();
-  out.host_scalars.clear();
-  out.unsupported.clear();
-  out.unsupported_path.clear();
+  out.clear();
   out.spec = TreeSpec{};
   with_paths_ = true;
   in_value_ = true;

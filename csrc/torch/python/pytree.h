@@ -62,6 +62,19 @@ struct FlatCall {
   std::string unsupported;
   std::string unsupported_path;
   TreeSpec spec;  // only when asked for
+
+  // Empties everything but `spec` (whose buffers a caller reuses where it asks for none), for the
+  // next flattening.
+  void clear() {
+    signature.clear();
+    tensors.clear();
+    modules.clear();
+    static_leaves.clear();
+    records.clear();
+    host_scalars.clear();
+    unsupported.clear();
+    unsupported_path.clear();
+  }
 };
 
 // Flattens arguments for one compiled function. Interned constants and identity-keyed objects
