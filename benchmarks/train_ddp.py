@@ -26,7 +26,9 @@ lr read from device memory; the bit-exact reference, as in train_lm), grape (the
 whole).
 
 Each rank times its steps as train_lm does (the first pass step by step with a device sync,
-then --reps steady passes); a figure is rank 0's, and `*_by_rank` gives every rank's. Per rank:
+then --reps steady passes); a figure is rank 0's, and `*_by_rank` gives every rank's. The modes run
+one after another in one process per rank: only the first mode's first step is from a cold
+process (--modes grape alone gives grape's). Per rank:
 `losses` (its local losses); grape's `losses_equal_eager` (every rank's losses equal to
 eager_device_lr's to the bit), `max_loss_rel_diff_eager` (against eager, over ranks),
 `ranks_in_sync` (the whole parameters identical on every rank after the mode's last step),
