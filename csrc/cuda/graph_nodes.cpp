@@ -24,6 +24,8 @@ void check(cudaError_t status, const char* what) {
 
 namespace {
 
+// The driver API's check. Inside this namespace it hides cuda::check, the runtime API's: call
+// that one qualified.
 void check(CUresult status, const char* what) {
   if (status == CUDA_SUCCESS) return;
   throw std::runtime_error(std::string("grape: ") + what + " failed: " +
@@ -219,6 +221,135 @@ std::string node_type_name(cudaGraphNodeType type) {
   }
 }
 
+// A kernel node's launch attributes, mixed into its key: they are not parameters, so a member
+// must agree with its group on them.
+uint64_t with_launch_attributes(cudaGraphNode_t node, uint64_t key) {
+  CUlaunchAttributeValue value;
+  if (kernel_attribute(node, CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION, value)) {
+    key = mix(mix(mix(key, value.clusterDim.x), value.clusterDim.y), value.clusterDim.z);
+  }
+  if (kernel_attribute(node, CU_LAUNCH_ATTRIBUTE_PRIORITY, value)) {
+    key = mix(key, static_cast<uint64_t>(value.priority));
+  }
+  // Node updates neither check nor change these: graphs joined by alignment must agree. (A
+  // captured programmatic launch is no node attribute but a programmatic edge, read with the
+  // edges: asking a node for it fails.)
+  if (kernel_attribute(node, CU_LAUNCH_ATTRIBUTE_COOPERATIVE, value)) {
+    key = mix(key, static_cast<uint64_t>(value.cooperative));
+  }
+  if (kernel_attribute(node, CU_LAUNCH_ATTRIBUTE_MEM_SYNC_DOMAIN, value)) {
+    key = mix(key, static_cast<uint64_t>(value.memSyncDomain));
+  }
+  return key;
+}
+
+// A kernel node's parameters appended to g.blobs; its kernel, the node's variant. Where they
+// cannot be read, g is marked unreadable with the reason.
+uint64_t read_kernel_node(cudaGraphNode_t node, GraphContents& g) {
+  const DriverApi& d = driver();
+  if (d.cuGraphKernelNodeGetParams == nullptr || d.cuGraphExecKernelNodeSetParams == nullptr) {
+    g.readable = false;
+    g.why_not = "the CUDA driver lacks cuGraphKernelNodeGetParams";
+    return 0;
+  }
+  CUDA_KERNEL_NODE_PARAMS p{};
+  check(d.cuGraphKernelNodeGetParams(reinterpret_cast<CUgraphNode>(node), &p),
+        "cuGraphKernelNodeGetParams");
+  const uint64_t variant = reinterpret_cast<uint64_t>(
+      p.func != nullptr ? static_cast<const void*>(p.func) : static_cast<const void*>(p.kern));
+  core::Blob blob = read_kernel(p, g.why_not);
+  if (!g.why_not.empty()) {
+    g.readable = false;
+    return variant;
+  }
+  g.blobs.push_back(std::move(blob));
+  return variant;
+}
+
+// One node read into g: its kind, its key (what alignment pairs it by), and with its parameters
+// its blob and variant (Note [Near topologies]). Returns the key's part that the topology hash
+// covers.
+uint64_t read_node(cudaGraphNode_t node, bool with_params, GraphContents& g) {
+  CUgraphNodeType driver_type;
+  check(driver().cuGraphNodeGetType(reinterpret_cast<CUgraphNode>(node), &driver_type),
+        "cuGraphNodeGetType");
+  const auto type = static_cast<cudaGraphNodeType>(driver_type);  // the same values
+  uint64_t key = mix(0, static_cast<uint64_t>(type));
+  uint64_t detail = 0, variant = 0;
+  switch (type) {
+    case cudaGraphNodeTypeKernel:
+      g.kinds.push_back(NodeKind::kKernel);
+      key = with_launch_attributes(node, key);
+      if (with_params) variant = read_kernel_node(node, g);
+      break;
+    case cudaGraphNodeTypeMemcpy: {
+      g.kinds.push_back(NodeKind::kMemcpy);
+      if (!with_params) break;
+      cudaMemcpy3DParms p{};
+      cuda::check(cudaGraphMemcpyNodeGetParams(node, &p), "cudaGraphMemcpyNodeGetParams");
+      const bool arrays = p.srcArray != nullptr || p.dstArray != nullptr;
+      const bool one_dimensional = p.extent.height <= 1 && p.extent.depth <= 1;
+      detail = mix(mix(static_cast<uint64_t>(p.kind), arrays ? 1 : one_dimensional ? 2 : 3),
+                   arrays ? 0 : mix(memory_kind(p.srcPtr.ptr), memory_kind(p.dstPtr.ptr)));
+      g.blobs.push_back(struct_blob(p));
+      break;
+    }
+    case cudaGraphNodeTypeMemset: {
+      g.kinds.push_back(NodeKind::kMemset);
+      if (!with_params) break;
+      cudaMemsetParams p{};
+      cuda::check(cudaGraphMemsetNodeGetParams(node, &p), "cudaGraphMemsetNodeGetParams");
+      detail = mix(mix(memory_kind(p.dst), p.elementSize), p.height > 1 ? 1 : 0);
+      g.blobs.push_back(struct_blob(p));
+      break;
+    }
+    case cudaGraphNodeTypeEmpty:
+      g.kinds.push_back(NodeKind::kEmpty);
+      if (with_params) g.blobs.emplace_back();
+      break;
+    default:  // conditional, child graph, event, host, memory nodes
+      g.readable = false;
+      g.why_not = "it holds a " + node_type_name(type) + " node";
+      break;
+  }
+  // A topology leaves kernels and addresses to executable updates; alignment pairs copies and
+  // memsets by what an update may not change, and kernel nodes with kernel nodes, preferably of
+  // the same kernel (Note [Near topologies]).
+  g.keys.push_back(mix(key, detail));
+  if (with_params) g.variants.push_back(variant);
+  return key;
+}
+
+// The graph's edges as node index pairs, sorted; plain_edges cleared where one carries data.
+void read_edges(cudaGraph_t graph, const std::unordered_map<cudaGraphNode_t, uint32_t>& index,
+                GraphContents& g) {
+  size_t edge_count = 0;
+#if CUDART_VERSION >= 12030
+  // With edge data: the query without it fails where an edge carries any (CUDA 12.3+).
+#if CUDART_VERSION >= 13000
+  constexpr auto get_edges = cudaGraphGetEdges;
+#else
+  constexpr auto get_edges = cudaGraphGetEdges_v2;
+#endif
+  cuda::check(get_edges(graph, nullptr, nullptr, nullptr, &edge_count), "cudaGraphGetEdges");
+  std::vector<cudaGraphNode_t> from(edge_count), to(edge_count);
+  std::vector<cudaGraphEdgeData> data(edge_count);
+  cuda::check(get_edges(graph, from.data(), to.data(), data.data(), &edge_count), "cudaGraphGetEdges");
+  for (const cudaGraphEdgeData& e : data) {
+    if (e.type != cudaGraphDependencyTypeDefault || e.from_port != 0 || e.to_port != 0) {
+      g.plain_edges = false;
+    }
+  }
+#else
+  cuda::check(cudaGraphGetEdges(graph, nullptr, nullptr, &edge_count), "cudaGraphGetEdges");
+  std::vector<cudaGraphNode_t> from(edge_count), to(edge_count);
+  cuda::check(cudaGraphGetEdges(graph, from.data(), to.data(), &edge_count), "cudaGraphGetEdges");
+#endif
+  g.edges.reserve(edge_count);
+  for (size_t e = 0; e < edge_count; ++e) g.edges.emplace_back(index.at(from[e]), index.at(to[e]));
+  std::sort(g.edges.begin(), g.edges.end());
+}
+
 }  // namespace
 
 GraphContents read_graph(cudaGraph_t graph, bool with_params) {
@@ -236,123 +367,15 @@ GraphContents read_graph(cudaGraph_t graph, bool with_params) {
     g.blobs.reserve(count);
     g.variants.reserve(count);
   }
-  uint64_t h = mix(0, count);
   const DriverApi& d = driver();
   if (d.cuGraphNodeGetType == nullptr || d.cuGraphKernelNodeGetAttribute == nullptr) {
     throw std::runtime_error(
         "grape: the CUDA driver lacks cuGraphNodeGetType or cuGraphKernelNodeGetAttribute");
   }
-  for (uint32_t i = 0; i < count && g.readable; ++i) {
-    cudaGraphNode_t node = g.nodes[i];
-    const auto driver_node = reinterpret_cast<CUgraphNode>(node);
-    CUgraphNodeType driver_type;
-    check(d.cuGraphNodeGetType(driver_node, &driver_type), "cuGraphNodeGetType");
-    const auto type = static_cast<cudaGraphNodeType>(driver_type);  // the same values
-    uint64_t key = mix(0, static_cast<uint64_t>(type));
-    uint64_t detail = 0, variant = 0;
-    switch (type) {
-      case cudaGraphNodeTypeKernel: {
-        g.kinds.push_back(NodeKind::kKernel);
-        // Launch attributes are not parameters: a member must agree with the group on them.
-        CUlaunchAttributeValue value;
-        if (kernel_attribute(node, CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION, value)) {
-          key = mix(mix(mix(key, value.clusterDim.x), value.clusterDim.y), value.clusterDim.z);
-        }
-        if (kernel_attribute(node, CU_LAUNCH_ATTRIBUTE_PRIORITY, value)) {
-          key = mix(key, static_cast<uint64_t>(value.priority));
-        }
-        // Node updates neither check nor change these: graphs joined by alignment must agree. (A
-        // captured programmatic launch is no node attribute but a programmatic edge, read with
-        // the edges below: asking a node for it fails.)
-        if (kernel_attribute(node, CU_LAUNCH_ATTRIBUTE_COOPERATIVE, value)) {
-          key = mix(key, static_cast<uint64_t>(value.cooperative));
-        }
-        if (kernel_attribute(node, CU_LAUNCH_ATTRIBUTE_MEM_SYNC_DOMAIN, value)) {
-          key = mix(key, static_cast<uint64_t>(value.memSyncDomain));
-        }
-        if (!with_params) break;
-        if (d.cuGraphKernelNodeGetParams == nullptr ||
-            d.cuGraphExecKernelNodeSetParams == nullptr) {
-          g.readable = false;
-          g.why_not = "the CUDA driver lacks cuGraphKernelNodeGetParams";
-          break;
-        }
-        CUDA_KERNEL_NODE_PARAMS p{};
-        check(d.cuGraphKernelNodeGetParams(reinterpret_cast<CUgraphNode>(node), &p),
-              "cuGraphKernelNodeGetParams");
-        variant = reinterpret_cast<uint64_t>(p.func != nullptr ? static_cast<const void*>(p.func)
-                                                               : static_cast<const void*>(p.kern));
-        core::Blob blob = read_kernel(p, g.why_not);
-        if (!g.why_not.empty()) {
-          g.readable = false;
-          break;
-        }
-        g.blobs.push_back(std::move(blob));
-        break;
-      }
-      case cudaGraphNodeTypeMemcpy: {
-        g.kinds.push_back(NodeKind::kMemcpy);
-        if (!with_params) break;
-        cudaMemcpy3DParms p{};
-        check(cudaGraphMemcpyNodeGetParams(node, &p), "cudaGraphMemcpyNodeGetParams");
-        const bool arrays = p.srcArray != nullptr || p.dstArray != nullptr;
-        const bool one_dimensional = p.extent.height <= 1 && p.extent.depth <= 1;
-        detail = mix(mix(static_cast<uint64_t>(p.kind), arrays ? 1 : one_dimensional ? 2 : 3),
-                     arrays ? 0 : mix(memory_kind(p.srcPtr.ptr), memory_kind(p.dstPtr.ptr)));
-        g.blobs.push_back(struct_blob(p));
-        break;
-      }
-      case cudaGraphNodeTypeMemset: {
-        g.kinds.push_back(NodeKind::kMemset);
-        if (!with_params) break;
-        cudaMemsetParams p{};
-        check(cudaGraphMemsetNodeGetParams(node, &p), "cudaGraphMemsetNodeGetParams");
-        detail = mix(mix(memory_kind(p.dst), p.elementSize), p.height > 1 ? 1 : 0);
-        g.blobs.push_back(struct_blob(p));
-        break;
-      }
-      case cudaGraphNodeTypeEmpty:
-        g.kinds.push_back(NodeKind::kEmpty);
-        if (with_params) g.blobs.emplace_back();
-        break;
-      default:  // conditional, child graph, event, host, memory nodes
-        g.readable = false;
-        g.why_not = "it holds a " + node_type_name(type) + " node";
-        break;
-    }
-    // A topology leaves kernels and addresses to executable updates; alignment pairs copies and
-    // memsets by what an update may not change, and kernel nodes with kernel nodes, preferably
-    // of the same kernel (Note [Near topologies]).
-    h = mix(h, key);
-    g.keys.push_back(mix(key, detail));
-    if (with_params) g.variants.push_back(variant);
-  }
+  uint64_t h = mix(0, count);
+  for (uint32_t i = 0; i < count && g.readable; ++i) h = mix(h, read_node(g.nodes[i], with_params, g));
   if (!g.readable) return g;
-  size_t edge_count = 0;
-#if CUDART_VERSION >= 12030
-  // With edge data: the query without it fails where an edge carries any (CUDA 12.3+).
-#if CUDART_VERSION >= 13000
-  constexpr auto get_edges = cudaGraphGetEdges;
-#else
-  constexpr auto get_edges = cudaGraphGetEdges_v2;
-#endif
-  check(get_edges(graph, nullptr, nullptr, nullptr, &edge_count), "cudaGraphGetEdges");
-  std::vector<cudaGraphNode_t> from(edge_count), to(edge_count);
-  std::vector<cudaGraphEdgeData> data(edge_count);
-  check(get_edges(graph, from.data(), to.data(), data.data(), &edge_count), "cudaGraphGetEdges");
-  for (const cudaGraphEdgeData& e : data) {
-    if (e.type != cudaGraphDependencyTypeDefault || e.from_port != 0 || e.to_port != 0) {
-      g.plain_edges = false;
-    }
-  }
-#else
-  check(cudaGraphGetEdges(graph, nullptr, nullptr, &edge_count), "cudaGraphGetEdges");
-  std::vector<cudaGraphNode_t> from(edge_count), to(edge_count);
-  check(cudaGraphGetEdges(graph, from.data(), to.data(), &edge_count), "cudaGraphGetEdges");
-#endif
-  g.edges.reserve(edge_count);
-  for (size_t e = 0; e < edge_count; ++e) g.edges.emplace_back(index.at(from[e]), index.at(to[e]));
-  std::sort(g.edges.begin(), g.edges.end());
+  read_edges(graph, index, g);
   for (const auto& [a, b] : g.edges) h = mix(h, (static_cast<uint64_t>(a) << 32) | b);
   g.topology = h;
   return g;

@@ -212,6 +212,43 @@ bool SharedExecutables::gpu_waits(cudaStream_t stream) {
   return idle;
 }
 
+// A shareable graph's view for alignment, made when first needed (not for a graph that joins a
+// group of its own topology as it is); taken by the group the graph starts.
+class SharedExecutables::LazyAlignment {
+ public:
+  explicit LazyAlignment(const GraphContents& contents) : contents_(contents) {}
+  const core::NodeGraph& get() {
+    if (!made_) view_ = alignment_view(contents_);
+    made_ = true;
+    return view_;
+  }
+  core::NodeGraph take() {
+    get();
+    return std::move(view_);
+  }
+
+ private:
+  const GraphContents& contents_;
+  core::NodeGraph view_;
+  bool made_ = false;
+};
+
+namespace {
+
+// Charges a join's time to join_ns, but for the instantiations and patches it makes (timed on
+// their own).
+struct JoinTimer {
+  ExecutableStats& counters;
+  core::Clock::time_point start = core::Clock::now();
+  int64_t timed_apart_before = counters.instantiate_ns + counters.patch_ns;
+  ~JoinTimer() {
+    counters.join_ns += core::elapsed_ns(start) -
+                        (counters.instantiate_ns + counters.patch_ns - timed_apart_before);
+  }
+};
+
+}  // namespace
+
 SharedExecutables::Member SharedExecutables::add(cudaGraph_t graph, cudaStream_t stream) {
   GraphOwner owner{graph};
   settle();
@@ -220,103 +257,94 @@ SharedExecutables::Member SharedExecutables::add(cudaGraph_t graph, cudaStream_t
   const auto read_start = core::Clock::now();
   GraphContents contents = read_graph(graph, share);
   counters_.read_ns += core::elapsed_ns(read_start);
-  // The rest of add() is joining, but for the instantiations and patches it makes (timed on
-  // their own).
-  struct ChargeJoin {
-    ExecutableStats& counters;
-    core::Clock::time_point start = core::Clock::now();
-    int64_t timed_apart_before = counters.instantiate_ns + counters.patch_ns;
-    ~ChargeJoin() {
-      counters.join_ns += core::elapsed_ns(start) -
-                          (counters.instantiate_ns + counters.patch_ns - timed_apart_before);
-    }
-  } charge_join{counters_};
+  const JoinTimer join_timer{counters_};
   const bool shareable = share && contents.readable;
   if (share && !contents.readable) unshareable_reason_ = contents.why_not;
-  // A joined graph is destroyed once its first launch is queued (settle).
-  auto joined_graph_kept = [&](Member joined) {
-    joined_graphs_.push_back(owner.graph);
-    owner.graph = nullptr;
-    return joined;
-  };
-
-  // A shareable graph's view for alignment, made when first needed (not for a graph that joins a
-  // group of its own topology as it is); kept if the graph starts a group.
-  core::NodeGraph aligned;
-  bool viewed = false;
-  auto view = [&]() -> const core::NodeGraph& {
-    if (!viewed) aligned = alignment_view(contents);
-    viewed = true;
-    return aligned;
-  };
+  LazyAlignment view(contents);
   if (shareable) {
-    std::vector<uint32_t> tried;  // groups of this topology, joined or not
-    auto [first, last] = by_topology_.equal_range(contents.topology);
-    for (auto it = first; it != last; ++it) {
-      Group& group = *groups_[it->second];
-      tried.push_back(it->second);
-      // Into a union (its anchors are no captured graph's nodes), or a group registered by a
-      // near join, a graph joins by alignment: node i of the group is not node i of the graph.
-      if (group.start != nullptr || contents.topology != group.topologies.front()) {
-        Member joined;
-        if (join_aligned(it->second, view(), contents, stream, joined)) {
-          return joined_graph_kept(joined);
-        }
-        continue;
-      }
-      // Node by node, what a patch may not change (a copy's memory kinds, a memset's element
-      // size) must agree too: the topology key leaves those to the per-node keys.
-      if (group.nodes.size() != contents.nodes.size() || group.kinds != contents.kinds ||
-          group.shape.keys != contents.keys) {
-        continue;
-      }
-      // Patching the graph's parameters into the slot it will replay in asks the driver, node by
-      // node, whether they may share this group's executables: the nodes the slot's shape already
-      // holds were asked when that shape joined. cudaGraphExecUpdate of the whole graph would ask
-      // the same for every node, at several times the cost (docs/results.md).
-      try {
-        const uint32_t shape = join_as_is(it->second, contents.blobs, stream);
-        ++group.members;
-        ++counters_.joins;
-        return joined_graph_kept({it->second, shape});
-      } catch (const std::runtime_error&) {
-        // The driver refused a node's parameters; without an executable, the group could not
-        // instantiate one (out of memory), which another group would not help.
-        if (group.slots.empty()) throw;
-        continue;
-      }
-    }
-    // A graph of no group's topology (or one whose parameters the driver refused, which
-    // alignment would not check better) may join the most recent groups of a near topology.
-    if (sharing_ == Sharing::kNearTopologies) {
-      int near_tried = 0;
-      for (size_t index = groups_.size(); index-- > 0 && near_tried < kNearGroupsTried;) {
-        if (!groups_[index] || std::find(tried.begin(), tried.end(), index) != tried.end()) {
-          continue;
-        }
-        const Group& group = *groups_[index];
-        if (!group.params ||
-            !near_enough(group.nodes.size(), contents.nodes.size(), group.smallest_member, 0)) {
-          continue;
-        }
-        ++near_tried;
-        Member joined;
-        if (join_aligned(static_cast<uint32_t>(index), view(), contents, stream, joined)) {
-          return joined_graph_kept(joined);
-        }
-      }
-      if (near_tried == 0) ++counters_.near_refused_far;
+    if (std::optional<Member> joined = join_a_group(contents, view, stream)) {
+      // A joined graph is destroyed once its first launch is queued (settle).
+      joined_graphs_.push_back(owner.graph);
+      owner.graph = nullptr;
+      return *joined;
     }
   }
+  owner.graph = nullptr;  // the new group owns it
+  return start_group(graph, contents, shareable ? &view : nullptr, stream);
+}
 
+std::optional<SharedExecutables::Member> SharedExecutables::join_a_group(
+    const GraphContents& contents, LazyAlignment& view, cudaStream_t stream) {
+  std::vector<uint32_t> tried;  // groups of this topology, joined or not
+  auto [first, last] = by_topology_.equal_range(contents.topology);
+  for (auto it = first; it != last; ++it) {
+    Group& group = *groups_[it->second];
+    tried.push_back(it->second);
+    // Into a union (its anchors are no captured graph's nodes), or a group registered by a near
+    // join, a graph joins by alignment: node i of the group is not node i of the graph.
+    if (group.start != nullptr || contents.topology != group.topologies.front()) {
+      Member joined;
+      if (join_aligned(it->second, view.get(), contents, stream, joined)) return joined;
+      continue;
+    }
+    // Node by node, what a patch may not change (a copy's memory kinds, a memset's element size)
+    // must agree too: the topology key leaves those to the per-node keys.
+    if (group.nodes.size() != contents.nodes.size() || group.kinds != contents.kinds ||
+        group.shape.keys != contents.keys) {
+      continue;
+    }
+    // Patching the graph's parameters into the slot it will replay in asks the driver, node by
+    // node, whether they may share this group's executables: the nodes the slot's shape already
+    // holds were asked when that shape joined. cudaGraphExecUpdate of the whole graph would ask
+    // the same for every node, at several times the cost (docs/results.md).
+    try {
+      const uint32_t shape = join_as_is(it->second, contents.blobs, stream);
+      ++group.members;
+      ++counters_.joins;
+      return Member{it->second, shape};
+    } catch (const std::runtime_error&) {
+      // The driver refused a node's parameters; without an executable, the group could not
+      // instantiate one (out of memory), which another group would not help.
+      if (group.slots.empty()) throw;
+      continue;
+    }
+  }
+  // A graph of no group's topology (or one whose parameters the driver refused, which alignment
+  // would not check better) may join the most recent groups of a near topology.
+  if (sharing_ != Sharing::kNearTopologies) return std::nullopt;
+  return join_near_topology(contents, view, tried, stream);
+}
+
+std::optional<SharedExecutables::Member> SharedExecutables::join_near_topology(
+    const GraphContents& contents, LazyAlignment& view, const std::vector<uint32_t>& tried,
+    cudaStream_t stream) {
+  int near_tried = 0;
+  for (size_t index = groups_.size(); index-- > 0 && near_tried < kNearGroupsTried;) {
+    if (!groups_[index] || std::find(tried.begin(), tried.end(), index) != tried.end()) continue;
+    const Group& group = *groups_[index];
+    if (!group.params ||
+        !near_enough(group.nodes.size(), contents.nodes.size(), group.smallest_member, 0)) {
+      continue;
+    }
+    ++near_tried;
+    Member joined;
+    if (join_aligned(static_cast<uint32_t>(index), view.get(), contents, stream, joined)) {
+      return joined;
+    }
+  }
+  if (near_tried == 0) ++counters_.near_refused_far;
+  return std::nullopt;
+}
+
+SharedExecutables::Member SharedExecutables::start_group(cudaGraph_t graph,
+                                                         GraphContents& contents,
+                                                         LazyAlignment* view,
+                                                         cudaStream_t stream) {
   auto group = std::make_unique<Group>();
   group->graph = graph;
-  owner.graph = nullptr;
   const size_t count = contents.nodes.size();
-  if (shareable) {
-    view();
-    group->shape = std::move(aligned);  // without an order, no graph joins it by alignment
-  }
+  // Without an order, no graph joins it by alignment.
+  if (view != nullptr) group->shape = view->take();
   group->nodes = std::move(contents.nodes);
   group->kinds = std::move(contents.kinds);
   group->smallest_member = count;
@@ -324,7 +352,7 @@ SharedExecutables::Member SharedExecutables::add(cudaGraph_t graph, cudaStream_t
   if (!group->shape.order.empty()) {
     group->node_of_topology.emplace(contents.topology, group->shape.order);
   }
-  if (shareable) group->params = std::make_unique<core::ParamTable>(std::move(contents.blobs));
+  if (view != nullptr) group->params = std::make_unique<core::ParamTable>(std::move(contents.blobs));
   group->members = 1;
   const auto index = static_cast<uint32_t>(groups_.size());
   try {
@@ -334,7 +362,7 @@ SharedExecutables::Member SharedExecutables::add(cudaGraph_t graph, cudaStream_t
     throw;
   }
   group->slots.front().last_used = ++clock_;
-  if (shareable) by_topology_.emplace(contents.topology, index);
+  if (view != nullptr) by_topology_.emplace(contents.topology, index);
   groups_.push_back(std::move(group));
   return {index, core::ParamTable::kBase};
 }

@@ -35,6 +35,7 @@
 #include <atomic>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <unordered_map>
 #include <vector>
@@ -125,6 +126,19 @@ class SharedExecutables {
   using Group = ExecutableGroup;
   // How many groups, most recent first, a graph of no group's topology is aligned with.
   static constexpr int kNearGroupsTried = 4;
+  class LazyAlignment;  // a graph's alignment view, made when first asked for
+  // The group a shareable graph (read as `contents`) joins: one of its own topology, as it is or
+  // by alignment, else (kNearTopologies) one of the most recent groups of a near topology; none
+  // where no group takes it. `view`: the graph's alignment view.
+  std::optional<Member> join_a_group(const GraphContents& contents, LazyAlignment& view,
+                                     cudaStream_t stream);
+  std::optional<Member> join_near_topology(const GraphContents& contents, LazyAlignment& view,
+                                           const std::vector<uint32_t>& tried,
+                                           cudaStream_t stream);
+  // A group of its own for `graph` (read as `contents`, which it takes), its executable
+  // instantiated; `view` where it is shareable, null where not.
+  Member start_group(cudaGraph_t graph, GraphContents& contents, LazyAlignment* view,
+                     cudaStream_t stream);
   // Joins `contents` (a shareable graph; `graph` its alignment view) to group `index`, by
   // alignment (Note [Near topologies]); false where it is too far or the driver refuses.
   bool join_aligned(uint32_t index, const core::NodeGraph& graph, const GraphContents& contents,

@@ -51,16 +51,8 @@ void setup_gc(PyHeapTypeObject* heap_type) {
   };
 }
 
-}  // namespace
-
-PYBIND11_MODULE(_C, m) {
-  m.doc() = "Grape runtime: CUDA graphs for dynamic PyTorch workloads";
-#ifdef GRAPE_WITH_CUDA
-  m.attr("built_with_cuda") = true;
-#else
-  m.attr("built_with_cuda") = false;
-#endif
-
+// The runtime behind grape.compile, its call lock and the fork check.
+void bind_runtime(py::module_& m) {
   py::class_<Runtime>(m, "Runtime", py::custom_type_setup(setup_gc))
       .def(py::init<py::object, int, bool, py::object, bool, const std::string&,
                     std::optional<size_t>, std::optional<size_t>, py::object>(),
@@ -87,8 +79,11 @@ PYBIND11_MODULE(_C, m) {
         "Whether this thread holds the call lock.");
   m.def("_forked_child", &grape::core::forked_child,
         "Whether this process is a fork of one in which grape made CUDA state.");
+}
 
 #ifdef GRAPE_WITH_CUDA
+// The allocator hook, conditional nodes and what a replay checks of a training step.
+void bind_cuda(py::module_& m) {
   m.def(
       "allocator_hook",
       [](bool enable) {
@@ -122,9 +117,13 @@ PYBIND11_MODULE(_C, m) {
       "_grad_held_by_leaf_only",
       [](const at::Tensor& leaf) { return grape::held_by_leaf_only(leaf.grad()); },
       py::arg("leaf"), "Whether nothing but leaf.grad holds the leaf's gradient.");
+}
 #endif
 
-  // The optimizer settings a training step's graph baked in or reads (tests; every build).
+// What a capture reads and checks of a training step's modules and optimizers (tests; every
+// build).
+void bind_training_checks(py::module_& m) {
+  // The optimizer settings a training step's graph baked in or reads.
   m.def(
       "_optimizer_settings_hold",
       [](py::list settings) {
@@ -159,7 +158,10 @@ PYBIND11_MODULE(_C, m) {
       },
       py::arg("module"), py::arg("leaves"),
       "Why a capture cannot watch a module's parameters and buffers and the leaves, or ''.");
+}
 
+// Trees, signatures and argument objects as a capture handles them, without a graph (tests).
+void bind_trees(py::module_& m) {
   // The signature words and tensors of a call, as the runtime computes them (for tests).
   m.def(
       "signature",
@@ -248,4 +250,19 @@ PYBIND11_MODULE(_C, m) {
         return grape::unflatten(flat.spec, leaves);
       },
       "Rebuilds `tree` with fn(t) in place of each tensor t.");
+}
+
+}  // namespace
+
+PYBIND11_MODULE(_C, m) {
+  m.doc() = "Grape runtime: CUDA graphs for dynamic PyTorch workloads";
+  bind_runtime(m);
+#ifdef GRAPE_WITH_CUDA
+  m.attr("built_with_cuda") = true;
+  bind_cuda(m);
+#else
+  m.attr("built_with_cuda") = false;
+#endif
+  bind_training_checks(m);
+  bind_trees(m);
 }

@@ -4,8 +4,8 @@ glue: trees, argument objects, the hooks into grape's Python) and memory (the ar
 allocator hook, site prediction) side by side, neither including the other; graphs (capture,
 replay, training steps, conditional nodes) above both; the runtime and the bindings at the top,
 in csrc/torch itself. No file includes one of a higher layer or room, no files include each other
-in a cycle (a header and its .cpp counting as one), no file outgrows one job, and csrc/torch keeps
-few files of its own."""
+in a cycle (a header and its .cpp counting as one), no file outgrows one job, no function outgrows
+a screenful or two, and csrc/torch keeps few files of its own."""
 
 import os
 import re
@@ -15,8 +15,17 @@ CSRC = os.path.join(os.path.dirname(__file__), "..", "..", "csrc")
 LAYERS = {"core": 0, "cuda": 1, "torch": 2}
 ROOMS = {"torch/python": 0, "torch/memory": 0, "torch/graphs": 1, "torch": 2}
 MAX_LINES = 700
+MAX_FUNCTION_LINES = 120
 MAX_TOP_LEVEL_TORCH_FILES = 12
 INCLUDE = re.compile(r'^\s*#\s*include\s+"([^"]+)"', re.M)
+
+
+# A body's head ends with its parameter list's ")" and qualifiers, or a constructor's initializer
+# list; a head that opens a namespace, class, struct, enum or union opens no function.
+FUNCTION_HEAD = re.compile(r"\)\s*((const|noexcept|override|final|mutable)\s*)*(->[^;{}]*)?$"
+                           r"|\)\s*:[^;{}]*$")
+TYPE_HEAD = re.compile(r"^\s*(template\s*<[^{};]*>\s*)?(namespace|class|struct|enum|union)\b",
+                       re.M)
 
 
 def _sources(csrc):
@@ -87,6 +96,38 @@ def include_cycle(csrc):
     return None
 
 
+def _blank_comments_and_literals(text):
+    """`text` with comments, string and character literals blanked out, its lines kept."""
+    literal = re.compile(r'//[^\n]*|/\*.*?\*/|R"([^(]*)\(.*?\)\1"|"(\\.|[^"\\\n])*"'
+                         r"|'(\\.|[^'\\\n])*'", re.S)
+    return literal.sub(lambda m: re.sub(r"[^\n]", " ", m.group(0)), text)
+
+
+def function_lengths(text):
+    """(name, first line, lines) of every function body in C++ source `text`, lambdas and local
+    classes counted in the function they are written in."""
+    code = _blank_comments_and_literals(text)
+    found, opened, head_start = [], [], 0  # opened: (is a function, line, name) per open brace
+    for i, c in enumerate(code):
+        if c == "{":
+            head = code[head_start:i]
+            inside = any(is_function for is_function, _, _ in opened)
+            last_statement = head[head.rfind(";") + 1:] if ";" in head else head
+            is_function = (not inside and FUNCTION_HEAD.search(head.rstrip()) is not None
+                           and not TYPE_HEAD.search(last_statement))
+            names = re.findall(r"([~\w:]+)\s*\(", head)
+            opened.append((is_function, code.count("\n", 0, i) + 1, names[0] if names else ""))
+            head_start = i + 1
+        elif c == "}":
+            is_function, line, name = opened.pop()
+            if is_function:
+                found.append((name, line, code.count("\n", 0, i) + 2 - line))
+            head_start = i + 1
+        elif c == ";":
+            head_start = i + 1
+    return found
+
+
 def test_no_file_includes_a_higher_layer_or_room():
     assert not upward_includes(CSRC)
 
@@ -113,6 +154,36 @@ def test_no_file_outgrows_one_job():
         if n > MAX_LINES:
             long[s] = n
     assert not long, f"files over {MAX_LINES} lines"
+
+
+def test_no_function_outgrows_a_screenful_or_two():
+    long = {}
+    for s in _sources(CSRC):
+        with open(os.path.join(CSRC, s)) as f:
+            for name, line, n in function_lengths(f.read()):
+                if n > MAX_FUNCTION_LINES:
+                    long[f"{s}:{line} {name}"] = n
+    assert not long, f"functions over {MAX_FUNCTION_LINES} lines"
+
+
+def test_function_lengths_count_bodies_not_types_lambdas_or_comments():
+    source = """namespace a {
+struct S {
+  int f() const { return 1; }
+};
+// a comment with a brace {
+int g(int x) {
+  auto h = [](int y) {
+    return y;
+  };
+  const char* s = "}";
+  return h(x);
+}
+S::S(int v) : v_(v) {
+}
+}  // namespace a
+"""
+    assert function_lengths(source) == [("f", 3, 1), ("g", 6, 7), ("S::S", 13, 2)]
 
 
 def test_the_checks_find_a_cycle_and_an_upward_include(tmp_path):

@@ -245,192 +245,233 @@ std::string changed_host_scalar(const FlatCall& flat, const std::vector<at::Tens
   return why;
 }
 
-}  // namespace
+// One try at capturing f on a call, in its phases: the watches set up before the CUDA capture,
+// the placeholders, f under capture, then either f's own exception or the checked graph joining
+// its executable. Members are declared in the order they are made, so they are torn down in
+// reverse (the layout trace first, the device guard last), on every way out.
+class CaptureTry {
+ public:
+  CaptureTry(const CaptureContext& context, FlatCall& flat, bool pin_host_constants,
+             const std::vector<core::LayoutPlan>& follow)
+      : context_(context),
+        flat_(flat),
+        pin_host_constants_(pin_host_constants),
+        follow_(follow),
+        pool_(*context.pool),
+        device_guard_(pool_.device()),
+        use_count_before_(pool_.allocator_use_count()),
+        layout_trace_(pool_.arena()) {}
 
-CaptureOutcome capture(const CaptureContext& context, FlatCall& flat, bool pin_host_constants,
-                       const std::vector<core::LayoutPlan>& follow) {
-  GraphPool& pool = *context.pool;
-  c10::cuda::CUDAGuard device_guard(pool.device());
-
-  auto graph = std::make_unique<ReplayGraph>();
-  const int use_count_before = pool.allocator_use_count();
-  GraphArena& arena = pool.arena();
-  limit_arena_to_budget(context.budget, arena, *context.executables);
-  install_allocator_hook();  // again, in case it was removed since the pool was made
-
-  // Gradients before f (Note [Gradients of a captured step]); put back when the capture ends.
-  const std::vector<CallModule> modules = call_modules(context.static_module, flat.modules);
-  std::vector<at::Tensor> grad_leaves =
-      context.training.tracked_leaves(modules, flat, pool, context.warmed_up);
-  if (std::string why = unwatchable_state(modules, grad_leaves); !why.empty()) {
-    return failed(core::ReasonKind::kUnsupportedArgument, std::move(why));
+  CaptureOutcome run() {
+    limit_arena_to_budget(context_.budget, pool_.arena(), *context_.executables);
+    install_allocator_hook();  // again, in case it was removed since the pool was made
+    if (std::optional<CaptureOutcome> refused = watch_the_state()) return std::move(*refused);
+    if (std::optional<CaptureOutcome> failed_early = record()) return std::move(*failed_early);
+    if (raised_) return run_what_raised();
+    return build();
   }
-  std::vector<at::Tensor> host_scalars_before;  // Note [Host scalars]
-  for (const auto& [t, version] : flat.host_scalars) host_scalars_before.push_back(t.clone());
-  const CaptureGradients gradients(std::move(grad_leaves), pool,
-                                   at::cuda::getCurrentCUDAStream(pool.device()).stream());
-  EnteredContext stepped_optimizers(context.training.step_watch());
-  // Settings the optimizers can read from device memory are tensors during the capture (Note
-  // [Device settings]); the swap allocates, so it is entered before the CUDA capture begins.
-  EnteredContext device_settings(context.training.device_settings_swap());
-  // Tensors f makes from Python values on the device come from pinned memory the graph keeps,
-  // where the signature needs it (Note [Host constants]).
-  const py::object host_constants =
-      pin_host_constants ? context.hooks.pinned_host_constants() : py::object(py::none());
 
-  std::vector<at::Tensor> placeholders;
-  std::vector<int64_t> versions;
-  std::vector<bool> chained(flat.tensors.size(), false);
-  std::vector<std::shared_ptr<InputBuffer>> buffers(flat.tensors.size());
-  CapturedResults captured_results;
-  int64_t function_ns = 0;
-  // f's own exception (Note [Exceptions under capture]): what it recorded before raising runs once,
-  // once the capture's scope is left, and the exception goes on.
-  std::shared_ptr<py::error_already_set> raised;
-  LayoutTrace layout_trace(arena);
-  {
-    CaptureScope scope(pool);
-    cudaStream_t stream = pool.capture_stream().stream();
-    std::vector<py::object> leaves;
-    {
-      AllocationRoute to_placeholder_lane(arena, stream, /*placeholders=*/true);
-      for (size_t i = 0; i < flat.tensors.size(); ++i) {
-        const at::Tensor& t = flat.tensors[i];
-        if (context.can_alias(flat, i, &buffers[i])) {
-          // The input is an output of an earlier replay that nothing else references (chain
-          // prediction), or a buffer a predicted allocation site handed out (site prediction):
-          // it is this graph's placeholder, so calls that bring it again copy nothing.
-          chained[i] = buffers[i] == nullptr;
-          placeholders.push_back(
-              at::empty({0}, t.options()).set_(t.storage(), 0, t.sizes(), t.strides()));
-        } else {
-          try {
-            placeholders.push_back(at::empty_strided(t.sizes(), t.strides(), t.options()));
-          } catch (const c10::OutOfMemoryError& e) {
-            return failed(core::ReasonKind::kOutOfMemory,
-                          std::string("capture failed: ") + e.what_without_backtrace());
-          }
-        }
-        versions.push_back(placeholders.back()._version());
-        leaves.push_back(py::reinterpret_steal<py::object>(THPVariable_Wrap(placeholders.back())));
-      }
+ private:
+  // Gradients before f (Note [Gradients of a captured step]), put back when the try ends, and the
+  // training and host-value watches f runs under.
+  std::optional<CaptureOutcome> watch_the_state() {
+    modules_ = call_modules(context_.static_module, flat_.modules);
+    std::vector<at::Tensor> grad_leaves =
+        context_.training.tracked_leaves(modules_, flat_, pool_, context_.warmed_up);
+    if (std::string why = unwatchable_state(modules_, grad_leaves); !why.empty()) {
+      return failed(core::ReasonKind::kUnsupportedArgument, std::move(why));
     }
-    // Before any allocation route: the generator's first registration allocates (Note
-    // [Generators of a failed capture]).
+    // Note [Host scalars]
+    for (const auto& [t, version] : flat_.host_scalars) host_scalars_before_.push_back(t.clone());
+    gradients_.emplace(std::move(grad_leaves), pool_,
+                       at::cuda::getCurrentCUDAStream(pool_.device()).stream());
+    stepped_optimizers_.emplace(context_.training.step_watch());
+    // Settings the optimizers can read from device memory are tensors during the capture (Note
+    // [Device settings]); the swap allocates, so it is entered before the CUDA capture begins.
+    device_settings_.emplace(context_.training.device_settings_swap());
+    // Tensors f makes from Python values on the device come from pinned memory the graph keeps,
+    // where the signature needs it (Note [Host constants]).
+    if (pin_host_constants_) host_constants_ = context_.hooks.pinned_host_constants();
+    return std::nullopt;
+  }
+
+  // Placeholders for the call's tensors, wrapped as the leaves f is called on.
+  std::optional<CaptureOutcome> make_placeholders(cudaStream_t stream,
+                                                  std::vector<py::object>& leaves) {
+    const size_t n = flat_.tensors.size();
+    chained_.assign(n, false);
+    buffers_.resize(n);
+    AllocationRoute to_placeholder_lane(pool_.arena(), stream, /*placeholders=*/true);
+    for (size_t i = 0; i < n; ++i) {
+      const at::Tensor& t = flat_.tensors[i];
+      if (context_.can_alias(flat_, i, &buffers_[i])) {
+        // The input is an output of an earlier replay that nothing else references (chain
+        // prediction), or a buffer a predicted allocation site handed out (site prediction): it
+        // is this graph's placeholder, so calls that bring it again copy nothing.
+        chained_[i] = buffers_[i] == nullptr;
+        placeholders_.push_back(
+            at::empty({0}, t.options()).set_(t.storage(), 0, t.sizes(), t.strides()));
+      } else {
+        try {
+          placeholders_.push_back(at::empty_strided(t.sizes(), t.strides(), t.options()));
+        } catch (const c10::OutOfMemoryError& e) {
+          return failed(core::ReasonKind::kOutOfMemory,
+                        std::string("capture failed: ") + e.what_without_backtrace());
+        }
+      }
+      versions_.push_back(placeholders_.back()._version());
+      leaves.push_back(py::reinterpret_steal<py::object>(THPVariable_Wrap(placeholders_.back())));
+    }
+    return std::nullopt;
+  }
+
+  // Before any allocation route: the generator's first registration allocates (Note [Generators
+  // of a failed capture]).
+  std::optional<CaptureOutcome> register_generators() {
     try {
-      graph->register_generators(pool.device());
+      graph_->register_generators(pool_.device());
     } catch (const c10::OutOfMemoryError& e) {
       return failed(core::ReasonKind::kOutOfMemory,
                     std::string("capture failed: ") + e.what_without_backtrace());
     } catch (const std::exception& e) {
       return failed(core::ReasonKind::kCaptureError, std::string("capture failed: ") + e.what());
     }
+    return std::nullopt;
+  }
+
+  // f under stream capture, on the capture stream, with the arena's allocation routes; an outcome
+  // where the try ends here. f's own exception is kept in raised_: what it recorded before
+  // raising runs once this scope is left (Note [Exceptions under capture]).
+  std::optional<CaptureOutcome> record() {
+    CaptureScope scope(pool_);
+    cudaStream_t stream = pool_.capture_stream().stream();
+    std::vector<py::object> leaves;
+    if (std::optional<CaptureOutcome> failed_early = make_placeholders(stream, leaves)) {
+      return failed_early;
+    }
+    if (std::optional<CaptureOutcome> failed_early = register_generators()) return failed_early;
     // A host synchronization inside f fails in CUDA, which ends the capture, and the call runs
     // eagerly. PyTorch's sync debug mode would say so sooner, but it is one setting for the whole
     // process, and would make other threads' synchronizations raise while this thread captures.
     // The backward pass of a training step allocates from the autograd engine's device thread.
-    AllocationRoute to_arena(arena, stream, /*placeholders=*/false, /*for_all_threads=*/true);
+    AllocationRoute to_arena(pool_.arena(), stream, /*placeholders=*/false,
+                             /*for_all_threads=*/true);
     // f runs on the caller's argument objects, placeholders set in them; they are put back as
     // they were when this scope ends, and the replay sets what f rebound.
-    CaptureEffects record_state(flat.records);
+    CaptureEffects record_state(flat_.records);
     UnflattenLog log;
-    CapturedResults& r = captured_results;
     bool in_function = false;  // an exception now is f's (or the capture's), not grape's
     try {
       // Thread-local: other threads' eager work neither fails nor ends the capture (Note [One
       // compiled call at a time]).
-      graph->capture_begin(pool.id(), cudaStreamCaptureModeThreadLocal);
+      graph_->capture_begin(pool_.id(), cudaStreamCaptureModeThreadLocal);
       // From here on, what f allocates: the placeholders and what capture_begin makes (the RNG's
       // seed and offset, which replays write from the host) are laid out already.
-      layout_trace.begin(follow);
-      py::tuple call = rebuild_arguments(flat, leaves, record_state, log);
+      layout_trace_.begin(follow_);
+      py::tuple call = rebuild_arguments(flat_, leaves, record_state, log);
       {
         std::optional<EnteredContext> pinned;
-        if (!host_constants.is_none()) pinned.emplace(host_constants);
+        if (!host_constants_.is_none()) pinned.emplace(host_constants_);
         const auto function_start = core::Clock::now();
         in_function = true;
-        r.result = call_python(context.fn, py::reinterpret_borrow<py::args>(call[0]),
-                               py::reinterpret_borrow<py::kwargs>(call[1]));
+        results_.result = call_python(context_.fn, py::reinterpret_borrow<py::args>(call[0]),
+                                      py::reinterpret_borrow<py::kwargs>(call[1]));
         in_function = false;
-        function_ns = core::elapsed_ns(function_start);
+        function_ns_ = core::elapsed_ns(function_start);
       }
-      graph->capture_end();
-      r.effects_ok = record_state.collect(log, r.effects, r.effect_values, r.effects_reason);
-      // Put back whatever the other checks say: the eager run after a failed capture reads them.
-      std::string scalar_changed = changed_host_scalar(flat, host_scalars_before);
-      if (r.effects_ok && !scalar_changed.empty()) {
-        r.effects_ok = false;
-        r.effects_reason = std::move(scalar_changed);
-      }
-      if (r.effects_ok) {
-        const py::object changed = PythonHooks::changed_by_function(device_settings.get());
-        r.effects_ok = changed.is_none();
-        if (!r.effects_ok) r.effects_reason = changed.cast<std::string>();
-      }
-      r.backward_ran = gradients.collect(r.effects, r.effect_values, r.grad_guards);
-      if (r.effects_ok) {
-        // A gradient no guard or effect covers would be written by every replay where this
-        // capture left it (Note [Gradients of a captured step]).
-        const py::object untracked = PythonHooks::untracked_leaves_kept(stepped_optimizers.get());
-        r.effects_ok = untracked.is_none();
-        if (!r.effects_ok) r.effects_reason = untracked.cast<std::string>();
-      }
+      graph_->capture_end();
+      check_what_f_changed(record_state, log);
     } catch (py::error_already_set& e) {
-      r.result = py::none();
-      // The capture ends before any more Python runs (a failing __str__ must not leave it open):
-      // where f raised into a capture CUDA still holds, with what f recorded kept.
-      const bool invalidated = capture_status(stream) == cudaStreamCaptureStatusInvalidated;
-      const bool kept = in_function && !invalidated && end_partial_capture(*graph);
-      if (!kept) abort_capture(graph, pool, use_count_before);
-      core::CaptureException facts;
-      facts.text = python_error_text(e);
-      facts.is_exception = e.matches(PyExc_Exception);
-      facts.propagated = context.hooks.propagates(e);
-      facts.out_of_memory = e.matches(py::module_::import("torch").attr("OutOfMemoryError"));
-      facts.runtime_error = e.matches(PyExc_RuntimeError);
-      facts.capture_invalidated = invalidated;
-      facts.raised_by_function = in_function;
-      if (facts.is_exception && !facts.propagated) {
-        const std::string cause = context.hooks.capture_cause(e);
-        facts.from_compiler = cause == "compiler";
-        facts.in_predicated_body = cause == "predicated_body";
-      }
-      const core::ExceptionVerdict verdict = core::judge_capture_exception(facts);
-      if (verdict.action == core::ExceptionAction::kRaiseAsEager) {
-        raised = std::make_shared<py::error_already_set>(std::move(e));
-      } else {
-        if (kept) pool.destroy_graph(graph);
-        if (verdict.action == core::ExceptionAction::kPropagate) throw;
-        return failed(verdict.kind, "capture failed: " + facts.text, e.value());
-      }
+      results_.result = py::none();
+      return judge_python_error(e, stream, in_function);
     } catch (const c10::OutOfMemoryError& e) {
-      r.result = py::none();
-      abort_capture(graph, pool, use_count_before);
+      results_.result = py::none();
+      abort_capture(graph_, pool_, use_count_before_);
       return failed(core::ReasonKind::kOutOfMemory,
                     std::string("capture failed: ") + e.what_without_backtrace());
     } catch (const std::exception& e) {
-      r.result = py::none();
-      abort_capture(graph, pool, use_count_before);
+      results_.result = py::none();
+      abort_capture(graph_, pool_, use_count_before_);
       const std::string text = e.what();
       return failed(core::kind_of_capture_error(text), "capture failed: " + text);
     }
+    return std::nullopt;
   }
 
-  if (raised) {
-    // The argument objects are as before the call, the capture stream's scope is left, and the
-    // work runs on the caller's stream.
-    layout_trace.abandon();
+  // What f changed that a replay could not repeat, each check's values put back whatever the
+  // others say: the eager run after a failed capture reads them.
+  void check_what_f_changed(CaptureEffects& record_state, UnflattenLog& log) {
+    CapturedResults& r = results_;
+    r.effects_ok = record_state.collect(log, r.effects, r.effect_values, r.effects_reason);
+    std::string scalar_changed = changed_host_scalar(flat_, host_scalars_before_);
+    if (r.effects_ok && !scalar_changed.empty()) {
+      r.effects_ok = false;
+      r.effects_reason = std::move(scalar_changed);
+    }
+    if (r.effects_ok) {
+      const py::object changed = PythonHooks::changed_by_function(device_settings_->get());
+      r.effects_ok = changed.is_none();
+      if (!r.effects_ok) r.effects_reason = changed.cast<std::string>();
+    }
+    r.backward_ran = gradients_->collect(r.effects, r.effect_values, r.grad_guards);
+    if (r.effects_ok) {
+      // A gradient no guard or effect covers would be written by every replay where this capture
+      // left it (Note [Gradients of a captured step]).
+      const py::object untracked = PythonHooks::untracked_leaves_kept(stepped_optimizers_->get());
+      r.effects_ok = untracked.is_none();
+      if (!r.effects_ok) r.effects_reason = untracked.cast<std::string>();
+    }
+  }
+
+  // A Python exception under capture: f's own goes on to the caller (kept in raised_), one the
+  // capture caused falls back, and the propagated kinds are rethrown (core::judge_capture_exception).
+  // Called from the handler, so that `throw;` rethrows `e`.
+  std::optional<CaptureOutcome> judge_python_error(py::error_already_set& e, cudaStream_t stream,
+                                                   bool in_function) {
+    // The capture ends before any more Python runs (a failing __str__ must not leave it open):
+    // where f raised into a capture CUDA still holds, with what f recorded kept.
+    const bool invalidated = capture_status(stream) == cudaStreamCaptureStatusInvalidated;
+    const bool kept = in_function && !invalidated && end_partial_capture(*graph_);
+    if (!kept) abort_capture(graph_, pool_, use_count_before_);
+    core::CaptureException facts;
+    facts.text = python_error_text(e);
+    facts.is_exception = e.matches(PyExc_Exception);
+    facts.propagated = context_.hooks.propagates(e);
+    facts.out_of_memory = e.matches(py::module_::import("torch").attr("OutOfMemoryError"));
+    facts.runtime_error = e.matches(PyExc_RuntimeError);
+    facts.capture_invalidated = invalidated;
+    facts.raised_by_function = in_function;
+    if (facts.is_exception && !facts.propagated) {
+      const std::string cause = context_.hooks.capture_cause(e);
+      facts.from_compiler = cause == "compiler";
+      facts.in_predicated_body = cause == "predicated_body";
+    }
+    const core::ExceptionVerdict verdict = core::judge_capture_exception(facts);
+    if (verdict.action == core::ExceptionAction::kRaiseAsEager) {
+      raised_ = std::make_shared<py::error_already_set>(std::move(e));
+      return std::nullopt;
+    }
+    if (kept) pool_.destroy_graph(graph_);
+    if (verdict.action == core::ExceptionAction::kPropagate) throw;
+    return failed(verdict.kind, "capture failed: " + facts.text, e.value());
+  }
+
+  // f raised: the argument objects are as before the call, the capture stream's scope is left,
+  // and the work f queued before raising runs on the caller's stream.
+  CaptureOutcome run_what_raised() {
+    layout_trace_.abandon();
     // Where CUDA could not end the capture at the raise (work f forked to another stream and did
     // not join), there is no graph to run.
     std::string not_run = "the capture could not end where it raised";
-    if (graph) {
+    if (graph_) {
       std::vector<PartialInput> inputs;
-      for (size_t i = 0; i < placeholders.size(); ++i) {
-        inputs.push_back({placeholders[i].data_ptr(), span_bytes(placeholders[i]),
-                          placeholders[i]._version() != versions[i], chained[i] || buffers[i]});
+      for (size_t i = 0; i < placeholders_.size(); ++i) {
+        inputs.push_back({placeholders_[i].data_ptr(), span_bytes(placeholders_[i]),
+                          placeholders_[i]._version() != versions_[i],
+                          chained_[i] || buffers_[i]});
       }
-      not_run = replay_partial(*graph, inputs, flat, pool);
-      pool.destroy_graph(graph);
+      not_run = replay_partial(*graph_, inputs, flat_, pool_);
+      pool_.destroy_graph(graph_);
     }
     if (!not_run.empty()) {
       const std::string message = "grape: the function raised while it was captured, and the GPU "
@@ -439,79 +480,129 @@ CaptureOutcome capture(const CaptureContext& context, FlatCall& flat, bool pin_h
     }
     CaptureOutcome outcome;
     outcome.result = core::TryResult::kRaised;
-    outcome.raised = std::move(raised);
+    outcome.raised = std::move(raised_);
     return outcome;
   }
 
-  pool.hold_for_graph(use_count_before);
-  auto captured = std::make_unique<CapturedGraph>();
-  captured->pool = context.pool;
-  captured->nodes = graph->node_count();
-  captured->graph = std::move(graph);  // destroyed with `captured` wherever the graph is refused
-  std::vector<core::AddressRange> survivors;
-  std::vector<core::LayoutPlan> plan = layout_trace.end(&survivors);
-  // What f returned and changed is checked before anything is built from the graph: a refused
-  // capture is neither taken again nor instantiated.
-  FlatCall out;
-  core::Reason refusal =
-      refusal_of_results(context.flattener, captured_results, placeholders, flat, out);
-  if (!refusal.empty()) return failed(refusal.kind, std::move(refusal.text));
-  if (!plan.empty() && only_results_survive(survivors, out)) {
-    // Dropped before it is instantiated: the caller captures again along the plan.
-    CaptureOutcome retake;
-    retake.result = core::TryResult::kRetake;
-    retake.plan = std::move(plan);
-    retake.function_ns = function_ns;
-    return retake;
+  // The captured graph, once what f returned and changed passed the checks: dropped to be taken
+  // again along a better layout, or joined to its executable.
+  CaptureOutcome build() {
+    pool_.hold_for_graph(use_count_before_);
+    auto captured = std::make_unique<CapturedGraph>();
+    captured->pool = context_.pool;
+    captured->nodes = graph_->node_count();
+    captured->graph = std::move(graph_);  // destroyed with `captured` wherever it is refused
+    std::vector<core::AddressRange> survivors;
+    std::vector<core::LayoutPlan> plan = layout_trace_.end(&survivors);
+    // What f returned and changed is checked before anything is built from the graph: a refused
+    // capture is neither taken again nor instantiated.
+    FlatCall out;
+    core::Reason refusal =
+        refusal_of_results(context_.flattener, results_, placeholders_, flat_, out);
+    if (!refusal.empty()) return failed(refusal.kind, std::move(refusal.text));
+    if (!plan.empty() && only_results_survive(survivors, out)) {
+      // Dropped before it is instantiated: the caller captures again along the plan.
+      CaptureOutcome retake;
+      retake.result = core::TryResult::kRetake;
+      retake.plan = std::move(plan);
+      retake.function_ns = function_ns_;
+      return retake;
+    }
+    if (std::optional<CaptureOutcome> refused = join_executable(*captured)) {
+      return std::move(*refused);
+    }
+    CaptureOutcome outcome;
+    outcome.function_ns = function_ns_;
+    describe(*captured, out, outcome);
+    outcome.result = core::TryResult::kGraph;
+    outcome.graph = std::move(captured);
+    // Dropping the placeholders, `out` and the results frees their blocks back to the pool: later
+    // captures reuse them, and the registry protects what callers still hold.
+    return outcome;
   }
-  try {
-    // One executable per topology: the graph joins its group (or starts one) and is read and
-    // destroyed; only the ReplayGraph stays, for PyTorch's replay prologue.
-    captured->member = context.executables->add(
-        captured->graph->release_graph(), at::cuda::getCurrentCUDAStream(pool.device()).stream());
-    captured->executables = context.executables;
-  } catch (const std::exception& e) {
-    // The driver's memory for executables is the device's: out of it, the signature waits for
-    // memory as a capture that ran out does (Note [Capture policy]).
-    const std::string text = e.what();
-    const bool out_of_memory = dynamic_cast<const c10::OutOfMemoryError*>(&e) != nullptr ||
-                               text.find("out of memory") != std::string::npos;
-    return failed(out_of_memory ? core::ReasonKind::kOutOfMemory : core::ReasonKind::kInstantiation,
-                  "instantiating the captured graph failed: " + text);
+
+  // One executable per topology: the graph joins its group (or starts one) and is read and
+  // destroyed; only the ReplayGraph stays, for PyTorch's replay prologue.
+  std::optional<CaptureOutcome> join_executable(CapturedGraph& captured) {
+    try {
+      captured.member = context_.executables->add(
+          captured.graph->release_graph(),
+          at::cuda::getCurrentCUDAStream(pool_.device()).stream());
+      captured.executables = context_.executables;
+    } catch (const std::exception& e) {
+      // The driver's memory for executables is the device's: out of it, the signature waits for
+      // memory as a capture that ran out does (Note [Capture policy]).
+      const std::string text = e.what();
+      const bool out_of_memory = dynamic_cast<const c10::OutOfMemoryError*>(&e) != nullptr ||
+                                 text.find("out of memory") != std::string::npos;
+      return failed(
+          out_of_memory ? core::ReasonKind::kOutOfMemory : core::ReasonKind::kInstantiation,
+          "instantiating the captured graph failed: " + text);
+    }
+    return std::nullopt;
   }
-  CaptureOutcome outcome;
-  outcome.function_ns = function_ns;
-  for (size_t i = 0; i < placeholders.size(); ++i) {
-    captured->placeholders.push_back({placeholders[i].data_ptr(), span_bytes(placeholders[i]),
-                                      placeholders[i]._version() != versions[i], chained[i],
-                                      buffers[i]});
-    outcome.alias_predictions += chained[i] || buffers[i] ? 1 : 0;
-    // The graph that made a chained input now has its outputs read in place (Note [Chain
-    // variants]).
-    const GraphPool::LiveStorage* live =
-        chained[i] ? pool.find_live(flat.tensors[i].storage().unsafeGetStorageImpl()) : nullptr;
-    if (live != nullptr && live->read_in_place) *live->read_in_place = true;
+
+  // What a replay needs besides the executable: the placeholders, the outputs' kinds, the
+  // effects, the static tensors and the optimizers' baked settings.
+  void describe(CapturedGraph& captured, FlatCall& out, CaptureOutcome& outcome) {
+    for (size_t i = 0; i < placeholders_.size(); ++i) {
+      captured.placeholders.push_back({placeholders_[i].data_ptr(), span_bytes(placeholders_[i]),
+                                       placeholders_[i]._version() != versions_[i], chained_[i],
+                                       buffers_[i]});
+      outcome.alias_predictions += chained_[i] || buffers_[i] ? 1 : 0;
+      // The graph that made a chained input now has its outputs read in place (Note [Chain
+      // variants]).
+      const GraphPool::LiveStorage* live =
+          chained_[i] ? pool_.find_live(flat_.tensors[i].storage().unsafeGetStorageImpl())
+                      : nullptr;
+      if (live != nullptr && live->read_in_place) *live->read_in_place = true;
+    }
+    captured.effects = std::move(results_.effects);
+    pool_.refresh_segments();
+    captured.classify_outputs(out, placeholders_);
+    captured.output_spec = std::move(out.spec);
+    // The modules' parameters and buffers join the static state after the first launch.
+    captured.pending_statics =
+        CapturedGraph::PendingStatics{context_.static_module, flat_.modules, gradients_->leaves()};
+    captured.grad_guards = std::move(results_.grad_guards);
+    TrainingState::BakedSettings baked = context_.training.bake_optimizers(
+        stepped_optimizers_->get(), device_settings_->get(), captured.static_tensors);
+    captured.hyperparameters = std::move(baked.hyperparameters);
+    captured.device_settings = std::move(baked.device_settings);
+    if (!host_constants_.is_none()) {
+      captured.host_constants = PythonHooks::kept_host_constants(host_constants_);
+    }
   }
-  captured->effects = std::move(captured_results.effects);
-  pool.refresh_segments();
-  captured->classify_outputs(out, placeholders);
-  captured->output_spec = std::move(out.spec);
-  // The modules' parameters and buffers join the static state after the first launch.
-  captured->pending_statics =
-      CapturedGraph::PendingStatics{context.static_module, flat.modules, gradients.leaves()};
-  captured->grad_guards = std::move(captured_results.grad_guards);
-  TrainingState::BakedSettings baked = context.training.bake_optimizers(
-      stepped_optimizers.get(), device_settings.get(), captured->static_tensors);
-  captured->hyperparameters = std::move(baked.hyperparameters);
-  captured->device_settings = std::move(baked.device_settings);
-  if (!host_constants.is_none()) {
-    captured->host_constants = PythonHooks::kept_host_constants(host_constants);
-  }
-  outcome.result = core::TryResult::kGraph;
-  outcome.graph = std::move(captured);
-  // Dropping `placeholders`, `out` and the results frees their blocks back to the pool: later
-  // captures reuse them, and the registry protects what callers still hold.
-  return outcome;
+
+  const CaptureContext& context_;
+  FlatCall& flat_;
+  const bool pin_host_constants_;
+  const std::vector<core::LayoutPlan>& follow_;
+  GraphPool& pool_;
+  c10::cuda::CUDAGuard device_guard_;
+  std::unique_ptr<ReplayGraph> graph_ = std::make_unique<ReplayGraph>();
+  const int use_count_before_;
+  std::vector<CallModule> modules_;
+  std::vector<at::Tensor> host_scalars_before_;  // Note [Host scalars]
+  std::optional<CaptureGradients> gradients_;
+  std::optional<EnteredContext> stepped_optimizers_;
+  std::optional<EnteredContext> device_settings_;
+  py::object host_constants_ = py::none();
+  std::vector<at::Tensor> placeholders_;
+  std::vector<int64_t> versions_;
+  std::vector<bool> chained_;
+  std::vector<std::shared_ptr<InputBuffer>> buffers_;
+  CapturedResults results_;
+  int64_t function_ns_ = 0;
+  std::shared_ptr<py::error_already_set> raised_;
+  LayoutTrace layout_trace_;
+};
+
+}  // namespace
+
+CaptureOutcome capture(const CaptureContext& context, FlatCall& flat, bool pin_host_constants,
+                       const std::vector<core::LayoutPlan>& follow) {
+  return CaptureTry(context, flat, pin_host_constants, follow).run();
 }
 
 }  // namespace grape

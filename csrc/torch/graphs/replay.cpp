@@ -25,6 +25,127 @@ ReplayOutcome refused(std::string why) {
   return outcome;
 }
 
+// A gradient the step replaces and nothing else holds is dropped now, as eager drops it, so this
+// replay need not move it out of its way; not one the graph reads before replacing it (a guarded
+// one).
+void drop_replaced_gradients(const CapturedGraph& g) {
+  for (const auto& e : g.effects) {
+    if (!e.leaf.defined() || e.reads_replaced) continue;
+    at::Tensor& grad = e.leaf.mutable_grad();
+    if (grad.defined() && held_by_leaf_only(grad)) grad.reset();
+  }
+}
+
+// This call's memory as the plan sees it (Note [Liveness of graph outputs]): the storages of its
+// tensors, each once, and each input against its placeholder.
+struct CallMemory {
+  std::vector<c10::StorageImpl*> impls;
+  std::vector<core::PlanStorage> storages;
+  std::vector<core::PlanInput> inputs;
+  std::vector<core::PlanPlaceholder> placeholders;
+};
+
+CallMemory describe_call(const CapturedGraph& g, const FlatCall& flat, GraphPool& pool) {
+  const size_t n = flat.tensors.size();
+  CallMemory m;
+  m.inputs.resize(n);
+  m.placeholders.resize(n);
+  for (size_t i = 0; i < n; ++i) {
+    const at::Tensor& t = flat.tensors[i];
+    c10::StorageImpl* impl = t.storage().unsafeGetStorageImpl();
+    int s = -1;
+    for (size_t j = 0; j < m.impls.size(); ++j) {
+      if (m.impls[j] == impl) s = static_cast<int>(j);
+    }
+    if (s < 0) {
+      s = static_cast<int>(m.impls.size());
+      m.impls.push_back(impl);
+      m.storages.push_back({core::make_range(impl->data(), impl->nbytes()),
+                            pool.find_live(impl) != nullptr});
+    }
+    const size_t bytes = g.placeholders[i].bytes;
+    m.inputs[i] = {s, core::make_range(t.data_ptr(), bytes), is_whole_storage(t, bytes)};
+    m.placeholders[i] = {core::make_range(g.placeholders[i].ptr, bytes),
+                         g.placeholders[i].mutated, g.placeholders[i].buffer != nullptr};
+  }
+  return m;
+}
+
+// Live outputs the replay may overwrite move out of its way: all of them but the inputs that stay
+// put or move into their placeholders.
+void evacuate_live_outputs(GraphPool& pool, const CallMemory& m, const core::ReplayPlan& plan,
+                           cudaStream_t stream, RuntimeCounters& stats) {
+  std::vector<c10::StorageImpl*> evacuated;
+  for (const auto& live : pool.live()) {
+    c10::StorageImpl* impl = live.storage._unsafe_get_target();
+    bool keep = false;
+    for (size_t j = 0; j < m.impls.size(); ++j) {
+      if (m.impls[j] == impl) {
+        keep = std::find(plan.evacuate.begin(), plan.evacuate.end(), static_cast<int>(j)) ==
+               plan.evacuate.end();
+      }
+    }
+    if (!keep) evacuated.push_back(impl);
+  }
+  stats.bytes_evacuated += static_cast<int64_t>(pool.evacuate(evacuated, stream));
+  stats.evacuations += static_cast<int64_t>(evacuated.size());
+}
+
+// Inputs copied or moved into their placeholders, as the plan says; the alias predictions' hits
+// and misses counted.
+void feed_placeholders(const CapturedGraph& g, const FlatCall& flat, const CallMemory& m,
+                       const core::ReplayPlan& plan, ReplayContext& context,
+                       cudaStream_t stream) {
+  RuntimeCounters& stats = context.stats;
+  std::vector<cuda::CopySegment> segments;
+  for (size_t i = 0; i < flat.tensors.size(); ++i) {
+    const auto action = plan.actions[i];
+    const auto& ph = g.placeholders[i];
+    if (ph.chained || ph.buffer) {
+      if (action == core::InputAction::kNone) {
+        ++stats.alias_hits;
+        stats.bytes_avoided += static_cast<int64_t>(ph.bytes);
+      } else {
+        ++stats.alias_misses;
+      }
+    }
+    if (action == core::InputAction::kNone) {
+      ++stats.inputs_in_place;
+      continue;
+    }
+    if (ph.bytes == 0) continue;
+    if (context.sites != nullptr && action == core::InputAction::kCopyIn) {
+      context.sites->resume_learning();
+    }
+    segments.push_back({flat.tensors[i].data_ptr(), ph.ptr, ph.bytes});
+    stats.bytes_copied_in += static_cast<int64_t>(ph.bytes);
+  }
+  if (!segments.empty()) C10_CUDA_CHECK(cuda::launch_batched_copy(segments, stream));
+  for (size_t i = 0; i < flat.tensors.size(); ++i) {
+    if (plan.actions[i] == core::InputAction::kMoveIn) {
+      context.pool.move_into(m.impls[static_cast<size_t>(m.inputs[i].storage)],
+                             g.placeholders[i].ptr);
+      ++stats.inputs_moved;
+    }
+  }
+}
+
+// The replay itself, then in-place updates written back to inputs that do not live in their
+// placeholder.
+void launch(const CapturedGraph& g, cudaGraphExec_t exec, const FlatCall& flat,
+            const core::ReplayPlan& plan, cudaStream_t stream, RuntimeCounters& stats) {
+  const auto launch_start = core::Clock::now();
+  g.graph->launch(exec);
+  stats.launch_ns += elapsed_ns(launch_start);
+  std::vector<cuda::CopySegment> segments;
+  for (size_t i = 0; i < flat.tensors.size(); ++i) {
+    if (!plan.copy_back[i] || g.placeholders[i].bytes == 0) continue;
+    segments.push_back({g.placeholders[i].ptr, flat.tensors[i].data_ptr(), g.placeholders[i].bytes});
+    stats.bytes_copied_back += static_cast<int64_t>(g.placeholders[i].bytes);
+  }
+  if (!segments.empty()) C10_CUDA_CHECK(cuda::launch_batched_copy(segments, stream));
+}
+
 }  // namespace
 
 std::string replay_partial(ReplayGraph& graph, const std::vector<PartialInput>& inputs,
@@ -70,43 +191,14 @@ ReplayOutcome replay(const CapturedGraph& g, FlatCall& flat, ReplayContext& cont
   const auto replay_start = core::Clock::now();
   GraphPool& pool = context.pool;
   RuntimeCounters& stats = context.stats;
-  const size_t n = flat.tensors.size();
-  // A gradient the step replaces and nothing else holds is dropped now, as eager drops it, so
-  // this replay need not move it out of its way; not one the graph reads before replacing it
-  // (a guarded one).
-  for (const auto& e : g.effects) {
-    if (!e.leaf.defined() || e.reads_replaced) continue;
-    at::Tensor& grad = e.leaf.mutable_grad();
-    if (grad.defined() && held_by_leaf_only(grad)) grad.reset();
-  }
+  drop_replaced_gradients(g);
   pool.prune_live();
 
-  // Describe this call's memory for the plan (see Note [Liveness of graph outputs]).
-  std::vector<c10::StorageImpl*> impls;
-  std::vector<core::PlanStorage> storages;
-  std::vector<core::PlanInput> inputs(n);
-  std::vector<core::PlanPlaceholder> placeholders(n);
-  for (size_t i = 0; i < n; ++i) {
-    const at::Tensor& t = flat.tensors[i];
-    c10::StorageImpl* impl = t.storage().unsafeGetStorageImpl();
-    int s = -1;
-    for (size_t j = 0; j < impls.size(); ++j) {
-      if (impls[j] == impl) s = static_cast<int>(j);
-    }
-    if (s < 0) {
-      s = static_cast<int>(impls.size());
-      impls.push_back(impl);
-      storages.push_back({core::make_range(impl->data(), impl->nbytes()),
-                          pool.find_live(impl) != nullptr});
-    }
-    const size_t bytes = g.placeholders[i].bytes;
-    inputs[i] = {s, core::make_range(t.data_ptr(), bytes), is_whole_storage(t, bytes)};
-    placeholders[i] = {core::make_range(g.placeholders[i].ptr, bytes), g.placeholders[i].mutated,
-                       g.placeholders[i].buffer != nullptr};
-  }
-  const core::ReplayPlan plan = core::plan_replay(storages, inputs, placeholders);
+  const CallMemory memory = describe_call(g, flat, pool);
+  const core::ReplayPlan plan =
+      core::plan_replay(memory.storages, memory.inputs, memory.placeholders);
   if (!plan.safe()) return refused(plan.unsafe_reason);
-  for (size_t i = 0; i < n; ++i) {
+  for (size_t i = 0; i < flat.tensors.size(); ++i) {
     const auto& buffer = g.placeholders[i].buffer;
     if (buffer && plan.actions[i] != core::InputAction::kNone && buffer->in_use.load()) {
       return refused("the graph's input buffer for argument " + std::to_string(i) +
@@ -130,72 +222,12 @@ ReplayOutcome replay(const CapturedGraph& g, FlatCall& flat, ReplayContext& cont
   }
   enforce_memory_budget(context.budget, pool, *g.executables, g.member);
 
-  // 1. Evacuate live outputs the replay may overwrite: all of them but the inputs that stay put
-  //    or move into their placeholders.
-  std::vector<c10::StorageImpl*> evacuated;
-  for (const auto& live : pool.live()) {
-    c10::StorageImpl* impl = live.storage._unsafe_get_target();
-    bool keep = false;
-    for (size_t j = 0; j < impls.size(); ++j) {
-      if (impls[j] == impl) {
-        keep = std::find(plan.evacuate.begin(), plan.evacuate.end(), static_cast<int>(j)) ==
-               plan.evacuate.end();
-      }
-    }
-    if (!keep) evacuated.push_back(impl);
-  }
-  stats.bytes_evacuated += static_cast<int64_t>(pool.evacuate(evacuated, stream));
-  stats.evacuations += static_cast<int64_t>(evacuated.size());
-
-  // 2. Feed the placeholders.
-  std::vector<cuda::CopySegment> segments;
-  for (size_t i = 0; i < n; ++i) {
-    const auto action = plan.actions[i];
-    const auto& ph = g.placeholders[i];
-    if (ph.chained || ph.buffer) {
-      if (action == core::InputAction::kNone) {
-        ++stats.alias_hits;
-        stats.bytes_avoided += static_cast<int64_t>(ph.bytes);
-      } else {
-        ++stats.alias_misses;
-      }
-    }
-    if (action == core::InputAction::kNone) {
-      ++stats.inputs_in_place;
-      continue;
-    }
-    if (ph.bytes == 0) continue;
-    if (context.sites != nullptr && action == core::InputAction::kCopyIn) {
-      context.sites->resume_learning();
-    }
-    segments.push_back({flat.tensors[i].data_ptr(), ph.ptr, ph.bytes});
-    stats.bytes_copied_in += static_cast<int64_t>(ph.bytes);
-  }
-  if (!segments.empty()) {
-    C10_CUDA_CHECK(cuda::launch_batched_copy(segments, stream));
-    segments.clear();
-  }
-  for (size_t i = 0; i < n; ++i) {
-    if (plan.actions[i] == core::InputAction::kMoveIn) {
-      pool.move_into(impls[static_cast<size_t>(inputs[i].storage)], g.placeholders[i].ptr);
-      ++stats.inputs_moved;
-    }
-  }
-
-  // 3. Replay, then write in-place updates back to inputs that do not live in their placeholder.
-  const auto launch_start = core::Clock::now();
-  g.graph->launch(exec);
-  stats.launch_ns += elapsed_ns(launch_start);
-  for (size_t i = 0; i < n; ++i) {
-    if (!plan.copy_back[i] || g.placeholders[i].bytes == 0) continue;
-    segments.push_back({g.placeholders[i].ptr, flat.tensors[i].data_ptr(), g.placeholders[i].bytes});
-    stats.bytes_copied_back += static_cast<int64_t>(g.placeholders[i].bytes);
-  }
-  if (!segments.empty()) C10_CUDA_CHECK(cuda::launch_batched_copy(segments, stream));
+  evacuate_live_outputs(pool, memory, plan, stream, stats);
+  feed_placeholders(g, flat, memory, plan, context, stream);
+  launch(g, exec, flat, plan, stream, stats);
   // The graph predicted to come next is patched in while this one runs.
   g.executables->launched(g.member);
 
-  // 4. Outputs.
   ReplayOutcome outcome;
   outcome.replayed = true;
   outcome.result = g.rebuild_outputs(flat);

@@ -75,6 +75,16 @@ int64_t host_scalar_word(const at::Tensor& t) {
   return t.item<int64_t>();
 }
 
+// A leaf kept in the spec as the object itself (rebuilt as is).
+void constant_leaf(py::handle obj, TreeSpec* spec) {
+  if (spec != nullptr) {
+    spec->kind = TreeSpec::Kind::kConstant;
+    spec->constant = py::reinterpret_borrow<py::object>(obj);
+  }
+}
+
+std::string index_path(Py_ssize_t i) { return "[" + std::to_string(i) + "]"; }
+
 }  // namespace
 
 Flattener::Flattener() { (void)torch_types(); }
@@ -160,10 +170,7 @@ void Flattener::visit_tensor(py::handle obj, FlatCall& out, TreeSpec* spec) {
   } else if (!t.is_cuda() && !in_value_ && is_host_scalar(t)) {
     // Note [Host scalars]: its value keys the signature; the capture reads it as f does.
     sig.push(host_scalar_word(t));
-    if (spec != nullptr) {
-      spec->kind = TreeSpec::Kind::kConstant;
-      spec->constant = py::reinterpret_borrow<py::object>(obj);
-    }
+    constant_leaf(obj, spec);
     out.host_scalars.emplace_back(t, t._version());
     return;
   } else if (!t.is_cuda()) {
@@ -173,10 +180,7 @@ void Flattener::visit_tensor(py::handle obj, FlatCall& out, TreeSpec* spec) {
     // parameters, so that a backward pass inside the function reaches its .grad.
     sig.push(Tag::kStaticTensor);
     sig.push(identity_id(obj));
-    if (spec != nullptr) {
-      spec->kind = TreeSpec::Kind::kConstant;
-      spec->constant = py::reinterpret_borrow<py::object>(obj);
-    }
+    constant_leaf(obj, spec);
     out.static_leaves.push_back(t);
     return;
   } else if (t.is_conj() || t.is_neg()) {
@@ -191,35 +195,35 @@ void Flattener::visit_tensor(py::handle obj, FlatCall& out, TreeSpec* spec) {
 
 void Flattener::visit(py::handle obj_h, FlatCall& out, TreeSpec* spec) {
   PyObject* obj = obj_h.ptr();
-  auto& sig = out.signature;
-  const TorchTypes& tt = torch_types();
   if (THPVariable_Check(obj)) {
     visit_tensor(obj_h, out, spec);
     return;
   }
-  auto constant_leaf = [&] {
-    if (spec != nullptr) {
-      spec->kind = TreeSpec::Kind::kConstant;
-      spec->constant = py::reinterpret_borrow<py::object>(obj);
-    }
-  };
-  auto visit_children = [&](auto get_child, Py_ssize_t n, auto path_of) {
-    if (spec != nullptr) spec->children.resize(static_cast<size_t>(n));
-    for (Py_ssize_t i = 0; i < n; ++i) {
-      if (with_paths_) path_.push_back(path_of(i));
-      visit(get_child(i), out, spec != nullptr ? &spec->children[static_cast<size_t>(i)] : nullptr);
-      if (with_paths_) path_.pop_back();
-    }
-  };
-  auto index_path = [](Py_ssize_t i) { return "[" + std::to_string(i) + "]"; };
+  if (visit_number(obj_h, out, spec)) return;
+  if (PyTuple_CheckExact(obj) || PyList_CheckExact(obj)) {
+    visit_sequence(obj_h, out, spec);
+  } else if (PyDict_CheckExact(obj) || (PyDict_Check(obj) && !is_dataclass_type(Py_TYPE(obj)))) {
+    visit_dict(obj_h, out, spec);
+  } else if (is_plain_constant(obj, torch_types())) {
+    push_interned(obj_h, out);
+    constant_leaf(obj_h, spec);
+  } else if (is_namedtuple_type(Py_TYPE(obj))) {
+    visit_namedtuple(obj_h, out, spec);
+  } else if (!PyType_Check(obj) && is_dataclass_type(Py_TYPE(obj))) {
+    visit_dataclass(obj_h, out, spec);
+  } else {
+    visit_object(obj_h, out, spec);
+  }
+}
 
+bool Flattener::visit_number(py::handle obj_h, FlatCall& out, TreeSpec* spec) {
+  PyObject* obj = obj_h.ptr();
+  auto& sig = out.signature;
   if (obj == Py_None) {
     sig.push(Tag::kNone);
-    constant_leaf();
   } else if (PyBool_Check(obj)) {
     sig.push(Tag::kBool);
     sig.push(obj == Py_True ? 1 : 0);
-    constant_leaf();
   } else if (PyLong_CheckExact(obj)) {
     int overflow = 0;
     long long v = PyLong_AsLongLongAndOverflow(obj, &overflow);
@@ -229,90 +233,118 @@ void Flattener::visit(py::handle obj_h, FlatCall& out, TreeSpec* spec) {
       sig.push(Tag::kInt);
       sig.push(static_cast<int64_t>(v));
     }
-    constant_leaf();
   } else if (PyFloat_CheckExact(obj)) {
     double v = PyFloat_AS_DOUBLE(obj);
     int64_t bits;
     std::memcpy(&bits, &v, sizeof(bits));
     sig.push(Tag::kFloat);
     sig.push(bits);
-    constant_leaf();
-  } else if (PyTuple_CheckExact(obj) || PyList_CheckExact(obj)) {
-    const bool is_tuple = PyTuple_CheckExact(obj);
-    const Py_ssize_t n = is_tuple ? PyTuple_GET_SIZE(obj) : PyList_GET_SIZE(obj);
-    sig.push(is_tuple ? Tag::kTuple : Tag::kList);
-    sig.push(static_cast<int64_t>(n));
-    if (spec != nullptr) spec->kind = is_tuple ? TreeSpec::Kind::kTuple : TreeSpec::Kind::kList;
-    visit_children(
-        [&](Py_ssize_t i) {
-          return py::handle(is_tuple ? PyTuple_GET_ITEM(obj, i) : PyList_GET_ITEM(obj, i));
-        },
-        n, index_path);
-  } else if (PyDict_CheckExact(obj) || (PyDict_Check(obj) && !is_dataclass_type(Py_TYPE(obj)))) {
-    const Py_ssize_t n = PyDict_Size(obj);
-    sig.push(Tag::kDict);
-    sig.push(static_cast<int64_t>(n));
-    std::vector<PyObject*> values;
-    values.reserve(static_cast<size_t>(n));
-    py::tuple keys(n);
-    PyObject* key;
-    PyObject* value;
-    Py_ssize_t pos = 0;
-    Py_ssize_t i = 0;
-    while (PyDict_Next(obj, &pos, &key, &value)) {
-      push_interned(key, out);
-      keys[i++] = py::reinterpret_borrow<py::object>(key);
-      values.push_back(value);
+  } else {
+    return false;
+  }
+  constant_leaf(obj_h, spec);
+  return true;
+}
+
+template <typename GetChild, typename PathOf>
+void Flattener::visit_children(GetChild get_child, Py_ssize_t n, PathOf path_of, FlatCall& out,
+                               TreeSpec* spec) {
+  if (spec != nullptr) spec->children.resize(static_cast<size_t>(n));
+  for (Py_ssize_t i = 0; i < n; ++i) {
+    if (with_paths_) path_.push_back(path_of(i));
+    visit(get_child(i), out, spec != nullptr ? &spec->children[static_cast<size_t>(i)] : nullptr);
+    if (with_paths_) path_.pop_back();
+  }
+}
+
+void Flattener::visit_sequence(py::handle obj_h, FlatCall& out, TreeSpec* spec) {
+  PyObject* obj = obj_h.ptr();
+  const bool is_tuple = PyTuple_CheckExact(obj);
+  const Py_ssize_t n = is_tuple ? PyTuple_GET_SIZE(obj) : PyList_GET_SIZE(obj);
+  out.signature.push(is_tuple ? Tag::kTuple : Tag::kList);
+  out.signature.push(static_cast<int64_t>(n));
+  if (spec != nullptr) spec->kind = is_tuple ? TreeSpec::Kind::kTuple : TreeSpec::Kind::kList;
+  visit_children(
+      [&](Py_ssize_t i) {
+        return py::handle(is_tuple ? PyTuple_GET_ITEM(obj, i) : PyList_GET_ITEM(obj, i));
+      },
+      n, index_path, out, spec);
+}
+
+void Flattener::visit_dict(py::handle obj_h, FlatCall& out, TreeSpec* spec) {
+  PyObject* obj = obj_h.ptr();
+  const Py_ssize_t n = PyDict_Size(obj);
+  out.signature.push(Tag::kDict);
+  out.signature.push(static_cast<int64_t>(n));
+  std::vector<PyObject*> values;
+  values.reserve(static_cast<size_t>(n));
+  py::tuple keys(n);
+  PyObject* key;
+  PyObject* value;
+  Py_ssize_t pos = 0;
+  Py_ssize_t i = 0;
+  while (PyDict_Next(obj, &pos, &key, &value)) {
+    push_interned(key, out);
+    keys[i++] = py::reinterpret_borrow<py::object>(key);
+    values.push_back(value);
+  }
+  if (spec != nullptr) {
+    spec->kind = TreeSpec::Kind::kDict;
+    spec->keys = keys;
+  }
+  visit_children([&](Py_ssize_t j) { return py::handle(values[static_cast<size_t>(j)]); }, n,
+                 [&](Py_ssize_t j) { return "[" + py::repr(keys[j]).cast<std::string>() + "]"; },
+                 out, spec);
+}
+
+void Flattener::visit_namedtuple(py::handle obj_h, FlatCall& out, TreeSpec* spec) {
+  PyObject* obj = obj_h.ptr();
+  const Py_ssize_t n = PyTuple_GET_SIZE(obj);
+  out.signature.push(Tag::kNamedTuple);
+  push_interned(py::handle(reinterpret_cast<PyObject*>(Py_TYPE(obj))), out);
+  out.signature.push(static_cast<int64_t>(n));
+  if (spec != nullptr) {
+    spec->kind = TreeSpec::Kind::kNamedTuple;
+    spec->type = py::reinterpret_borrow<py::object>(reinterpret_cast<PyObject*>(Py_TYPE(obj)));
+  }
+  visit_children([&](Py_ssize_t i) { return py::handle(PyTuple_GET_ITEM(obj, i)); }, n,
+                 index_path, out, spec);
+}
+
+void Flattener::visit_dataclass(py::handle obj_h, FlatCall& out, TreeSpec* spec) {
+  py::handle type(reinterpret_cast<PyObject*>(Py_TYPE(obj_h.ptr())));
+  const auto& fields = dataclass_fields(type);
+  out.signature.push(Tag::kDataclass);
+  push_interned(type, out);
+  out.signature.push(static_cast<int64_t>(fields.size()));
+  std::vector<py::object> values;
+  values.reserve(fields.size());
+  for (const auto& f : fields) values.push_back(obj_h.attr(f.first.c_str()));
+  if (spec != nullptr) {
+    spec->kind = TreeSpec::Kind::kDataclass;
+    spec->type = py::reinterpret_borrow<py::object>(type);
+    py::tuple names(fields.size());
+    spec->field_init.resize(fields.size());
+    for (size_t i = 0; i < fields.size(); ++i) {
+      names[i] = py::str(fields[i].first);
+      spec->field_init[i] = fields[i].second;
     }
-    if (spec != nullptr) {
-      spec->kind = TreeSpec::Kind::kDict;
-      spec->keys = keys;
-    }
-    visit_children([&](Py_ssize_t j) { return py::handle(values[static_cast<size_t>(j)]); }, n,
-                   [&](Py_ssize_t j) { return "[" + py::repr(keys[j]).cast<std::string>() + "]"; });
-  } else if (is_plain_constant(obj, tt)) {
-    push_interned(obj_h, out);
-    constant_leaf();
-  } else if (is_namedtuple_type(Py_TYPE(obj))) {
-    const Py_ssize_t n = PyTuple_GET_SIZE(obj);
-    sig.push(Tag::kNamedTuple);
-    push_interned(py::handle(reinterpret_cast<PyObject*>(Py_TYPE(obj))), out);
-    sig.push(static_cast<int64_t>(n));
-    if (spec != nullptr) {
-      spec->kind = TreeSpec::Kind::kNamedTuple;
-      spec->type = py::reinterpret_borrow<py::object>(reinterpret_cast<PyObject*>(Py_TYPE(obj)));
-    }
-    visit_children([&](Py_ssize_t i) { return py::handle(PyTuple_GET_ITEM(obj, i)); }, n,
-                   index_path);
-  } else if (!PyType_Check(obj) && is_dataclass_type(Py_TYPE(obj))) {
-    py::handle type(reinterpret_cast<PyObject*>(Py_TYPE(obj)));
-    const auto& fields = dataclass_fields(type);
-    sig.push(Tag::kDataclass);
-    push_interned(type, out);
-    sig.push(static_cast<int64_t>(fields.size()));
-    std::vector<py::object> values;
-    values.reserve(fields.size());
-    for (const auto& f : fields) values.push_back(obj_h.attr(f.first.c_str()));
-    if (spec != nullptr) {
-      spec->kind = TreeSpec::Kind::kDataclass;
-      spec->type = py::reinterpret_borrow<py::object>(type);
-      py::tuple names(fields.size());
-      spec->field_init.resize(fields.size());
-      for (size_t i = 0; i < fields.size(); ++i) {
-        names[i] = py::str(fields[i].first);
-        spec->field_init[i] = fields[i].second;
-      }
-      spec->keys = names;
-    }
-    visit_children([&](Py_ssize_t i) { return py::handle(values[static_cast<size_t>(i)]); },
-                   static_cast<Py_ssize_t>(fields.size()),
-                   [&](Py_ssize_t i) { return "." + fields[static_cast<size_t>(i)].first; });
-  } else if (PyObject_IsInstance(obj, tt.module) == 1) {
+    spec->keys = names;
+  }
+  visit_children([&](Py_ssize_t i) { return py::handle(values[static_cast<size_t>(i)]); },
+                 static_cast<Py_ssize_t>(fields.size()),
+                 [&](Py_ssize_t i) { return "." + fields[static_cast<size_t>(i)].first; }, out,
+                 spec);
+}
+
+void Flattener::visit_object(py::handle obj_h, FlatCall& out, TreeSpec* spec) {
+  PyObject* obj = obj_h.ptr();
+  auto& sig = out.signature;
+  if (PyObject_IsInstance(obj, torch_types().module) == 1) {
     // A module's parameters and buffers are static state of the graph, checked on every replay.
     sig.push(Tag::kModule);
     sig.push(identity_id(obj_h));
     out.modules.push_back(py::reinterpret_borrow<py::object>(obj));
-    constant_leaf();
   } else {
     if (visit_record(obj_h, out, spec)) return;
     if (PyObject_Hash(obj) != -1) {
@@ -322,8 +354,8 @@ void Flattener::visit(py::handle obj_h, FlatCall& out, TreeSpec* spec) {
       sig.push(Tag::kObject);
       sig.push(identity_id(obj_h));
     }
-    constant_leaf();
   }
+  constant_leaf(obj_h, spec);
 }
 
 bool Flattener::visit_record(py::handle obj_h, FlatCall& out, TreeSpec* spec) {

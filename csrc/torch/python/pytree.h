@@ -94,6 +94,18 @@ class Flattener {
  private:
   void visit(py::handle obj, FlatCall& out, TreeSpec* spec);
   void visit_tensor(py::handle obj, FlatCall& out, TreeSpec* spec);
+  // None, bools, ints and floats, keyed by value; false (nothing pushed) for anything else.
+  bool visit_number(py::handle obj, FlatCall& out, TreeSpec* spec);
+  // Containers: their tag and size, then each child (get_child(i), named path_of(i) in paths).
+  template <typename GetChild, typename PathOf>
+  void visit_children(GetChild get_child, Py_ssize_t n, PathOf path_of, FlatCall& out,
+                      TreeSpec* spec);
+  void visit_sequence(py::handle obj, FlatCall& out, TreeSpec* spec);
+  void visit_dict(py::handle obj, FlatCall& out, TreeSpec* spec);
+  void visit_namedtuple(py::handle obj, FlatCall& out, TreeSpec* spec);
+  void visit_dataclass(py::handle obj, FlatCall& out, TreeSpec* spec);
+  // Anything else: a module, a record, or a constant keyed by value or identity.
+  void visit_object(py::handle obj, FlatCall& out, TreeSpec* spec);
   // An object with a __dict__: flattened as a record if it holds tensors at any depth, or if an
   // object of its type did in an earlier call (an HF cache before its first update); returns
   // false (nothing pushed) otherwise.
