@@ -1,8 +1,10 @@
 """What every benchmark of the project shares: timing, memory, environment, running its modes, the
-results file, and the markdown table and PNG plot written next to it.
+results file, and the markdown table (and, outside benchmarks/results, the PNG plot) written next
+to it.
 
-Results format (one JSON file per run, benchmarks/results/<benchmark>-<gpu>-<date>.json):
-  {"benchmark", "device", "torch", "cuda", "commit", "cases": [
+Results format (one JSON file per benchmark, variant and card, benchmarks/results/<benchmark>-<gpu>.json;
+a later run replaces it, and git keeps the runs before):
+  {"benchmark", "device", "torch", "cuda", "commit", "date", "cases": [
       {"name", "config": {...}, "modes": {"<mode>": {"ms_per_step", "gpu_mem_bytes", "correct", ...}}}]}
 
 One name per kind of figure, in every benchmark's modes:
@@ -52,6 +54,7 @@ def environment() -> dict:
         "torch": torch.__version__,
         "cuda": torch.version.cuda,
         "commit": commit(),
+        "date": datetime.date.today().isoformat(),
     }
 
 
@@ -420,12 +423,11 @@ def exit_status(cases: list[dict]) -> int:
 def write_results(benchmark: str, cases: list[dict], out_dir: Path | None = None) -> Path:
     env = environment()
     gpu = env["device"].replace("NVIDIA ", "").split()[0].lower() if env["device"] != "cpu" else "cpu"
-    date = datetime.date.today().isoformat()
     local = gpu == "cpu" or "-tiny" in benchmark  # smoke runs of the script, not results
     out_dir = Path(out_dir or os.environ.get("GRAPE_RESULTS_DIR")
                    or (LOCAL_RESULTS_DIR if local else RESULTS_DIR))
     out_dir.mkdir(parents=True, exist_ok=True)
-    path = out_dir / f"{benchmark}-{gpu}-{date}.json"
+    path = out_dir / f"{benchmark}-{gpu}.json"
     path.write_text(json.dumps({"benchmark": benchmark, **env, "cases": cases}, indent=2) + "\n")
     return path
 
@@ -513,8 +515,9 @@ def bar_plot(path: Path, cases: list[dict], modes: Sequence[str],
 
 def write_table_and_plot(results: Path, table: str, plot: Callable[[Path], bool]) -> None:
     """The markdown `table` and the PNG that `plot(png path)` draws (False where it drew none) next
-    to the results JSON at `results`."""
+    to the results JSON at `results`; no PNG in benchmarks/results, which keeps the figures and
+    tables only (docs/results.md indexes them)."""
     table_path, png = results.with_suffix(".md"), results.with_suffix(".png")
     table_path.write_text(table)
-    plotted = plot(png)
+    plotted = results.resolve().parent != RESULTS_DIR and plot(png)
     print(f"\nwrote {results}, {table_path.name}" + (f", {png.name}" if plotted else ""))

@@ -54,10 +54,29 @@ def test_the_markdown_table_has_a_row_per_case_and_mode():
 def test_results_name_the_benchmark_and_hold_every_case(tmp_path):
     cases = [{"name": "infer", "config": {}, "modes": {"eager": {"ms_per_step": 1.0}}}]
     path = harness.write_results("unit", cases, tmp_path)
-    assert path.parent == tmp_path and path.name.startswith("unit-")
+    card = "cpu" if harness.environment()["device"] == "cpu" else path.stem.split("-")[-1]
+    assert path.parent == tmp_path and path.name == f"unit-{card}.json"
     written = json.loads(path.read_text())
     assert written["benchmark"] == "unit" and written["cases"] == cases
-    assert {"device", "torch", "cuda", "commit"} <= set(written)
+    assert {"device", "torch", "cuda", "commit", "date"} <= set(written)
+    # A later run of the same benchmark on the same card replaces the file.
+    assert harness.write_results("unit", cases[:0], tmp_path) == path
+    assert json.loads(path.read_text())["cases"] == [] and len(list(tmp_path.iterdir())) == 1
+
+
+def test_no_plot_is_drawn_into_the_tracked_results(monkeypatch, tmp_path):
+    monkeypatch.setattr(harness, "RESULTS_DIR", tmp_path / "results")
+    drawn = []
+
+    def plot(png):
+        drawn.append(png)
+        return True
+
+    for folder in (tmp_path / "results", tmp_path / "local"):
+        folder.mkdir()
+        harness.write_table_and_plot(folder / "unit-cpu.json", "| table |\n", plot)
+        assert (folder / "unit-cpu.md").read_text() == "| table |\n"
+    assert drawn == [tmp_path / "local" / "unit-cpu.png"]
 
 
 def test_smoke_runs_write_outside_the_tracked_results_unless_told(monkeypatch, tmp_path):
