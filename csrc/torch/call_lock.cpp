@@ -1,6 +1,7 @@
 #include "torch/call_lock.h"
 
 #include <pybind11/pybind11.h>
+#include <torch/csrc/autograd/graph_task.h>
 
 #include <pthread.h>
 
@@ -55,5 +56,7 @@ CallLock::~CallLock() {
 }
 
 bool CallLock::held_by_this_thread() { return depth > 0; }
+
+bool in_backward_pass() { return torch::autograd::get_current_graph_task_id() != -1; }
 
 }  // namespace grape

@@ -48,4 +48,8 @@ class CallLock {
   bool held_ = false;
 };
 
+// Whether the calling thread runs a backward pass (the autograd engine's thread, or a backward
+// called from this one): the `unless_busy` of calls that must not wait for the lock's holder.
+bool in_backward_pass();
+
 }  // namespace grape

@@ -1,11 +1,13 @@
 #pragma once
 // The core of a compiled function: signature -> cache entry -> (eager warm-up | capture | replay).
 // A call is one C++ call; Python runs only when a call misses (the function itself, and the
-// warning of a fallback). This file decides which; capture.cpp captures, replay.cpp replays, and
-// core/capture_policy.h holds the decisions that need no torch. See docs/design.md.
+// warning of a fallback). runtime.cpp and runtime_graphs.cpp decide which (runtime_without_cuda.cpp
+// in a build without CUDA); capture.cpp captures, replay.cpp replays, and core/capture_policy.h
+// holds the decisions that need no torch. See docs/design.md.
 
 #include <pybind11/pybind11.h>
 
+#include <array>
 #include <memory>
 #include <optional>
 #include <string>
@@ -15,7 +17,9 @@
 #include "core/capture_policy.h"
 #include "core/memory_budget.h"
 #include "core/reasons.h"
+#include "core/alias_sites.h"
 #include "core/signature.h"
+#include "cuda/executable_stats.h"
 #include "torch/python/python_hooks.h"
 #include "torch/python/pytree.h"
 #include "torch/graphs/runtime_counters.h"
@@ -152,6 +156,32 @@ class Runtime {
   // Drops `entry`'s graphs, whose static state changed, if it did; returns whether.
   bool drop_if_state_changed(Entry& entry);
   FlatCall& scratch();
+
+  // Where a build with CUDA and one without differ: runtime_graphs.cpp defines these, or
+  // runtime_without_cuda.cpp.
+  // The executables and the site predictor, made at construction.
+  void make_graph_state(bool alias_prediction, const std::string& sharing);
+  // Why no call can have graphs in this process (no CUDA device, or none in this build), or none.
+  static core::Reason graphs_unavailable();
+  // A call where graphs are possible: its signature's warm-up, capture, replay or fallback.
+  py::object call_with_graphs(const py::args& args, const py::kwargs& kwargs);
+  // Frees a retired graph's executable slot.
+  void release_executable(CapturedGraph& graph);
+  static int64_t node_count(const Entry& entry);
+  void restart_site_learning();
+  // What grape.stats reports of the executables, the site predictor and the graph pool (zeros
+  // where there are none).
+  struct GraphFigures {
+    cuda::ExecutableStats executables;
+    std::string unshareable_reason;
+    core::SiteStats sites;
+    int64_t pool_bytes = 0;
+    int64_t arena_bytes = 0;
+    std::array<size_t, 5> lane_bytes{};  // per arena lane (ArenaLane's values, in order)
+    std::array<size_t, 5> lane_peak_bytes{};
+    int64_t live_outputs = 0;
+  };
+  GraphFigures graph_figures();
 
   py::object fn_;
   py::object static_module_;

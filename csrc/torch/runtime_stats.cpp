@@ -2,18 +2,9 @@
 // is defined, with its meaning, in grape/_stats.py's table; a test fails on a key missing there.
 #include "torch/runtime.h"
 
-#include "core/alias_sites.h"
 #include "core/clock.h"
-#include "cuda/executable_stats.h"
 
 #include <iterator>
-
-#ifdef GRAPE_WITH_CUDA
-#include "cuda/shared_executables.h"
-#include "torch/graphs/captured_graph.h"
-#include "torch/memory/graph_pool.h"
-#include "torch/memory/site_predictor.h"
-#endif
 
 namespace grape {
 
@@ -21,12 +12,9 @@ namespace {
 
 // `figure(lane)` of each arena lane (ArenaLane's values, in order), by its name in grape.stats.
 constexpr const char* kLaneNames[] = {"large", "small", "placeholder", "input", "output"};
-template <typename PerLane>
-py::dict per_lane(PerLane figure) {
+py::dict per_lane(const std::array<size_t, std::size(kLaneNames)>& figure) {
   py::dict d;
-  for (int lane = 0; lane < static_cast<int>(std::size(kLaneNames)); ++lane) {
-    d[kLaneNames[lane]] = figure(lane);
-  }
+  for (size_t lane = 0; lane < std::size(kLaneNames); ++lane) d[kLaneNames[lane]] = figure[lane];
   return d;
 }
 
@@ -81,14 +69,10 @@ py::dict Runtime::stats() {
   d["warmup_each_signature"] = warmup_.each_signature;
   d["first_sight_failures"] = warmup_.first_sight_failures;
   d["memory_budget"] = none_if_empty(budget_.bytes());
-  cuda::ExecutableStats ex;
-  std::string unshareable_reason;
-  core::SiteStats sites;
-#ifdef GRAPE_WITH_CUDA
-  ex = executables_->stats();
-  unshareable_reason = executables_->unshareable_reason();
-  if (sites_) sites = sites_->stats();
-#endif
+  const GraphFigures figures = graph_figures();
+  const cuda::ExecutableStats& ex = figures.executables;
+  const std::string& unshareable_reason = figures.unshareable_reason;
+  const core::SiteStats& sites = figures.sites;
   d["shapes"] = ex.members;
   d["topology_groups"] = ex.groups;
   d["unshareable_groups"] = ex.unshareable;
@@ -133,27 +117,11 @@ py::dict Runtime::stats() {
   d["graphs"] = graphs;
   d["signatures"] = static_cast<int64_t>(cache_.size());
   // Graph memory; zeros before the first capture.
-  d["pool_bytes"] = 0;
-  d["arena_bytes"] = 0;
-  const auto none = [](int) { return size_t{0}; };
-  d["arena_lane_bytes"] = per_lane(none);
-  d["arena_lane_peak_bytes"] = per_lane(none);
-  d["live_outputs"] = 0;
-#ifdef GRAPE_WITH_CUDA
-  if (pool_) {
-    pool_->refresh_segments();
-    pool_->prune_live();
-    const GraphArena& arena = pool_->arena();
-    d["pool_bytes"] = static_cast<int64_t>(pool_->device_bytes());
-    d["arena_bytes"] = static_cast<int64_t>(arena.mapped_bytes());
-    static_assert(std::size(kLaneNames) == GraphArena::kLanes, "a name for every lane");
-    d["arena_lane_bytes"] =
-        per_lane([&](int lane) { return arena.mapped_bytes(static_cast<ArenaLane>(lane)); });
-    d["arena_lane_peak_bytes"] = per_lane(
-        [&](int lane) { return arena.peak_allocated_bytes(static_cast<ArenaLane>(lane)); });
-    d["live_outputs"] = static_cast<int64_t>(pool_->live().size());
-  }
-#endif
+  d["pool_bytes"] = figures.pool_bytes;
+  d["arena_bytes"] = figures.arena_bytes;
+  d["arena_lane_bytes"] = per_lane(figures.lane_bytes);
+  d["arena_lane_peak_bytes"] = per_lane(figures.lane_peak_bytes);
+  d["live_outputs"] = figures.live_outputs;
   d["fallback"] = none_if_empty(global_fallback_.text);
   return d;
 }

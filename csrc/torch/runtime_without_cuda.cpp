@@ -1,0 +1,27 @@
+// The Runtime's side that needs CUDA, in a build without it (GRAPE_WITH_CUDA unset, see
+// runtime_graphs.cpp): no call can have graphs, so every call runs eagerly and says why (the
+// runtime's first call reports it), and there is no graph state to make, free or count.
+#include "torch/graph_types.h"
+#include "torch/runtime.h"
+
+namespace grape {
+
+void Runtime::make_graph_state(bool, const std::string&) {}
+
+core::Reason Runtime::graphs_unavailable() {
+  return {core::ReasonKind::kNoCuda, "grape was built without CUDA"};
+}
+
+py::object Runtime::call_with_graphs(const py::args& args, const py::kwargs& kwargs) {
+  return run_eager(args, kwargs);  // not reached: graphs_unavailable() is never empty
+}
+
+void Runtime::release_executable(CapturedGraph&) {}
+
+int64_t Runtime::node_count(const Entry&) { return 0; }
+
+void Runtime::restart_site_learning() {}
+
+Runtime::GraphFigures Runtime::graph_figures() { return {}; }
+
+}  // namespace grape
