@@ -133,7 +133,7 @@ def run(case: Case, reps: int, modes) -> dict:
                          # variant (docs/design.md, "Capture").
                          "captures_in_first_steady_generation": before["captures"] - first["captures"],
                          "captures_during_timing": s["captures"] - before["captures"],
-                         "eager_calls": s["eager_calls"], "fallbacks": s["fallbacks"],
+                         "eager_calls": s["eager_calls"], "fallbacks": harness.portable_fallbacks(s["fallbacks"]),
                          "rewritten": step.rewritten, "graphs": s["graphs"] + s["chain_variants"],
                          "pool_bytes": s["pool_bytes"]}
             else:

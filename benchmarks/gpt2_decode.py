@@ -265,7 +265,7 @@ def setup_grape(case, **options):
             "alias_misses_per_generation": s["alias_misses"] - before["alias_misses"],
             "bytes_avoided_per_step": (s["bytes_avoided"] - before["bytes_avoided"]) / case.steps,
             "evacuations": s["evacuations"],
-            "fallbacks": s["fallbacks"],
+            "fallbacks": harness.portable_fallbacks(s["fallbacks"]),
             # Graph memory (docs/design.md, "Shared executables").
             "shapes": s["shapes"],
             "topology_groups": s["topology_groups"],
@@ -454,7 +454,7 @@ def while_loop_case(cfg, batch, steps, reps) -> dict:
                              "ms_per_step_runs": [t / steps for t in times], "outputs": tokens}
     s = grape.stats(whole)
     results["grape_while_loop"].update({"graphs": s["graphs"], "replays": s["replays"],
-                                        "eager_calls": s["eager_calls"], "fallbacks": s["fallbacks"]})
+                                        "eager_calls": s["eager_calls"], "fallbacks": harness.portable_fallbacks(s["fallbacks"])})
     harness.compare_with_eager(results, same_tokens)
     results["grape_while_loop"]["speedup_vs_step_graph"] = harness.speedup(
         results["step_graph"], results["grape_while_loop"])

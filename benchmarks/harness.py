@@ -262,11 +262,30 @@ class PerShapeGraphs:
 
 
 def grape_stats(fn, keys: Sequence[str]) -> dict:
-    """The `keys` of grape.stats(fn) that the running build has."""
+    """The `keys` of grape.stats(fn) that the running build has; the fallbacks' call sites named
+    without the machine's paths (results files are committed)."""
     import grape
 
     s = grape.stats(fn)
-    return {k: s[k] for k in keys if k in s}
+    picked = {k: s[k] for k in keys if k in s}
+    if "fallbacks" in picked:
+        picked["fallbacks"] = portable_fallbacks(picked["fallbacks"])
+    return picked
+
+
+def portable_fallbacks(fallbacks: list[dict]) -> list[dict]:
+    """grape.stats' fallbacks, their call sites without the machine's paths."""
+    return [dict(f, call_site=portable_path(f["call_site"])) for f in fallbacks]
+
+
+def portable_path(where: str) -> str:
+    """A "file:line" of this project relative to its root, and of an installed package from the
+    package's folder on (transformers/generation/utils.py:3030)."""
+    root = str(Path(__file__).resolve().parent.parent) + os.sep
+    if where.startswith(root):
+        return where[len(root):]
+    marker = "site-packages" + os.sep
+    return where.split(marker, 1)[1] if marker in where else where
 
 
 def median(values: list[float]) -> float:

@@ -39,6 +39,8 @@ step bench-smoke-hf-gptj env GRAPE_RESULTS_DIR="$out" python3 -m benchmarks.hf_g
   --modes eager,grape,grape_compact,grape_all_resident,grape_step,grape_inductor
 step bench-smoke-hf-wav2vec2 env GRAPE_RESULTS_DIR="$out" python3 -m benchmarks.hf_wav2vec2 --tiny --quick
 step bench-smoke-train-lm env GRAPE_RESULTS_DIR="$out" python3 -m benchmarks.train_lm --tiny --quick
+step bench-smoke-hf-zoo env GRAPE_RESULTS_DIR="$out" python3 -m benchmarks.hf_zoo --quick \
+  --cases llama,gemma3,qwen3_moe,whisper,bert
 # Tensor parallel over two GPUs where there are two (tp2, then tp1), else tp1 alone.
 ranks=$(python3 -c "import torch; print(min(2, torch.cuda.device_count()))")
 step bench-smoke-hf-gptj-tp env GRAPE_RESULTS_DIR="$out" NCCL_NVLS_ENABLE=0 \

@@ -1,6 +1,8 @@
 """The benchmark harness's own logic, which every benchmark's results rely on; runs on any machine."""
 
 import json
+import re
+from pathlib import Path
 
 import pytest
 import torch
@@ -278,3 +280,53 @@ def test_a_generation_benchmark_reports_the_time_to_steady_state(monkeypatch):
     seconds = iter([3.0, 0.24, 0.2, 0.2, 0.2, 0.2])
     r = generation.measure(lambda: None, new_tokens=10, reps=3, steady_calls=2, desc="eager")
     assert r["time_to_steady_s"] == 3.0 and r["calls_to_steady"] == 2
+
+
+def test_call_sites_in_results_name_no_machine_path():
+    root = Path(harness.__file__).resolve().parent.parent
+    assert harness.portable_path(f"{root}/benchmarks/hf_zoo.py:12") == "benchmarks/hf_zoo.py:12"
+    assert harness.portable_path(
+        "/opt/venv/lib/python3.12/site-packages/transformers/generation/utils.py:3030") == \
+        "transformers/generation/utils.py:3030"
+    assert harness.portable_path("<unknown>") == "<unknown>"
+
+
+BENCHMARKS = sorted(p.stem for p in (Path(harness.__file__).parent).glob("*.py")
+                    if p.stem not in ("__init__", "harness", "generation"))
+
+
+def undocumented_flags(help_text: str) -> list[str]:
+    """The options of an argparse --help text that have no help of their own."""
+    options = help_text[help_text.index("options:"):]
+    blocks = re.split(r"\n  (?=-)", options)[1:]  # one per option, its help lines with it
+    return [block.split()[0].rstrip(",") for block in blocks if len(block.split()) < 3]
+
+
+def test_a_flag_without_help_is_found():
+    import argparse
+
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--said", help="has its help")
+    parser.add_argument("--silent")
+    assert undocumented_flags(parser.format_help()) == ["--silent"]
+
+
+@pytest.mark.parametrize("name", BENCHMARKS)
+def test_every_benchmark_explains_each_flag(name, capsys):
+    pytest.importorskip("transformers")
+    module = __import__(f"benchmarks.{name}", fromlist=["main"])
+    with pytest.raises(SystemExit) as done:
+        module.main(["--help"])
+    assert done.value.code == 0
+    assert not undocumented_flags(capsys.readouterr().out)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="would run the benchmark on the GPU")
+@pytest.mark.parametrize("name", [n for n in BENCHMARKS if n != "demo_gpt2"])
+def test_every_benchmark_says_it_needs_a_gpu_the_same_way(name):
+    pytest.importorskip("transformers")
+    module = __import__(f"benchmarks.{name}", fromlist=["main"])
+    with pytest.raises(SystemExit) as done:
+        module.main(["--quick"])
+    # A message and exit status 1, as SystemExit("...") gives, from every script.
+    assert isinstance(done.value.code, str) and "CUDA" in done.value.code
