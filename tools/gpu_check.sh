@@ -1,10 +1,14 @@
 #!/usr/bin/env bash
 # Build and run everything on a machine with a GPU: C++ tests, Python tests (GPU tests included,
 # none may skip for want of a GPU), and a benchmark smoke run. Usage: bash tools/gpu_check.sh
-# Each step is stopped after GRAPE_STEP_TIMEOUT seconds (300).
+# Each step is stopped after GRAPE_STEP_TIMEOUT seconds (300). GRAPE_CHECK_PART=tests runs the build
+# and the tests only, GRAPE_CHECK_PART=smokes the build and the benchmark smokes only (the two
+# halves fit one device call each; the build is incremental on a machine that ran the other).
 # With $OUT set, logs and the smoke results are written there. Set GRAPE_COMMIT where the tree
 # has no .git (the device copy), so results name the commit.
 set -uo pipefail
+part="${GRAPE_CHECK_PART:-all}"
+case "$part" in all|tests|smokes) ;; *) echo "GRAPE_CHECK_PART must be all, tests or smokes"; exit 2;; esac
 export PYTHONFAULTHANDLER=1
 cd "$(dirname "$0")/.."
 out="${OUT:-build/gpu-check}"
@@ -24,12 +28,15 @@ step() {  # step NAME COMMAND...: runs, logs to $out/NAME.log, remembers failure
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 step build env GRAPE_CUDA_ARCHS="${GRAPE_CUDA_ARCHS:-90}" python3 setup.py -q build_ext --inplace
 [ "$status" -eq 0 ] || exit 1
+if [ "$part" != smokes ]; then
 step ctest ctest --test-dir build/cmake --output-on-failure
 step pytest python3 -m pytest tests/python -q -rs -p no:cacheprovider --junitxml="$out/pytest.xml"
 if grep -q 'skipped="[1-9]' "$out/pytest.xml" && grep -q "no CUDA device" "$out/pytest.log"; then
   echo "GPU tests were skipped on a GPU machine"; status=1
 fi
 step fuzz env GRAPE_FUZZ_CALLS=10000 python3 -m pytest tests/python/test_fuzz_gpu.py -q -rs -p no:cacheprovider
+fi
+[ "$part" = tests ] && exit $status
 step bench-smoke env GRAPE_RESULTS_DIR="$out" python3 -m benchmarks.gpt2_decode --quick
 step bench-smoke-shapes env GRAPE_RESULTS_DIR="$out" python3 -m benchmarks.gpt2_decode --quick --shapes 64 --batch 1
 step bench-smoke-sites env GRAPE_RESULTS_DIR="$out" python3 -m benchmarks.alias_sites --quick
