@@ -1,6 +1,8 @@
 """Hugging Face model zoo: many architectures, each from a small random config in bf16, through its
 own unchanged `generate` (decoders and encoder-decoders: batch 1, a 16-token prompt, greedy) or a
-forward over 6 lengths (encoders), eager against grape.compile(model) on the same weights.
+forward over 6 lengths (encoders), eager against grape.compile(model) on the same weights, and
+grape_plan_free (grape.compile(model, plan_free_attention=True): captures run attention on
+backends that build no per-shape plan).
 
     python -m benchmarks.hf_zoo                        # every architecture, 64 new tokens
     python -m benchmarks.hf_zoo --quick                # smoke run: 8 new tokens, 1 rep
@@ -29,7 +31,7 @@ import torch
 
 from benchmarks import generation, harness
 
-MODES = ["eager", "grape"]
+MODES = ["eager", "grape", "grape_plan_free"]
 PROMPT = 16
 ENCODER_LENGTHS = (8, 16, 24, 32, 48, 64)  # one encoder call: a forward at each
 
@@ -133,9 +135,11 @@ def run_mode(base, kind: str, args: dict, mode: str, new_tokens: int, reps: int,
              steady_calls: int) -> dict:
     import grape
 
-    model = grape.compile(copy.deepcopy(base)) if mode == "grape" else base
+    model = base
+    if mode != "eager":
+        model = grape.compile(copy.deepcopy(base), plan_free_attention=mode == "grape_plan_free")
     counters = (harness.GrapeCounters(model, ("calls", "replays", *harness.UNSTEADY_COUNTERS))
-                if mode == "grape" else None)
+                if mode != "eager" else None)
     seconds, changes, outputs = [], [], None
     for _ in harness.progress(range(1 + steady_calls + reps), mode):
         outputs, s = harness.timed(lambda: call(model, kind, args, new_tokens))

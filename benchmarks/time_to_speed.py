@@ -5,8 +5,9 @@ tokens), greedy, the same number of new tokens every call. Cases: `gpt2-b1`, `gp
 small, fp16, batch 1 and 8) and `tinyllama-b1` (a Llama of TinyLlama-1.1B's shape: 22 layers,
 hidden 2048, intermediate 5632, 32 heads, 4 KV heads, vocab 32000; bf16, batch 1). Modes: eager
 (the dynamic cache); static_compile (HF's static cache, which HF's generate compiles with
-torch.compile by itself); grape (grape.compile(model), the dynamic cache). Each mode has a fresh
-copy of the case's weights.
+torch.compile by itself); grape (grape.compile(model), the dynamic cache); grape_plan_free
+(grape.compile(model, plan_free_attention=True): captures run attention on backends that build no
+per-shape plan). Each mode has a fresh copy of the case's weights.
 
     python -m benchmarks.time_to_speed                  # the three cases, 128 new tokens
     python -m benchmarks.time_to_speed --quick          # gpt2-b1 only, 16 new tokens
@@ -90,7 +91,7 @@ import torch
 import grape
 from benchmarks import generation, harness
 
-MODES = ["eager", "static_compile", "grape"]
+MODES = ["eager", "static_compile", "grape", "grape_plan_free"]
 CASES = {"gpt2-b1": ("gpt2", 1), "gpt2-b8": ("gpt2", 8), "tinyllama-b1": ("tinyllama", 1)}
 QUICK_CASES = "gpt2-b1"
 PROMPT, LONGER_PROMPT, LONGER_CALLS = 8, 32, 2
@@ -270,13 +271,13 @@ def run_mode(mode: str, base, case: dict) -> dict:
         torch._dynamo.reset()
         kwargs = dict(kwargs, cache_implementation="static")
         counters = harness.Counters(dynamo_graphs)
-    elif mode == "grape":
-        model = grape.compile(model)
+    elif mode.startswith("grape"):
+        model = grape.compile(model, plan_free_attention=mode == "grape_plan_free")
         counters = harness.GrapeCounters(model, COUNTERS + BREAKDOWN)
     ms, outputs, changes = timed_calls(model, case["inputs"], kwargs, counters, mode)
     calls = case["calls"]
     result = {**call_times(ms, calls, kwargs["max_new_tokens"]), "outputs": outputs}
-    if mode == "grape":
+    if mode.startswith("grape"):
         result.update(**grape_figures(changes, calls),
                       **harness.grape_stats(model, ("graphs", "fallbacks")))
         entries = grape.stats(model)["entries"]

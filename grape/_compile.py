@@ -36,13 +36,13 @@ class CompiledFunction(_C.Runtime):
                  name: Optional[str] = None, alias_prediction: bool = True, rewrite: bool = True,
                  on_unsupported: str = "error", share_executables: Union[bool, str] = True,
                  executable_cache: Optional[int] = DEFAULT_EXECUTABLE_CACHE,
-                 memory_budget: Optional[int] = None):
+                 memory_budget: Optional[int] = None, plan_free_attention: bool = False):
         run, why = _rewrite.rewrite(fn, on_unsupported) if rewrite else (fn, "rewrite=False")
         sharing = {False: "none", True: "near"}.get(share_executables, share_executables)
         name = name or getattr(fn, "__name__", type(fn).__name__)
         qualname = getattr(fn, "__qualname__", name)
         # The runtime reaches Python through this object alone (grape/_hooks.py).
-        self._hooks = _hooks.RuntimeHooks(qualname)
+        self._hooks = _hooks.RuntimeHooks(qualname, plan_free_attention)
         super().__init__(run, warmup, warmup_each_signature, module, alias_prediction, sharing,
                          executable_cache, memory_budget, self._hooks)
         # Whether tensor-dependent control flow in fn is predicated (docs/semantics.md); else why not.
@@ -67,6 +67,7 @@ class CompiledFunction(_C.Runtime):
         s = _stats.Stats(self._runtime_stats())
         s["name"] = self.__qualname__
         s["fallbacks"] = list(self._hooks.fallbacks)
+        s["plan_free_attention"] = self._hooks.plan_free_attention
         s["entries"] = self._entries()
         return s
 
@@ -98,7 +99,8 @@ def compile(fn: Optional[Callable] = None, *, warmup: int = 1, warmup_each_signa
             alias_prediction: bool = True,
             rewrite: bool = True, on_unsupported: str = "error",
             share_executables: Union[bool, str] = True,
-            executable_cache: Optional[int] = DEFAULT_EXECUTABLE_CACHE, memory_budget: Any = _UNSET):
+            executable_cache: Optional[int] = DEFAULT_EXECUTABLE_CACHE, memory_budget: Any = _UNSET,
+            plan_free_attention: bool = False):
     """Compiles ``fn`` (a function or an ``nn.Module``) into CUDA graphs, one per call signature.
 
     * ``grape.compile(fn)`` and ``@grape.compile`` return a :class:`CompiledFunction`;
@@ -149,6 +151,12 @@ def compile(fn: Optional[Callable] = None, *, warmup: int = 1, warmup_each_signa
     arena and resident executables); over it, least recently used executables are freed (and
     rebuilt when needed), and a capture that does not fit runs eagerly, with the reason. None (the
     default, see :func:`grape.set_memory_budget`): no budget. See docs/semantics.md, "Graph memory".
+
+    ``plan_free_attention``: captures run scaled_dot_product_attention on backends that build no
+    per-shape plan (flash, memory-efficient, math; not cuDNN's), so that capturing a new shape,
+    such as each decode length of a Hugging Face ``generate``, pays no library planning. The
+    captured calls may then run another attention kernel than eager, with other rounding; off by
+    default. See docs/semantics.md, "Attention without plans".
     """
     if isinstance(warmup, bool) or not isinstance(warmup, int):
         raise TypeError(f"grape.compile: warmup must be an int, got {type(warmup).__name__}")
@@ -167,13 +175,17 @@ def compile(fn: Optional[Callable] = None, *, warmup: int = 1, warmup_each_signa
     if not isinstance(share_executables, bool) and share_executables not in ("topology", "near"):
         raise TypeError("grape.compile: share_executables must be a bool, 'topology' or 'near', got "
                         f"{share_executables!r}")
+    if not isinstance(plan_free_attention, bool):
+        raise TypeError("grape.compile: plan_free_attention must be a bool, got "
+                        f"{type(plan_free_attention).__name__}")
     if memory_budget is _UNSET:
         memory_budget = _default_memory_budget
     options = dict(warmup=warmup, warmup_each_signature=warmup_each_signature,
                    alias_prediction=alias_prediction, rewrite=rewrite,
                    on_unsupported=on_unsupported, share_executables=share_executables,
                    executable_cache=_check_bytes("executable_cache", executable_cache),
-                   memory_budget=_check_bytes("memory_budget", memory_budget))
+                   memory_budget=_check_bytes("memory_budget", memory_budget),
+                   plan_free_attention=plan_free_attention)
     if fn is None:
         return functools.partial(compile, **options)
     if isinstance(fn, CompiledFunction):

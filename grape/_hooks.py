@@ -8,6 +8,7 @@ it on warm-up, capture and fallback paths, never on a replay.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import sys
@@ -17,7 +18,7 @@ from typing import Any, Optional
 
 import torch
 
-from grape import _predicate, _rewrite, _training
+from grape import _attention, _predicate, _rewrite, _training
 from grape._host_constants import PinnedHostConstants
 
 __all__ = ["FallbackWarning", "RuntimeHooks", "advice"]
@@ -98,9 +99,10 @@ class RuntimeHooks:
     # cannot predicate, or a misused grape.Predicate, is the user's to fix.
     propagated_errors = (_rewrite.RewriteError, _predicate.PredicateError)
 
-    def __init__(self, name: str):
+    def __init__(self, name: str, plan_free_attention: bool = False):
         self.name = name
         self.fallbacks: list[dict] = []
+        self.plan_free_attention = plan_free_attention
 
     # --- fallbacks --------------------------------------------------------------------------------
     def report_fallback(self, signature: str, kind: str, reason: str,
@@ -143,6 +145,11 @@ class RuntimeHooks:
     def pinned_host_constants(self) -> PinnedHostConstants:
         """The mode a capture of a signature that needs it runs under (Note [Host constants])."""
         return PinnedHostConstants()
+
+    def capture_settings(self) -> Optional[contextlib.AbstractContextManager]:
+        """The context every capture of the function runs in, or None (Note [Attention without
+        plans under capture])."""
+        return _attention.plan_free_attention() if self.plan_free_attention else None
 
     # --- training steps (Note [Gradients of a captured step]) -------------------------------------
     def training_seen(self) -> _training.Seen:

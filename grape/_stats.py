@@ -69,6 +69,8 @@ TABLE: list[tuple[tuple[str, ...], str]] = [
      "device bytes of the function's pool (its arena's mapped lanes and its private pool); of them, the arena's mapped lanes; and those per lane (`large`, `small`, `placeholder`, `input`, `output`)"),
     (('alias_prediction',),
      'whether alias prediction is on'),
+    (('plan_free_attention',),
+     "whether captures run attention on backends that build no per-shape plan (grape.compile's plan_free_attention)"),
     (('alias_predictions',),
      'placeholders captured in place: an earlier output (chained) or an input buffer'),
     (('alias_hits', 'alias_misses'),

@@ -141,6 +141,25 @@ def test_alias_prediction_must_be_a_bool():
     assert grape.stats(grape.compile(lambda x: x, alias_prediction=False))["alias_prediction"] is False
 
 
+def test_plan_free_attention_is_a_checked_bool_whose_captures_leave_cudnn_attention_out():
+    with pytest.raises(TypeError, match="plan_free_attention must be a bool"):
+        grape.compile(lambda x: x, plan_free_attention=1)
+    plain = grape.compile(lambda x: x)
+    assert grape.stats(plain)["plan_free_attention"] is False
+    assert plain._hooks.capture_settings() is None
+    planless = grape.compile(lambda x: x, plan_free_attention=True)
+    assert grape.stats(planless)["plan_free_attention"] is True
+    backends = torch.backends.cuda
+    before = (backends.cudnn_sdp_enabled(), backends.flash_sdp_enabled(),
+              backends.mem_efficient_sdp_enabled(), backends.math_sdp_enabled())
+    with planless._hooks.capture_settings():
+        assert not backends.cudnn_sdp_enabled()
+        assert backends.flash_sdp_enabled() and backends.mem_efficient_sdp_enabled()
+        assert backends.math_sdp_enabled()
+    assert (backends.cudnn_sdp_enabled(), backends.flash_sdp_enabled(),
+            backends.mem_efficient_sdp_enabled(), backends.math_sdp_enabled()) == before
+
+
 def test_warmup_each_signature_is_a_checked_bool_reported_in_stats():
     with pytest.raises(TypeError, match="warmup_each_signature must be a bool"):
         grape.compile(lambda x: x, warmup_each_signature=0)

@@ -689,3 +689,26 @@ def test_a_torch_compiled_function_replays_inductors_kernels_without_compiling_a
     assert s["pinned_host_constants"] == 0
     # One compilation for every shape (dynamic=True), made during the first warm-up.
     assert dynamo_graphs() - graphs == 1
+
+
+def test_plan_free_attention_captures_without_cudnn_attention_and_warm_ups_keep_it():
+    import torch.nn.functional as F
+
+    default = torch.backends.cuda.cudnn_sdp_enabled()
+    seen = []  # (capturing, cuDNN attention allowed) at each call of f
+
+    def attend(q, k, v, mask):
+        seen.append((torch.cuda.is_current_stream_capturing(),
+                     torch.backends.cuda.cudnn_sdp_enabled()))
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+
+    g = torch.Generator(device="cpu").manual_seed(0)
+    q, k, v = (torch.randn(1, 4, 16, 64, generator=g).to(DEV, torch.bfloat16) for _ in range(3))
+    mask = torch.ones(1, 1, 16, 16, dtype=torch.bool, device=DEV).tril()
+    f = grape.compile(attend, plan_free_attention=True)
+    for _ in range(3):
+        out = f(q, k, v, mask)
+    assert seen == [(False, default), (True, False)]  # the warm-up, then the capture
+    assert grape.stats(f)["replays"] == 2
+    assert torch.backends.cuda.cudnn_sdp_enabled() == default
+    torch.testing.assert_close(out, F.scaled_dot_product_attention(q, k, v, attn_mask=mask))

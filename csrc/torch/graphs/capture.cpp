@@ -289,6 +289,11 @@ class CaptureTry {
     // Settings the optimizers can read from device memory are tensors during the capture (Note
     // [Device settings]); the swap allocates, so it is entered before the CUDA capture begins.
     device_settings_.emplace(context_.training.device_settings_swap());
+    // Library settings every capture of this function runs in, such as attention backends that
+    // build no per-shape plan (Note [Attention without plans under capture]).
+    if (py::object settings = context_.hooks.capture_settings(); !settings.is_none()) {
+      capture_settings_.emplace(std::move(settings));
+    }
     // Tensors f makes from Python values on the device come from pinned memory the graph keeps,
     // where the signature needs it (Note [Host constants]).
     if (pin_host_constants_) host_constants_ = context_.hooks.pinned_host_constants();
@@ -587,6 +592,7 @@ class CaptureTry {
   std::optional<CaptureGradients> gradients_;
   std::optional<EnteredContext> stepped_optimizers_;
   std::optional<EnteredContext> device_settings_;
+  std::optional<EnteredContext> capture_settings_;
   py::object host_constants_ = py::none();
   std::vector<at::Tensor> placeholders_;
   std::vector<int64_t> versions_;

@@ -29,6 +29,8 @@ py::object PythonHooks::pinned_host_constants() const {
   return hooks_.attr("pinned_host_constants")();
 }
 
+py::object PythonHooks::capture_settings() const { return hooks_.attr("capture_settings")(); }
+
 py::object PythonHooks::kept_host_constants(const py::object& mode) { return mode.attr("kept"); }
 
 bool PythonHooks::seen_training(const py::object& seen) {

@@ -31,6 +31,9 @@ class PythonHooks {
   std::string capture_cause(const py::error_already_set& error) const;
   // A new PinnedHostConstants mode (Note [Host constants]), and the pinned tensors one kept.
   py::object pinned_host_constants() const;
+  // The context every capture of the function runs in (Note [Attention without plans under
+  // capture]), or None.
+  py::object capture_settings() const;
   static py::object kept_host_constants(const py::object& mode);
 
   // Training steps (Note [Gradients of a captured step]).
