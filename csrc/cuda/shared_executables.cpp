@@ -269,8 +269,7 @@ SharedExecutables::Member SharedExecutables::add(cudaGraph_t graph, cudaStream_t
       return *joined;
     }
   }
-  owner.graph = nullptr;  // the new group owns it
-  return start_group(graph, contents, shareable ? &view : nullptr, stream);
+  return start_group(owner, contents, shareable ? &view : nullptr, stream);
 }
 
 std::optional<SharedExecutables::Member> SharedExecutables::join_a_group(
@@ -336,12 +335,13 @@ std::optional<SharedExecutables::Member> SharedExecutables::join_near_topology(
   return std::nullopt;
 }
 
-SharedExecutables::Member SharedExecutables::start_group(cudaGraph_t graph,
+SharedExecutables::Member SharedExecutables::start_group(GraphOwner& owner,
                                                          GraphContents& contents,
                                                          LazyAlignment* view,
                                                          cudaStream_t stream) {
   auto group = std::make_unique<Group>();
-  group->graph = graph;
+  group->graph = owner.graph;  // the group owns it from here
+  owner.graph = nullptr;
   const size_t count = contents.nodes.size();
   // Without an order, no graph joins it by alignment.
   if (view != nullptr) group->shape = view->take();

@@ -50,6 +50,7 @@
 namespace grape::cuda {
 
 struct GraphContents;    // a graph as read node by node (cuda/graph_nodes.h)
+struct GraphOwner;       // a cudaGraph_t destroyed with it unless released (cuda/graph_nodes.h)
 struct ExecutableGroup;  // a topology group (cuda/executable_group.h)
 
 class SharedExecutables {
@@ -135,9 +136,9 @@ class SharedExecutables {
   std::optional<Member> join_near_topology(const GraphContents& contents, LazyAlignment& view,
                                            const std::vector<uint32_t>& tried,
                                            cudaStream_t stream);
-  // A group of its own for `graph` (read as `contents`, which it takes), its executable
-  // instantiated; `view` where it is shareable, null where not.
-  Member start_group(cudaGraph_t graph, GraphContents& contents, LazyAlignment* view,
+  // A group of its own for the graph `owner` holds (read as `contents`, which it takes), its
+  // executable instantiated; `view` where it is shareable, null where not.
+  Member start_group(GraphOwner& owner, GraphContents& contents, LazyAlignment* view,
                      cudaStream_t stream);
   // Joins `contents` (a shareable graph; `graph` its alignment view) to group `index`, by
   // alignment (Note [Near topologies]); false where it is too far or the driver refuses.

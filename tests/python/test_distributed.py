@@ -26,14 +26,15 @@ def own_signatures(rank, world):
         return x * total
 
     compiled = grape.compile(step)
-    lengths = [[4, 4, 8, 4], [8, 16, 16, 4]][rank]
+    lengths = [[4, 4, 8, 4], [8, 16, 16, 4], [2, 8, 2, 8], [16, 16, 16, 16]][rank]
     return [torch.equal(compiled(torch.arange(n) * 1.0), step(torch.arange(n) * 1.0))
             for n in lengths]
 
 
-def test_ranks_call_a_compiled_function_with_signatures_of_their_own():
+@pytest.mark.parametrize("world", [2, 4])
+def test_ranks_call_a_compiled_function_with_signatures_of_their_own(world):
     # No rank waits for another to reach the same signature: only the collectives meet.
-    for equal in returned(run_ranks(own_signatures, 2)):
+    for equal in returned(run_ranks(own_signatures, world)):
         assert equal == [True] * 4
 
 
@@ -55,9 +56,10 @@ def ddp_timed_iterations(rank, world, steps):
     return defers, refused, model._get_ddp_logging_data().get("iteration")
 
 
-def test_a_ddp_module_defers_captures_until_its_reducer_stopped_timing_iterations():
+@pytest.mark.parametrize("world", [2, 4])
+def test_a_ddp_module_defers_captures_until_its_reducer_stopped_timing_iterations(world):
     steps = 120  # past the reducer's default sample at iteration 100
-    for defers, refused, iteration in returned(run_ranks(ddp_timed_iterations, 2, steps)):
+    for defers, refused, iteration in returned(run_ranks(ddp_timed_iterations, world, steps)):
         timed = _distributed.DDP_TIMED_ITERATIONS + 1  # forwards 2 to 11 wait on the host
         # The first step is unseen until it runs; then the watch knows the module.
         assert defers == [False] + [True] * (timed - 1) + [False] * (steps - timed)

@@ -247,8 +247,9 @@ std::string changed_host_scalar(const FlatCall& flat, const std::vector<at::Tens
 
 // One try at capturing f on a call, in its phases: the watches set up before the CUDA capture,
 // the placeholders, f under capture, then either f's own exception or the checked graph joining
-// its executable. Members are declared in the order they are made, so they are torn down in
-// reverse (the layout trace first, the device guard last), on every way out.
+// its executable. Members are declared in the order their effects begin (the layout trace, built
+// at once, begins with the capture), so they are torn down in reverse (the layout trace first,
+// the device guard last), on every way out.
 class CaptureTry {
  public:
   CaptureTry(const CaptureContext& context, FlatCall& flat, bool pin_host_constants,
