@@ -42,6 +42,16 @@ def test_the_script_runs_on_the_cpu_and_writes_every_figure(tmp_path):
     assert (tmp_path / "hf_zoo-quick-cpu.md").read_text().count("| grape |") == 3
 
 
+def test_an_architecture_that_does_not_build_is_reported_not_fatal(monkeypatch):
+    def refuse(name, device):
+        raise ValueError("no such config in this transformers")
+
+    monkeypatch.setattr(hf_zoo, "build", refuse)
+    case = hf_zoo.run_case("llama", ["eager", "grape"], "cpu", new_tokens=2, reps=1)
+    assert case["modes"]["grape"] == {"ms_per_step": None,
+                                      "error": "ValueError: no such config in this transformers"}
+
+
 def test_unknown_cases_are_refused_by_name(capsys):
     with pytest.raises(SystemExit):
         hf_zoo.main(["--device", "cpu", "--cases", "llama,nope"])
