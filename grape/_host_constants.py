@@ -1,12 +1,17 @@
-"""Device tensors made from Python values inside a captured function.
+"""Device tensors made from host values inside a captured function.
 
 ``torch.tensor(0.0, device="cuda")`` builds the value on the host and copies it from pageable
-memory, which a capture refuses (Hugging Face builds attention-mask fill values this way). While
-capturing, :class:`PinnedHostConstants` builds such tensors in pinned memory and lets the graph copy
-them: each replay copies the same value again, which is what the Python code would have made (it
-does not run on a replay). The pinned tensors are kept with the graph, so no later capture reuses
-their memory. The runtime enters it only for call signatures whose capture was refused for such a
-copy (Note [Host constants] in csrc/torch/runtime.cpp).
+memory, which a capture refuses (Hugging Face builds attention-mask fill values this way), and so
+does ``t.to("cuda")`` of a CPU tensor (a Hugging Face sliding-window cache moves its 0-dim window
+size to the device at its first update, inside the prompt's forward). While capturing,
+:class:`PinnedHostConstants` copies such values into pinned memory and lets the graph copy them
+from there: each replay copies the same value again, which is what the Python code would have
+made (it does not run on a replay). A CPU tensor that reaches the capture is a constant of the
+call's signature: an argument's 0-dim CPU tensor keys the signature by its value (Note [Host
+scalars]), and one that f makes is what its Python code makes. The pinned tensors are kept with the
+graph, so no later capture reuses their memory. The runtime enters the mode only for call
+signatures whose capture was refused for such a copy (Note [Host constants] in
+csrc/torch/graphs/capture.cpp).
 """
 
 from __future__ import annotations
@@ -19,8 +24,9 @@ __all__ = ["PinnedHostConstants"]
 
 class PinnedHostConstants(TorchFunctionMode):
     """While entered (around a capture): ``torch.tensor(data, device=<cuda>)`` and
-    ``torch.as_tensor(data, device=<cuda>)`` of Python data go through pinned host memory;
-    ``kept`` holds those host tensors for the graph's lifetime."""
+    ``torch.as_tensor(data, device=<cuda>)`` of Python data, and ``t.to(<cuda>)`` and
+    ``t.cuda()`` of a pageable CPU tensor ``t`` that needs no gradient, go through pinned host
+    memory; ``kept`` holds those host tensors for the graph's lifetime."""
 
     def __init__(self):
         super().__init__()
@@ -32,7 +38,36 @@ class PinnedHostConstants(TorchFunctionMode):
             device = kwargs.get("device")
             if device is not None and torch.device(device).type == "cuda":
                 requires_grad = kwargs.pop("requires_grad", False)
-                host = func(*args, **{**kwargs, "device": "cpu"}).pin_memory()
-                self.kept.append(host)
+                host = self._pinned(func(*args, **{**kwargs, "device": "cpu"}))
                 return host.to(device, non_blocking=True).requires_grad_(requires_grad)
+        moved = _moved_to_cuda(func, args, kwargs)
+        if moved is not None:
+            device, dtype, memory_format = moved
+            return self._pinned(args[0]).to(device, dtype, non_blocking=True,
+                                            memory_format=memory_format)
         return func(*args, **kwargs)
+
+    def _pinned(self, host: torch.Tensor) -> torch.Tensor:
+        pinned = host.pin_memory()
+        self.kept.append(pinned)
+        return pinned
+
+
+def _moved_to_cuda(func, args, kwargs):
+    """(device, dtype, memory format) where func(*args, **kwargs) is ``t.to(...)`` or
+    ``t.cuda(...)`` of a pageable CPU tensor ``t`` without gradient onto a CUDA device; else None."""
+    if func not in (torch.Tensor.to, torch.Tensor.cuda) or not args:
+        return None
+    t = args[0]
+    if not isinstance(t, torch.Tensor) or t.device.type != "cpu" or t.requires_grad or \
+            t.is_pinned():
+        return None
+    if func is torch.Tensor.cuda:
+        device = args[1] if len(args) > 1 else kwargs.get("device")
+        index = torch.device(device).index if isinstance(device, (str, torch.device)) else device
+        device = torch.device("cuda", torch.cuda.current_device() if index is None else index)
+        return device, None, kwargs.get("memory_format", torch.preserve_format)
+    device, dtype, _, memory_format = torch._C._nn._parse_to(*args[1:], **kwargs)
+    if device is None or device.type != "cuda":
+        return None
+    return device, dtype, memory_format or torch.preserve_format

@@ -212,7 +212,23 @@ def test_pinned_host_constants_leave_host_tensors_alone():
     with PinnedHostConstants() as mode:
         t = torch.tensor([1.0, 2.0])
         u = torch.as_tensor(3, device="cpu")
-    assert t.device.type == "cpu" and u.item() == 3 and mode.kept == []
+        v = u.to(torch.float16).to("cpu")
+    assert t.device.type == "cpu" and u.item() == 3 and v.item() == 3 and mode.kept == []
+
+
+def test_what_pinned_host_constants_move_to_the_device():
+    from grape._host_constants import _moved_to_cuda
+
+    t = torch.tensor(3)
+    cuda = torch.device("cuda")
+    assert _moved_to_cuda(torch.Tensor.to, (t, "cuda"), {}) == (cuda, None, torch.preserve_format)
+    assert _moved_to_cuda(torch.Tensor.to, (t,), {"device": "cuda:1", "dtype": torch.half}) == \
+        (torch.device("cuda", 1), torch.half, torch.preserve_format)
+    # Not a move from pageable host memory to a GPU: left to PyTorch.
+    assert _moved_to_cuda(torch.Tensor.to, (t, torch.half), {}) is None
+    assert _moved_to_cuda(torch.Tensor.to, (t, "cpu"), {}) is None
+    assert _moved_to_cuda(torch.Tensor.add, (t, 1), {}) is None
+    assert _moved_to_cuda(torch.Tensor.to, (torch.zeros(2, requires_grad=True), "cuda"), {}) is None
 
 
 def test_advice_follows_the_kind_of_a_reason_not_its_words():

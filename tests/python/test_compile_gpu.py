@@ -628,6 +628,22 @@ def test_device_tensors_made_from_python_values_are_captured():
     assert grape.stats(plain)["pinned_host_constants"] == 0
 
 
+def test_a_cpu_tensor_moved_to_the_device_is_captured_from_pinned_memory():
+    # A Hugging Face sliding-window cache moves its 0-dim window size to the device at its first
+    # update, inside the prompt's forward: a copy from pageable memory, refused under capture,
+    # then captured from pinned memory. The value keys the signature (Note [Host scalars]).
+    def shift(x, window):
+        return x + window.to(x.device)
+
+    compiled = grape.compile(shift)
+    x = torch.ones(4, device=DEV)
+    for v in (3, 3, 3, 3, 5, 5):
+        assert torch.equal(compiled(x, torch.tensor(v)), shift(x, torch.tensor(v)))
+    s = grape.stats(compiled)
+    assert s["fallbacks"] == [] and s["signatures"] == 2 and s["replays"] == 5
+    assert s["pinned_host_constants"] == 2 and s["capture_failures"] == 0
+
+
 def dynamo_graphs() -> int:
     """Graphs Dynamo has compiled in this process."""
     return torch._dynamo.utils.counters["stats"]["unique_graphs"]
