@@ -31,8 +31,9 @@ with the prompt, then the longer prompt's):
                           (None where the last one is not)
   correct                 every call's tokens equal eager's same call's (calls_equal, call by call)
   eager_steady_ms, first_call_vs_eager_steady (call 1 over eager's steady_ms),
-  second_call_speedup_vs_eager (eager's steady_ms over the mode's call 2), cumulative_2_vs_eager (calls 1 and
-                          2 over eager's): every mode but eager
+  first_call_vs_eager_first (call 1 over eager's call 1), second_call_speedup_vs_eager (eager's
+  steady_ms over the mode's call 2), third_call_vs_second (the mode's call 3 over its call 2),
+  cumulative_2_vs_eager (calls 1 and 2 over eager's): every mode but eager
   grape:  captures_per_call (chain variants included), replays_per_call, warmup_calls_per_call,
           eager_calls_per_call, nodes_patched_per_call (changes of grape.stats' counters in each
           call);
@@ -62,8 +63,12 @@ and the per-shape plans of cuDNN's attention, which eager pays at the first call
 too, and which a captured forward needs apart from eager's because Hugging Face builds the
 attention mask when it cannot look at it on the host) would otherwise fall on whichever mode runs
 first. Only the throwaway function's graphs are gone; the library's caches are the process's.
-`--cold` skips it: run one mode per process to see what a fresh process pays. Inductor's caches
-are left as they are, so a second run on one machine compiles from them.
+`--no-warmup` skips it: the modes run one after another in this process, the first paying the
+process's first-use costs (grape after eager: what a process that ran eager first meets).
+`--cold` skips it too, and runs each mode in a fresh process of its own (this script with that
+mode alone), so that every mode pays what a fresh process pays; the modes' figures and tokens are
+then compared as in one process, in one file (time_to_speed-cold-<gpu>.json, config `processes`).
+Inductor's caches are left as they are, so a second run on one machine compiles from them.
 `--rounds N` runs each case's modes N times in turn (eager, grape, eager, grape, ...: a host that
 slows down for a while moves one round, not one mode): a mode's calls_ms are then each call's
 median over the rounds, as are its breakdown's, capture_ms_median's and each ratio's (each round's
@@ -78,9 +83,12 @@ from __future__ import annotations
 
 import copy
 import itertools
+import json
 import operator
 import statistics
+import subprocess
 import sys
+import tempfile
 import time
 import warnings
 from pathlib import Path
@@ -217,15 +225,19 @@ def capture_ms_median(entries: Sequence[dict]) -> float | None:
 
 def against_eager(mode_ms: Sequence[float], eager_ms: Sequence[float],
                   eager_steady_ms: float) -> dict:
-    """A mode's calls with the prompt against eager's (calls_ms of each, and eager's steady_ms)."""
+    """A mode's calls with the prompt against eager's (calls_ms of each, and eager's steady_ms),
+    and its call 3 against its call 2."""
     return {"eager_steady_ms": eager_steady_ms,
             "first_call_vs_eager_steady": mode_ms[0] / eager_steady_ms,
+            "first_call_vs_eager_first": mode_ms[0] / eager_ms[0],
             "second_call_speedup_vs_eager": eager_steady_ms / mode_ms[1],
+            "third_call_vs_second": mode_ms[2] / mode_ms[1] if len(mode_ms) > 2 else None,
             "cumulative_2_vs_eager": (mode_ms[0] + mode_ms[1]) / (eager_ms[0] + eager_ms[1])}
 
 
 # Figures of a mode taken as their median over rounds (median_over_rounds), each round's listed.
-ROUND_MEDIANS = ("eager_steady_ms", "first_call_vs_eager_steady", "second_call_speedup_vs_eager",
+ROUND_MEDIANS = ("eager_steady_ms", "first_call_vs_eager_steady", "first_call_vs_eager_first",
+                 "second_call_speedup_vs_eager", "third_call_vs_second",
                  "cumulative_2_vs_eager", "capture_vs_eager_forward", "speedup_vs_eager",
                  "capture_ms_median")
 
@@ -337,11 +349,12 @@ def capture_floor(model, ids, mask, reps: int = CAPTURE_FLOOR_REPS) -> dict:
 
 
 def run_case(base, model: str, name: str, batch: int, calls: int, new_tokens: int,
-             modes: Sequence[str], device: str, cold: bool = False, rounds: int = 1) -> dict:
+             modes: Sequence[str], device: str, cold: bool = False, rounds: int = 1,
+             warm_up: bool = True) -> dict:
     inputs = prompts(base.config.vocab_size, batch, calls, device)
     case = {"inputs": inputs, "kwargs": generation.generate_kwargs(1, new_tokens), "calls": calls}
     warmup = {}
-    for path in ([] if cold else ["eager"] + (["grape"] if "grape" in modes else [])):
+    for path in (["eager"] + (["grape"] if "grape" in modes else []) if warm_up else []):
         throwaway = copy.deepcopy(base)
         if path == "grape":
             grape.compile(throwaway)
@@ -355,17 +368,12 @@ def run_case(base, model: str, name: str, batch: int, calls: int, new_tokens: in
     each_round = []
     for _ in range(rounds):
         results = harness.run_modes(modes, lambda mode: run_mode(mode, base, case))
-        harness.compare_with_eager(results, calls_equal)
-        eager_ms = results.get("eager", {}).get("calls_ms")
-        for mode, result in results.items():
-            if mode != "eager" and eager_ms and result.get("calls_ms"):
-                result.update(against_eager(result["calls_ms"], eager_ms,
-                                            results["eager"]["steady_ms"]))
-                if result.get("capture_ms_median") is not None:
-                    # One eager forward: a generate call runs one per new token (the prompt's
-                    # first).
-                    forward_ms = results["eager"]["steady_ms"] / case["kwargs"]["max_new_tokens"]
-                    result["capture_vs_eager_forward"] = result["capture_ms_median"] / forward_ms
+        if cold and len(modes) == 1:
+            # One mode of a cold run (main): its tokens go to the file, compared there.
+            for result in results.values():
+                if result.get("outputs") is not None:
+                    result["tokens"] = [o.tolist() for o in result["outputs"]]
+        compare_modes(results, new_tokens)
         each_round.append(results)
     results = {mode: median_over_rounds([r[mode] for r in each_round], calls, new_tokens)
                for mode in each_round[0]}
@@ -385,8 +393,66 @@ def run_case(base, model: str, name: str, batch: int, calls: int, new_tokens: in
               "batch": batch, "prompt": PROMPT, "longer_prompt": LONGER_PROMPT,
               "new_tokens": new_tokens, "calls": calls, "longer_prompt_calls": LONGER_CALLS,
               "rounds": rounds,
-              "process_warmup_ms": warmup, "cold": cold, "device": device}
+              "process_warmup_ms": warmup if warm_up else None, "cold": cold,
+              "device": device}
     return {"name": name, "config": config, "modes": results, "capture_floor": floor}
+
+
+def compare_modes(results: dict[str, dict], new_tokens: int) -> None:
+    """Each mode's result against eager's, in place: tokens (compare_with_eager with calls_equal)
+    and against_eager's ratios of its calls, and a capture's cost in eager forwards."""
+    harness.compare_with_eager(results, calls_equal)
+    eager_ms = results.get("eager", {}).get("calls_ms")
+    for mode, result in results.items():
+        if mode != "eager" and eager_ms and result.get("calls_ms"):
+            result.update(against_eager(result["calls_ms"], eager_ms,
+                                        results["eager"]["steady_ms"]))
+            if result.get("capture_ms_median") is not None:
+                # One eager forward: a generate call runs one per new token (the prompt's first).
+                forward_ms = results["eager"]["steady_ms"] / new_tokens
+                result["capture_vs_eager_forward"] = result["capture_ms_median"] / forward_ms
+
+
+def without_flags(argv: Sequence[str], flags: Sequence[str]) -> list[str]:
+    """`argv` without the options `flags` and their values (`--flag value` or `--flag=value`)."""
+    kept, skip = [], False
+    for arg in argv:
+        if skip:
+            skip = False
+        elif arg in flags:
+            skip = True
+        elif not arg.startswith(tuple(f + "=" for f in flags)):
+            kept.append(arg)
+    return kept
+
+
+def cold_processes(argv: Sequence[str], modes: Sequence[str], out: Path) -> list[dict]:
+    """--cold over several modes: each mode in a fresh process of its own (this script, run with
+    that mode alone, writing under `out`), then one case list with every mode's figures, compared
+    with eager's as in one process (their tokens travel in the files)."""
+    runs = []
+    for mode in modes:
+        folder = out / mode
+        command = [sys.executable, "-m", "benchmarks.time_to_speed", *argv, "--modes", mode,
+                   "--out", str(folder)]
+        print(f"cold process for {mode}: {' '.join(command[1:])}", flush=True)
+        subprocess.run(command, check=True, cwd=Path(__file__).resolve().parent.parent)
+        written, = folder.glob("time_to_speed*.json")
+        runs.append(json.loads(written.read_text())["cases"])
+    cases = []
+    for per_mode in zip(*runs):
+        case = dict(per_mode[0], modes={})
+        for run in per_mode:
+            case["modes"].update(run["modes"])
+            case["capture_floor"] = case.get("capture_floor") or run.get("capture_floor")
+        for result in case["modes"].values():
+            tokens = result.pop("tokens", None)
+            if tokens is not None:
+                result["outputs"] = [torch.tensor(t) for t in tokens]
+        case["config"] = dict(case["config"], processes="one per mode")
+        compare_modes(case["modes"], case["config"]["new_tokens"])
+        cases.append(case)
+    return cases
 
 
 def list_column(header: str, key: str, pick: Callable[[list], object],
@@ -456,9 +522,12 @@ def main(argv=None):
                         help=f"comma-separated, from: {', '.join(CASES)} (default all; --quick: "
                              f"{QUICK_CASES})")
     parser.add_argument("--new-tokens", type=int, default=None, help="default 128, --quick 16")
+    parser.add_argument("--no-warmup", action="store_true",
+                        help="no process warm-up: the modes in turn in this process, the first "
+                             "paying the process's first-use costs")
     parser.add_argument("--cold", action="store_true",
-                        help="no process warm-up: the first mode pays the process's first-use "
-                             "costs (run one mode per process)")
+                        help="no process warm-up, and each mode in a fresh process of its own "
+                             "(figures merged into one file)")
     parser.add_argument("--rounds", type=int, default=1,
                         help="run each case's modes this many times in turn; figures are medians "
                              "over the rounds (module docstring)")
@@ -476,7 +545,17 @@ def main(argv=None):
         parser.error(f"unknown cases {sorted(set(names) - set(CASES))}; choose from {list(CASES)}")
     new_tokens = args.new_tokens or (16 if args.quick else 128)
     warnings.simplefilter("ignore", grape.FallbackWarning)  # they are in the JSON
-    name = "time_to_speed" + ("-quick" if args.quick else "") + ("-cold" if args.cold else "")
+    name = ("time_to_speed" + ("-quick" if args.quick else "") + ("-cold" if args.cold else "")
+            + ("-no-warmup" if args.no_warmup and not args.cold else ""))
+    if args.cold and len(modes) > 1:
+        argv = without_flags(sys.argv[1:] if argv is None else argv, ("--modes", "--out"))
+        with tempfile.TemporaryDirectory() as folder:
+            cases = cold_processes(argv, modes, Path(folder))
+        path = harness.write_results(name, cases, args.out)
+        harness.write_table_and_plot(
+            path, markdown(cases),
+            lambda png: plot(cases, png, MODES, "HF generate, one process per mode"))
+        return cases
     cases, family, base = [], None, None
     with torch.no_grad():
         for case_name in names:
@@ -487,7 +566,8 @@ def main(argv=None):
             print(f"{case_name}:", flush=True)
             cases.append(run_case(base, MODEL_NAMES[family][args.tiny], case_name,
                                   CASES[case_name][1], args.reps, new_tokens, modes, args.device,
-                                  args.cold, args.rounds))
+                                  args.cold, args.rounds,
+                                  warm_up=not (args.cold or args.no_warmup)))
             print(markdown(cases[-1:]), flush=True)
             path = harness.write_results(name, cases, args.out)
     harness.write_table_and_plot(

@@ -61,7 +61,8 @@ def test_a_mode_against_eager():
     r = tts.against_eager([3000.0, 200.0, 100.0, 100.0, 100.0], [500.0, 400.0, 400.0, 400.0, 250.0],
                           eager_steady_ms=400.0)
     assert r == {"eager_steady_ms": 400.0, "first_call_vs_eager_steady": 7.5,
-                 "second_call_speedup_vs_eager": 2.0, "cumulative_2_vs_eager": 3200.0 / 900.0}
+                 "first_call_vs_eager_first": 6.0, "second_call_speedup_vs_eager": 2.0,
+                 "third_call_vs_second": 0.5, "cumulative_2_vs_eager": 3200.0 / 900.0}
 
 
 def test_over_rounds_a_modes_calls_and_ratios_are_their_medians_and_counters_the_first_rounds():
@@ -182,3 +183,23 @@ def test_a_captures_cost_is_the_median_over_captured_signatures_without_their_va
                entry("eager", 0.5), entry("warmup", 0.0)]
     assert tts.capture_ms_median(entries) == pytest.approx(12.0)
     assert tts.capture_ms_median([entry("warmup", 0.0)]) is None
+
+
+def test_flags_a_cold_run_gives_each_process_are_the_run_s_but_its_own_mode_and_folder():
+    argv = ["--tiny", "--cold", "--modes", "eager,grape", "--out=x", "--quick"]
+    assert tts.without_flags(argv, ("--modes", "--out")) == ["--tiny", "--cold", "--quick"]
+
+
+def test_a_cold_run_runs_each_mode_in_a_process_of_its_own_and_compares_them_in_one_file(tmp_path):
+    pytest.importorskip("transformers")
+    cases = tts.main(["--tiny", "--quick", "--device", "cpu", "--cold", "--reps", "2",
+                      "--new-tokens", "4", "--modes", "eager,grape", "--out", str(tmp_path)])
+    written = json.loads((tmp_path / "time_to_speed-quick-cold-cpu.json").read_text())
+    assert written["cases"] == cases
+    case, = cases
+    assert case["config"]["cold"] is True and case["config"]["processes"] == "one per mode"
+    eager, grape = case["modes"]["eager"], case["modes"]["grape"]
+    # Tokens made in two processes, compared call by call; ratios against eager's calls.
+    assert eager["correct"] == "reference" and grape["correct"] is True
+    assert all("tokens" not in r and "outputs" not in r for r in (eager, grape))
+    assert grape["first_call_vs_eager_first"] == grape["calls_ms"][0] / eager["calls_ms"][0]
