@@ -2,8 +2,8 @@
 generation per new token (one decode step), grape's counters, the markdown table and the plot.
 
 A mode's result: {"ms_per_step", "ms_per_step_runs", "first_call_s", "time_to_steady_s",
-"calls_to_steady", "outputs" (the tokens), ...}; harness.compare_with_eager compares the tokens with
-eager's and removes them.
+"calls_to_steady", "calls_ms" (every call's wall time), "outputs" (the tokens), ...};
+harness.compare_with_eager compares the tokens with eager's and removes them.
 """
 
 from __future__ import annotations
@@ -51,7 +51,8 @@ def measure(run: Callable[[], torch.Tensor], new_tokens: int, reps: int, steady_
     `steady_calls` more have captured / compiled and recorded every shape. Every call is timed,
     for the time to steady state: with grape's `counters`, the calls before the first from which
     none warms up, captures or runs eagerly; otherwise those before the first from which each
-    takes at most harness.STEADY_TOLERANCE times the timed generations' median."""
+    takes at most harness.STEADY_TOLERANCE times the timed generations' median. `new_tokens`:
+    what a call's time is divided by for ms_per_step (a workload of forwards: their count)."""
     seconds, changes = [], []
     for call in harness.progress(range(1 + steady_calls + reps), desc):
         tokens, s = harness.timed(run)
@@ -63,7 +64,7 @@ def measure(run: Callable[[], torch.Tensor], new_tokens: int, reps: int, steady_
     return {"ms_per_step": harness.median(times) * 1e3 / new_tokens,
             "ms_per_step_runs": [t * 1e3 / new_tokens for t in times],
             "first_call_s": seconds[0], **harness.time_to_steady(seconds, steady_at),
-            "outputs": tokens}
+            "calls_ms": [s * 1e3 for s in seconds], "outputs": tokens}
 
 
 def measure_generate(model, ids: torch.Tensor, mask: torch.Tensor, kwargs: dict, reps: int,

@@ -331,11 +331,13 @@ class Counters:
     def __init__(self, read: Callable[[], dict]):
         self.read = read
         self.last = read()
+        self.changes: list[dict] = []  # every change(), in order
 
     def change(self) -> dict:
         now = self.read()
         change = {key: value - self.last.get(key, 0) for key, value in now.items()}
         self.last = now
+        self.changes.append(change)
         return change
 
 

@@ -13,8 +13,9 @@ A case is an architecture (its name in ZOO); its config is the model type and th
 was built with. Modes run one after another in one process, eager first, each on a copy of the
 same weights: only eager's first call is from a cold process for its model (kernels and library
 plans that eager made are warm for grape); `first_call_ratio_to_eager` says so by its name only.
-Per mode: `ms_per_step` (per new token; encoders: per forward), the median over --reps calls once
-the mode is steady; `first_call_s`, `calls_ms` (every call, in order). grape's `correct` (tokens
+Per mode, as generation.measure gives them: `ms_per_step` (per new token; encoders: per forward),
+the median over --reps calls once the mode is steady; `first_call_s`, `time_to_steady_s`,
+`calls_to_steady`, `calls_ms` (every call, in order). grape's `correct` (tokens
 equal eager's; encoders: the last hidden states equal to the bit), `replayed_share_from_call3`
 (of the model's forwards in calls 3 and later, the share that replayed, the prompt included),
 `speedup_vs_eager`, `first_call_ratio_to_eager` (its first call over eager's), and its fallbacks
@@ -140,19 +141,12 @@ def run_mode(base, kind: str, args: dict, mode: str, new_tokens: int, reps: int,
         model = grape.compile(copy.deepcopy(base), plan_free_attention=mode == "grape_plan_free")
     counters = (harness.GrapeCounters(model, ("calls", "replays", *harness.UNSTEADY_COUNTERS))
                 if mode != "eager" else None)
-    seconds, changes, outputs = [], [], None
-    for _ in harness.progress(range(1 + steady_calls + reps), mode):
-        outputs, s = harness.timed(lambda: call(model, kind, args, new_tokens))
-        seconds.append(s)
-        changes.append(counters.change() if counters else {})
     per_call = new_tokens if kind != "encoder" else len(ENCODER_LENGTHS)
-    steady = seconds[1 + steady_calls:]
-    result = {"ms_per_step": harness.median(steady) * 1e3 / per_call,
-              "numerics_may_differ": mode == "grape_plan_free",
-              "first_call_s": seconds[0], "calls_ms": [s * 1e3 for s in seconds],
-              "outputs": outputs}
+    result = generation.measure(lambda: call(model, kind, args, new_tokens), per_call, reps,
+                                steady_calls, mode, counters)
+    result["numerics_may_differ"] = mode == "grape_plan_free"
     if counters:
-        later = changes[2:]
+        later = counters.changes[2:]
         forwards = sum(c["calls"] for c in later)
         result["replayed_share_from_call3"] = (sum(c["replays"] for c in later) / forwards
                                                if forwards else None)

@@ -177,8 +177,9 @@ class Runtime {
     core::SiteStats sites;
     int64_t pool_bytes = 0;
     int64_t arena_bytes = 0;
-    std::array<size_t, 5> lane_bytes{};  // per arena lane (ArenaLane's values, in order)
-    std::array<size_t, 5> lane_peak_bytes{};
+    static constexpr size_t kLanes = 5;  // the arena's lanes (ArenaLane), in order
+    std::array<size_t, kLanes> lane_bytes{};
+    std::array<size_t, kLanes> lane_peak_bytes{};
     int64_t live_outputs = 0;
   };
   GraphFigures graph_figures();

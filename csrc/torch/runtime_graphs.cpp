@@ -60,8 +60,7 @@ Runtime::GraphFigures Runtime::graph_figures() {
   const GraphArena& arena = pool_->arena();
   f.pool_bytes = static_cast<int64_t>(pool_->device_bytes());
   f.arena_bytes = static_cast<int64_t>(arena.mapped_bytes());
-  static_assert(std::tuple_size_v<decltype(f.lane_bytes)> == GraphArena::kLanes,
-                "a figure for every lane");
+  static_assert(GraphFigures::kLanes == GraphArena::kLanes, "a figure for every lane");
   for (int lane = 0; lane < GraphArena::kLanes; ++lane) {
     f.lane_bytes[lane] = arena.mapped_bytes(static_cast<ArenaLane>(lane));
     f.lane_peak_bytes[lane] = arena.peak_allocated_bytes(static_cast<ArenaLane>(lane));
