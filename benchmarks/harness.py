@@ -47,8 +47,9 @@ RESULTS_DIR = Path(__file__).resolve().parent / "results"
 LOCAL_RESULTS_DIR = Path(__file__).resolve().parent.parent / "build" / "results"
 
 
-def environment() -> dict:
-    cuda = torch.cuda.is_available()
+def environment(device: str = "cuda") -> dict:
+    """Where a run ran (`device`: the one its tensors were on) and with what."""
+    cuda = device == "cuda" and torch.cuda.is_available()
     return {
         "device": torch.cuda.get_device_name() if cuda else "cpu",
         "torch": torch.__version__,
@@ -442,8 +443,11 @@ def exit_status(cases: list[dict]) -> int:
     return 1 if failed else 0
 
 
-def write_results(benchmark: str, cases: list[dict], out_dir: Path | None = None) -> Path:
-    env = environment()
+def write_results(benchmark: str, cases: list[dict], out_dir: Path | None = None,
+                  device: str = "cuda") -> Path:
+    """Writes `<benchmark>-<card>.json` (card: the GPU's short name, or cpu for a run on the CPU,
+    whatever the machine has)."""
+    env = environment(device)
     gpu = env["device"].replace("NVIDIA ", "").split()[0].lower() if env["device"] != "cpu" else "cpu"
     local = gpu == "cpu" or "-tiny" in benchmark  # smoke runs of the script, not results
     out_dir = Path(out_dir or os.environ.get("GRAPE_RESULTS_DIR")

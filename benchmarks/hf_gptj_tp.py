@@ -42,7 +42,8 @@ each rank's ms_per_step and grape's fallbacks there. Modes begin together on eve
 barrier). `speedup_vs_tp1` is tp1's ms_per_step over the split case's, mode by mode. Memory:
 `peak_allocated_bytes` is rank 0's allocator peak during the mode (its shard included);
 `gpu_mem_bytes` adds grape's arena and executables, as in hf_gptj (`mem_ratio_to_eager`).
-Writes JSON and a markdown table to benchmarks/results/ (a PNG plot too where matplotlib exists).
+Writes JSON and a markdown table to benchmarks/results/ (a PNG plot too where matplotlib exists),
+named by the number of ranks (hf_gptj_tp-ranks<N>-<card>.json).
 """
 
 from __future__ import annotations
@@ -367,9 +368,9 @@ def main(argv=None):
         harness.print_table(case)
     print()
     print_targets(cases)
-    name = ("hf_gptj_tp" + ("-dtensor" if args.split == "dtensor" else "")
+    name = ("hf_gptj_tp" + ("-dtensor" if args.split == "dtensor" else "") + f"-ranks{world}"
             + ("-tiny" if args.tiny else "") + ("-quick" if args.quick else ""))
-    path = harness.write_results(name, cases, args.out)
+    path = harness.write_results(name, cases, args.out, device=args.device)
     c = cases[0]["config"]
     split = f"tensor parallel over {world} ranks" if world > 1 else "unsplit (a world of 1)"
     title = f"HF {'GPT-J tiny' if args.tiny else 'GPT-J 6B'} generate, {split}, fp16, batch 1, greedy"

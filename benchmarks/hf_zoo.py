@@ -214,7 +214,7 @@ def main(argv=None) -> list[dict]:
         print(f"{case_name}:", flush=True)
         cases.append(run_case(case_name, modes, args.device, args.new_tokens, args.reps))
         harness.print_table(cases[-1])
-        path = harness.write_results(name, cases, args.out)
+        path = harness.write_results(name, cases, args.out, device=args.device)
     harness.write_table_and_plot(path, markdown(cases), lambda png: False)
     return cases
 

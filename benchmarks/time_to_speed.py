@@ -551,7 +551,7 @@ def main(argv=None):
         argv = without_flags(sys.argv[1:] if argv is None else argv, ("--modes", "--out"))
         with tempfile.TemporaryDirectory() as folder:
             cases = cold_processes(argv, modes, Path(folder))
-        path = harness.write_results(name, cases, args.out)
+        path = harness.write_results(name, cases, args.out, device=args.device)
         harness.write_table_and_plot(
             path, markdown(cases),
             lambda png: plot(cases, png, MODES, "HF generate, one process per mode"))
@@ -569,7 +569,7 @@ def main(argv=None):
                                   args.cold, args.rounds,
                                   warm_up=not (args.cold or args.no_warmup)))
             print(markdown(cases[-1:]), flush=True)
-            path = harness.write_results(name, cases, args.out)
+            path = harness.write_results(name, cases, args.out, device=args.device)
     harness.write_table_and_plot(
         path, markdown(cases),
         lambda png: plot(cases, png, MODES, "HF generate: cumulative wall time per call"))

@@ -8,7 +8,8 @@ gives), eager and grape.compile side by side on the same weights, in one process
     torchrun --nproc-per-node 2 -m benchmarks.train_ddp --tiny --quick --device cpu  # the script
                                                                     # itself, over gloo
 
-Any number of ranks; a case is named by it (gpt2-ddp2 on 2 ranks, gpt2-fsdp2x2 under FSDP2).
+Any number of ranks; a case is named by it (gpt2-ddp2 on 2 ranks, gpt2-fsdp2x2 under FSDP2), and
+so is the results file (train_ddp-ranks<N>-<card>.json).
 Cases, as benchmarks/train_lm builds them (its gpt2-cosine and wav2vec2-onecycle), with each
 rank's batches drawn by a seed of its own:
 - gpt2-ddpN: GPT2LMHeadModel (4 layers, width 512, dropout 0.1), batch 8 per rank, lengths drawn
@@ -285,7 +286,7 @@ def main(argv=None) -> list[dict]:
     rank, world = init_ranks(args.device)
     warnings.simplefilter("ignore", grape.FallbackWarning)  # they are in the JSON
     mask_rules = harness.skip_unpadded_masks_while_capturing()
-    label = ("train_ddp" + ("-fsdp2" if args.parallel == "fsdp2" else "")
+    label = ("train_ddp" + ("-fsdp2" if args.parallel == "fsdp2" else "") + f"-ranks{world}"
              + ("-tiny" if args.tiny else "") + ("-quick" if args.quick else ""))
     if args.lengths != GPT2_LENGTHS and not args.tiny:
         shortest_longest = sorted(int(n) for n in args.lengths.split(","))
@@ -296,7 +297,7 @@ def main(argv=None) -> list[dict]:
         if hung_in is not None:
             cases.append({"name": hung_in, "modes": {"grape": {"hung": True}}})
         if rank == 0:
-            path = harness.write_results(label, cases, args.out)
+            path = harness.write_results(label, cases, args.out, device=args.device)
             harness.write_table_and_plot(path, markdown(cases), lambda png: False)
 
     current = {"name": None}

@@ -379,7 +379,7 @@ def main(argv=None) -> list[dict]:
         cases.append({"name": name, "config": config, "modes": results})
         harness.print_table(cases[-1])
     label = "train_lm" + ("-tiny" if args.tiny else "") + ("-quick" if args.quick else "")
-    path = harness.write_results(label, cases, args.out)
+    path = harness.write_results(label, cases, args.out, device=args.device)
     harness.write_table_and_plot(path, markdown(cases), lambda png: plot(cases, png))
     return cases
 

@@ -71,7 +71,7 @@ def test_the_script_runs_on_four_cpu_ranks_over_gloo(tmp_path):
         cwd=Path(train_ddp.__file__).resolve().parent.parent, capture_output=True, text=True,
         timeout=900)
     assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-8000:]
-    case, = json.loads((tmp_path / "train_ddp-tiny-quick-cpu.json").read_text())["cases"]
+    case, = json.loads((tmp_path / "train_ddp-ranks4-tiny-quick-cpu.json").read_text())["cases"]
     assert case["name"] == "wav2vec2-ddp4" and case["config"]["world_size"] == 4
     grape = case["modes"]["grape"]
     assert len(grape["losses_by_rank"]) == 4 and grape["ranks_in_sync"] is True
