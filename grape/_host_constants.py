@@ -2,8 +2,10 @@
 
 ``torch.tensor(0.0, device="cuda")`` builds the value on the host and copies it from pageable
 memory, which a capture refuses (Hugging Face builds attention-mask fill values this way), and so
-does ``t.to("cuda")`` of a CPU tensor (a Hugging Face sliding-window cache moves its 0-dim window
-size to the device at its first update, inside the prompt's forward). While capturing,
+do ``t.to("cuda")`` of a CPU tensor (a Hugging Face sliding-window cache moves its 0-dim window
+size to the device at its first update, inside the prompt's forward) and indexing a CUDA tensor
+with a list of ints or a CPU index tensor (Falcon splits its fused keys and values with
+``qkv[:, :, :, [-2]]``: PyTorch builds the index on the host and copies it over). While capturing,
 :class:`PinnedHostConstants` copies such values into pinned memory and lets the graph copy them
 from there: each replay copies the same value again, which is what the Python code would have
 made (it does not run on a replay). A CPU tensor that reaches the capture is a constant of the
@@ -24,9 +26,10 @@ __all__ = ["PinnedHostConstants"]
 
 class PinnedHostConstants(TorchFunctionMode):
     """While entered (around a capture): ``torch.tensor(data, device=<cuda>)`` and
-    ``torch.as_tensor(data, device=<cuda>)`` of Python data, and ``t.to(<cuda>)`` and
-    ``t.cuda()`` of a pageable CPU tensor ``t`` that needs no gradient, go through pinned host
-    memory; ``kept`` holds those host tensors for the graph's lifetime."""
+    ``torch.as_tensor(data, device=<cuda>)`` of Python data, ``t.to(<cuda>)`` and ``t.cuda()``
+    of a pageable CPU tensor ``t`` that needs no gradient, and the host-built parts of an index
+    into a CUDA tensor (``_device_index``) go through pinned host memory; ``kept`` holds those
+    host tensors for the graph's lifetime."""
 
     def __init__(self):
         super().__init__()
@@ -40,6 +43,13 @@ class PinnedHostConstants(TorchFunctionMode):
                 requires_grad = kwargs.pop("requires_grad", False)
                 host = self._pinned(func(*args, **{**kwargs, "device": "cpu"}))
                 return host.to(device, non_blocking=True).requires_grad_(requires_grad)
+        if func in (torch.Tensor.__getitem__, torch.Tensor.__setitem__) and len(args) > 1 and \
+                isinstance(args[0], torch.Tensor) and args[0].is_cuda:
+            device = args[0].device
+            index = _device_index(args[1],
+                                  lambda host: self._pinned(host).to(device, non_blocking=True))
+            if index is not args[1]:
+                return func(args[0], index, *args[2:], **kwargs)
         moved = _moved_to_cuda(func, args, kwargs)
         if moved is not None:
             device, dtype, memory_format = moved
@@ -71,3 +81,22 @@ def _moved_to_cuda(func, args, kwargs):
     if device is None or device.type != "cuda":
         return None
     return device, dtype, memory_format or torch.preserve_format
+
+
+def _device_index(index, move):
+    """`index` (of ``Tensor.__getitem__`` or ``__setitem__``) with each part that PyTorch would copy
+    to the device from pageable host memory replaced by ``move(<that part as a CPU tensor>)``:
+    a flat list of ints, or of bools (which index as the tensor of them would), and a pageable CPU
+    tensor of integers or bools with at least one dimension. The same object where there is none,
+    so that other indices (ints, slices, None, Ellipsis, device tensors, nested lists, which
+    PyTorch reads as tuples) reach PyTorch as they were."""
+    if isinstance(index, tuple):
+        parts = tuple(_device_index(part, move) for part in index)
+        return index if all(new is old for new, old in zip(parts, index)) else parts
+    if isinstance(index, list) and index and (all(type(i) is int for i in index)
+                                              or all(type(i) is bool for i in index)):
+        return move(torch.tensor(index))
+    if isinstance(index, torch.Tensor) and index.device.type == "cpu" and index.dim() > 0 and \
+            not index.is_floating_point() and not index.is_complex() and not index.is_pinned():
+        return move(index)
+    return index

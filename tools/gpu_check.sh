@@ -32,7 +32,10 @@ export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 [ "$status" -eq 0 ] || exit 1
 if [ "$part" != smokes ]; then
 step ctest ctest --test-dir build/cmake --output-on-failure
-step pytest python3 -m pytest tests/python -q -rs -p no:cacheprovider --junitxml="$out/pytest.xml"
+# The slowest tests are listed; where pytest-timeout is installed, a test that hangs fails alone.
+timeout_flag=$(python3 -c "import pytest_timeout" 2>/dev/null && echo --timeout=300)
+step pytest python3 -m pytest tests/python -q -rs -p no:cacheprovider --durations=25 $timeout_flag \
+  --junitxml="$out/pytest.xml"
 if grep -q 'skipped="[1-9]' "$out/pytest.xml" && grep -q "no CUDA device" "$out/pytest.log"; then
   echo "GPU tests were skipped on a GPU machine"; status=1
 fi

@@ -231,6 +231,31 @@ def test_what_pinned_host_constants_move_to_the_device():
     assert _moved_to_cuda(torch.Tensor.to, (torch.zeros(2, requires_grad=True), "cuda"), {}) is None
 
 
+def test_the_parts_of_an_index_that_pinned_host_constants_move_and_what_they_index():
+    from grape._host_constants import _device_index
+
+    moved = []
+
+    def move(host):
+        moved.append(host)
+        return host.clone()
+
+    x = torch.arange(24).reshape(2, 3, 4)
+    host_built = [(Ellipsis, [-2]), (slice(None), [True, False, True]), [1, 0],
+                  (torch.tensor([0, 1, 1]), slice(None), 2), (0, torch.tensor([[2], [0]]))]
+    for index in host_built:
+        moved.clear()
+        on_device = _device_index(index, move)
+        assert moved and on_device is not index
+        assert torch.equal(x[on_device], x[index])  # what PyTorch gives for the original index
+    # No host-built part: the same object, nothing made.
+    moved.clear()
+    for index in [(slice(None), 1, None), (Ellipsis, 0), [[0, 1], [1, 0]], [1, True],
+                  torch.tensor(1), (torch.tensor(0.5),)]:
+        assert _device_index(index, move) is index
+    assert moved == []
+
+
 def test_advice_follows_the_kind_of_a_reason_not_its_words():
     from grape._hooks import advice
 

@@ -644,6 +644,25 @@ def test_a_cpu_tensor_moved_to_the_device_is_captured_from_pinned_memory():
     assert s["pinned_host_constants"] == 2 and s["capture_failures"] == 0
 
 
+def test_an_index_built_on_the_host_is_captured_from_pinned_memory():
+    # Falcon splits its fused keys and values with qkv[..., [-2]]: PyTorch builds the list's index
+    # on the host and copies it from pageable memory, refused under capture, then captured from
+    # pinned memory; so is a CPU index tensor, and an index assignment.
+    def split(qkv):
+        key, value = qkv[..., [-2], :], qkv[..., [-1], :]
+        out = key * 2 + value
+        out[:, torch.tensor([0, 2])] = 0.0
+        return out
+
+    compiled = grape.compile(split)
+    for _ in range(4):
+        qkv = torch.randn(2, 3, 5, 4, device=DEV)
+        assert torch.equal(compiled(qkv), split(qkv))
+    s = grape.stats(compiled)
+    assert s["fallbacks"] == [] and s["replays"] >= 3
+    assert s["pinned_host_constants"] == 1 and s["capture_failures"] == 0
+
+
 def dynamo_graphs() -> int:
     """Graphs Dynamo has compiled in this process."""
     return torch._dynamo.utils.counters["stats"]["unique_graphs"]
