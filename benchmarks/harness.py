@@ -96,53 +96,24 @@ def parse(parser: argparse.ArgumentParser, argv, modes: list[str], needs: str | 
 
 
 def skip_unpadded_masks_while_capturing() -> list[str]:
-    """Makes transformers skip the attention mask of an unpadded batch under stream capture too,
-    as it does in eager calls; returns the names of the mask rules it changed.
-
-    Releases up to at least 5.17 ask `is_tracing(padding_mask)` before skipping a mask, and a
-    stream capture counts as tracing, so a captured forward builds a dense mask where eager
-    builds none. SDPA then runs another kernel (for a bidirectional mask, the float32 math one),
-    with another peak memory, time and rounding than the eager step. Later releases skip the
-    mask whenever there is no padding mask; this applies that rule to the installed one, for
-    the causal and the bidirectional mask, where the call carries no tensor (a padding mask or a
-    tensor offset is read, which a capture cannot)."""
+    """Every stream capture on this thread, for the rest of the process, skips an unpadded batch's
+    attention mask as eager calls do, plain CUDA graphs (ptgraph modes) included, so that every
+    mode runs the kernel eager runs; returns the names of the transformers mask rules this needed
+    (none on releases that skip it already). grape's own captures do so anyway (Note [Masks of
+    unpadded batches under capture] in grape/_masks.py)."""
     try:
-        import transformers.masking_utils as masking
+        import transformers.masking_utils  # noqa: F401  (the rules are wrapped once it is imported)
     except ImportError:
         return []
-    tracing = getattr(masking, "is_tracing", None)
-    if tracing is None:
-        return []
+    from grape import _masks
 
-    def with_tracing(value, fn, *args, **kwargs):
-        masking.is_tracing = lambda *a, **k: value
-        try:
-            return fn(*args, **kwargs)
-        finally:
-            masking.is_tracing = tracing
+    if not _PROCESS_CONTEXTS:
+        _PROCESS_CONTEXTS.append(_masks.eager_mask_rules())
+        _PROCESS_CONTEXTS[-1].__enter__()  # left for the rest of the process
+    return _masks.rules_changed()
 
-    changed = []
-    # Each rule with arguments of an unpadded batch of 16 tokens.
-    for name, unpadded in (("_ignore_bidirectional_mask_sdpa", (None, 16)),
-                           ("_ignore_causal_mask_sdpa", (None, 16, 16))):
-        original = getattr(masking, name, None)
-        if original is None:
-            continue
-        try:
-            if with_tracing(True, original, *unpadded):
-                continue  # the installed release skips it already
-        except TypeError:
-            continue  # another signature than these releases': left as it is
 
-        def ignore_mask(padding_mask, *args, _original=original, **kwargs):
-            if padding_mask is not None or any(isinstance(a, torch.Tensor)
-                                               for a in (*args, *kwargs.values())):
-                return _original(padding_mask, *args, **kwargs)
-            return with_tracing(False, _original, padding_mask, *args, **kwargs)
-
-        setattr(masking, name, ignore_mask)
-        changed.append(name)
-    return changed
+_PROCESS_CONTEXTS: list = []  # contexts entered for the rest of the process
 
 
 def clear_memory() -> None:

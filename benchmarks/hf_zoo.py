@@ -20,8 +20,8 @@ equal eager's; encoders: the last hidden states equal to the bit), `replayed_sha
 (of the model's forwards in calls 3 and later, the share that replayed, the prompt included),
 `speedup_vs_eager`, `first_call_ratio_to_eager` (its first call over eager's), and its fallbacks
 with their reasons. Transformers up to 5.17 builds a dense attention mask under capture where eager
-builds none; as in the other Hugging Face benchmarks, its later rule (no padding mask, no mask) is
-applied (harness.skip_unpadded_masks_while_capturing; the config names the rules changed). Writes JSON and a markdown table (benchmarks/results/ on a GPU).
+builds none; grape's captures apply its later rule (no padding mask, no mask: Note [Masks of
+unpadded batches under capture]), and the config names the rules that needed it. Writes JSON and a markdown table (benchmarks/results/ on a GPU).
 """
 
 from __future__ import annotations
@@ -160,7 +160,7 @@ def run_mode(base, kind: str, args: dict, mode: str, new_tokens: int, reps: int,
 def run_case(name: str, modes: list[str], device: str, new_tokens: int, reps: int) -> dict:
     kind, model_type, sizes = ZOO[name]
     # As the other Hugging Face benchmarks: an unpadded batch's mask is skipped under capture too,
-    # as eager skips it (the rule of transformers releases after 5.17; a no-op where it holds).
+    # as eager skips it (grape's captures do so anyway; a no-op where the release does).
     mask_rules = harness.skip_unpadded_masks_while_capturing()
     config = {"kind": kind, "model_type": model_type, **sizes, "dtype": "bfloat16",
               "device": device, "new_tokens": new_tokens if kind != "encoder" else None,

@@ -14,11 +14,11 @@ import os
 import sys
 import traceback
 import warnings
-from typing import Any, Optional
+from typing import Any, Iterator, Optional
 
 import torch
 
-from grape import _attention, _predicate, _rewrite, _training
+from grape import _attention, _masks, _predicate, _rewrite, _training
 from grape._host_constants import PinnedHostConstants
 
 __all__ = ["FallbackWarning", "RuntimeHooks", "advice"]
@@ -59,6 +59,13 @@ def advice(kind: str, reason: str) -> str:
 def _is_library_file(filename: str) -> bool:
     path = os.path.abspath(filename)
     return path.startswith(_PACKAGE_DIR) or path.startswith(_TORCH_DIR) or filename.startswith("<frozen")
+
+
+@contextlib.contextmanager
+def _capture_settings(plan_free_attention: bool) -> Iterator[None]:
+    with _masks.eager_mask_rules(), (_attention.plan_free_attention() if plan_free_attention
+                                     else contextlib.nullcontext()):
+        yield
 
 
 def _user_frame() -> Optional[Any]:
@@ -146,10 +153,12 @@ class RuntimeHooks:
         """The mode a capture of a signature that needs it runs under (Note [Host constants])."""
         return PinnedHostConstants()
 
-    def capture_settings(self) -> Optional[contextlib.AbstractContextManager]:
-        """The context every capture of the function runs in, or None (Note [Attention without
-        plans under capture])."""
-        return _attention.plan_free_attention() if self.plan_free_attention else None
+    def capture_settings(self) -> contextlib.AbstractContextManager:
+        """The context every capture of the function runs in: transformers' mask rules as in
+        eager calls (Note [Masks of unpadded batches under capture]), and attention backends that
+        build no per-shape plan where the function asked (Note [Attention without plans under
+        capture])."""
+        return _capture_settings(self.plan_free_attention)
 
     # --- training steps (Note [Gradients of a captured step]) -------------------------------------
     def training_seen(self) -> _training.Seen:

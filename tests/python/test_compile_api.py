@@ -146,12 +146,14 @@ def test_plan_free_attention_is_a_checked_bool_whose_captures_leave_cudnn_attent
         grape.compile(lambda x: x, plan_free_attention=1)
     plain = grape.compile(lambda x: x)
     assert grape.stats(plain)["plan_free_attention"] is False
-    assert plain._hooks.capture_settings() is None
-    planless = grape.compile(lambda x: x, plan_free_attention=True)
-    assert grape.stats(planless)["plan_free_attention"] is True
     backends = torch.backends.cuda
     before = (backends.cudnn_sdp_enabled(), backends.flash_sdp_enabled(),
               backends.mem_efficient_sdp_enabled(), backends.math_sdp_enabled())
+    with plain._hooks.capture_settings():
+        assert (backends.cudnn_sdp_enabled(), backends.flash_sdp_enabled(),
+                backends.mem_efficient_sdp_enabled(), backends.math_sdp_enabled()) == before
+    planless = grape.compile(lambda x: x, plan_free_attention=True)
+    assert grape.stats(planless)["plan_free_attention"] is True
     with planless._hooks.capture_settings():
         assert not backends.cudnn_sdp_enabled()
         assert backends.flash_sdp_enabled() and backends.mem_efficient_sdp_enabled()

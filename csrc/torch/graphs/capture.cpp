@@ -290,8 +290,10 @@ class CaptureTry {
     // Settings the optimizers can read from device memory are tensors during the capture (Note
     // [Device settings]); the swap allocates, so it is entered before the CUDA capture begins.
     device_settings_.emplace(context_.training.device_settings_swap());
-    // Library settings every capture of this function runs in, such as attention backends that
-    // build no per-shape plan (Note [Attention without plans under capture]).
+    // Library settings every capture of this function runs in: transformers' mask rules as in
+    // eager calls (Note [Masks of unpadded batches under capture], grape/_masks.py), and attention
+    // backends that build no per-shape plan where asked (Note [Attention without plans under
+    // capture]).
     if (py::object settings = context_.hooks.capture_settings(); !settings.is_none()) {
       capture_settings_.emplace(std::move(settings));
     }
