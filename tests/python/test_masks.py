@@ -114,3 +114,28 @@ def test_the_installed_transformers_gets_what_it_needs():
             assert _masks._forcing_tracing(True, getattr(masking, name), *unpadded), name
     if not changed and not already:
         assert masking.is_tracing is tracing  # a release that needs nothing is left as it was
+
+
+def test_a_bert_forward_as_under_capture_passes_sdpa_no_mask_as_in_eager(monkeypatch):
+    transformers = pytest.importorskip("transformers")
+    masking = pytest.importorskip("transformers.masking_utils")
+    torch.manual_seed(0)
+    cfg = transformers.BertConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=1,
+                                  num_attention_heads=4, vocab_size=512, max_position_embeddings=128)
+    model = transformers.BertModel(cfg).eval()
+    masks = []
+    sdpa = torch.nn.functional.scaled_dot_product_attention
+
+    def recording(*args, **kwargs):
+        masks.append(kwargs.get("attn_mask"))
+        return sdpa(*args, **kwargs)
+
+    monkeypatch.setattr(torch.nn.functional, "scaled_dot_product_attention", recording)
+    _masks.install(masking)
+    ids = torch.randint(2, 512, (1, 8))
+    with torch.no_grad():
+        want = model(input_ids=ids).last_hidden_state
+        assert masks[-1] is None  # eager: no mask
+        with _masks.eager_mask_rules():  # tracing forced, as a stream capture makes it
+            got = _masks._forcing_tracing(True, model, input_ids=ids).last_hidden_state
+        assert masks[-1] is None and torch.equal(got, want)
