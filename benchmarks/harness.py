@@ -113,7 +113,9 @@ def skip_unpadded_masks_while_capturing() -> list[str]:
     return _masks.rules_changed()
 
 
-_PROCESS_CONTEXTS: list = []  # contexts entered for the rest of the process
+# The context entered for the rest of the process, held so that it is never collected (its exit
+# would then run).
+_PROCESS_CONTEXTS: list = []
 
 
 def clear_memory() -> None:

@@ -41,26 +41,25 @@ class PinnedHostConstants(TorchFunctionMode):
             device = kwargs.get("device")
             if device is not None and torch.device(device).type == "cuda":
                 requires_grad = kwargs.pop("requires_grad", False)
-                host = self._pinned(func(*args, **{**kwargs, "device": "cpu"}))
-                return host.to(device, non_blocking=True).requires_grad_(requires_grad)
+                host = func(*args, **{**kwargs, "device": "cpu"})
+                return self._through_pinned(host, device).requires_grad_(requires_grad)
         if func in (torch.Tensor.__getitem__, torch.Tensor.__setitem__) and len(args) > 1 and \
                 isinstance(args[0], torch.Tensor) and args[0].is_cuda:
             device = args[0].device
-            index = _device_index(args[1],
-                                  lambda host: self._pinned(host).to(device, non_blocking=True))
+            index = _device_index(args[1], lambda host: self._through_pinned(host, device))
             if index is not args[1]:
                 return func(args[0], index, *args[2:], **kwargs)
         moved = _moved_to_cuda(func, args, kwargs)
         if moved is not None:
             device, dtype, memory_format = moved
-            return self._pinned(args[0]).to(device, dtype, non_blocking=True,
-                                            memory_format=memory_format)
+            return self._through_pinned(args[0], device, dtype=dtype, memory_format=memory_format)
         return func(*args, **kwargs)
 
-    def _pinned(self, host: torch.Tensor) -> torch.Tensor:
+    def _through_pinned(self, host: torch.Tensor, device, **to) -> torch.Tensor:
+        """`host` on `device`, copied from a pinned copy of it that the graph keeps."""
         pinned = host.pin_memory()
         self.kept.append(pinned)
-        return pinned
+        return pinned.to(device, non_blocking=True, **to)
 
 
 def _moved_to_cuda(func, args, kwargs):
