@@ -5,7 +5,9 @@ memory, which a capture refuses (Hugging Face builds attention-mask fill values 
 do ``t.to("cuda")`` of a CPU tensor (a Hugging Face sliding-window cache moves its 0-dim window
 size to the device at its first update, inside the prompt's forward) and indexing a CUDA tensor
 with a list of ints or a CPU index tensor (Falcon splits its fused keys and values with
-``qkv[:, :, :, [-2]]``: PyTorch builds the index on the host and copies it over). While capturing,
+``qkv[:, :, :, [-2]]``: PyTorch builds the index on the host and copies it over; a function mode
+does not see the indexing of a plain tensor in every release, so the mode wraps ``Tensor``'s
+indexing while it is entered). While capturing,
 :class:`PinnedHostConstants` copies such values into pinned memory and lets the graph copy them
 from there: each replay copies the same value again, which is what the Python code would have
 made (it does not run on a replay). A CPU tensor that reaches the capture is a constant of the
@@ -18,6 +20,8 @@ csrc/torch/graphs/capture.cpp).
 
 from __future__ import annotations
 
+import threading
+
 import torch
 from torch.overrides import TorchFunctionMode
 
@@ -28,12 +32,25 @@ class PinnedHostConstants(TorchFunctionMode):
     """While entered (around a capture): ``torch.tensor(data, device=<cuda>)`` and
     ``torch.as_tensor(data, device=<cuda>)`` of Python data, ``t.to(<cuda>)`` and ``t.cuda()``
     of a pageable CPU tensor ``t`` that needs no gradient, and the host-built parts of an index
-    into a CUDA tensor (``_device_index``) go through pinned host memory; ``kept`` holds those
-    host tensors for the graph's lifetime."""
+    into a CUDA tensor (``_device_index``, through ``_IndexingWrap``) go through pinned host
+    memory; ``kept`` holds those host tensors for the graph's lifetime."""
 
     def __init__(self):
         super().__init__()
         self.kept: list[torch.Tensor] = []
+        self._outer: PinnedHostConstants | None = None
+
+    def __enter__(self):
+        super().__enter__()
+        self._outer = getattr(_this_thread, "mode", None)
+        _this_thread.mode = self
+        _IndexingWrap.enter()
+        return self
+
+    def __exit__(self, *exc):
+        _IndexingWrap.exit()
+        _this_thread.mode = self._outer
+        return super().__exit__(*exc)
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
@@ -43,12 +60,6 @@ class PinnedHostConstants(TorchFunctionMode):
                 requires_grad = kwargs.pop("requires_grad", False)
                 host = func(*args, **{**kwargs, "device": "cpu"})
                 return self._through_pinned(host, device).requires_grad_(requires_grad)
-        if func in (torch.Tensor.__getitem__, torch.Tensor.__setitem__) and len(args) > 1 and \
-                isinstance(args[0], torch.Tensor) and args[0].is_cuda:
-            device = args[0].device
-            index = _device_index(args[1], lambda host: self._through_pinned(host, device))
-            if index is not args[1]:
-                return func(args[0], index, *args[2:], **kwargs)
         moved = _moved_to_cuda(func, args, kwargs)
         if moved is not None:
             device, dtype, memory_format = moved
@@ -60,6 +71,53 @@ class PinnedHostConstants(TorchFunctionMode):
         pinned = host.pin_memory()
         self.kept.append(pinned)
         return pinned.to(device, non_blocking=True, **to)
+
+
+_this_thread = threading.local()  # .mode: the PinnedHostConstants this thread captures under
+
+
+class _IndexingWrap:
+    """``Tensor.__getitem__`` and ``__setitem__`` wrapped while any thread has the mode entered:
+    where the entering thread indexes a CUDA tensor, the index's host-built parts go through
+    pinned memory (``_device_index``). A wrap on the class, because PyTorch's indexing asks
+    function modes only for tensor subclasses in some releases. Other threads, and torch.compile's
+    tracing, reach PyTorch's indexing unchanged."""
+
+    _lock = threading.Lock()
+    _entered = 0  # modes entered, over all threads
+    _own = {name: torch.Tensor.__dict__.get(name) for name in ("__getitem__", "__setitem__")}
+
+    @classmethod
+    def enter(cls) -> None:
+        with cls._lock:
+            if cls._entered == 0:
+                for name in cls._own:
+                    setattr(torch.Tensor, name, _through_pinned_index(getattr(torch.Tensor, name)))
+            cls._entered += 1
+
+    @classmethod
+    def exit(cls) -> None:
+        with cls._lock:
+            cls._entered -= 1
+            if cls._entered == 0:
+                for name, own in cls._own.items():
+                    if own is None:
+                        delattr(torch.Tensor, name)
+                    else:
+                        setattr(torch.Tensor, name, own)
+
+
+def _through_pinned_index(indexing):
+    """`indexing` (PyTorch's ``__getitem__`` or ``__setitem__``), moving the index's host-built
+    parts through pinned memory where this thread has the mode entered."""
+    def through_pinned(self, index, *value):
+        mode = getattr(_this_thread, "mode", None)
+        if mode is not None and self.is_cuda and not torch.compiler.is_compiling():
+            device = self.device
+            index = _device_index(index, lambda host: mode._through_pinned(host, device))
+        return indexing(self, index, *value)
+
+    return through_pinned
 
 
 def _moved_to_cuda(func, args, kwargs):
