@@ -115,6 +115,10 @@ def _through_pinned_index(indexing):
         if mode is not None and self.is_cuda and not torch.compiler.is_compiling():
             device = self.device
             index = _device_index(index, lambda host: mode._through_pinned(host, device))
+            if value and type(value[0]) in (bool, int, float):
+                # PyTorch 2.11 copies an assigned Python number from the host for an advanced
+                # index; made on the device, it is the same value of the tensor's dtype.
+                value = (torch.full((), value[0], dtype=self.dtype, device=device),)
         return indexing(self, index, *value)
 
     return through_pinned
