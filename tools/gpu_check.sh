@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
 # Build and run everything on a machine with a GPU: C++ tests, Python tests (GPU tests included,
 # none may skip for want of a GPU), and a benchmark smoke run. Usage: bash tools/gpu_check.sh
-# Each step is stopped after GRAPE_STEP_TIMEOUT seconds (300). GRAPE_CHECK_PART=tests runs the build
-# and the tests only, GRAPE_CHECK_PART=smokes the build and the benchmark smokes only (the two
-# halves fit one device call each; the build is incremental on a machine that ran the other).
+# Each step is stopped after GRAPE_STEP_TIMEOUT seconds (300; pytest's after three times that).
+# On a machine with two GPUs or more, the tests run in two lanes side by side
+# (GRAPE_CHECK_SHARDS=1: one lane). GRAPE_CHECK_PART=tests runs the build and the tests only,
+# GRAPE_CHECK_PART=smokes the build and the benchmark smokes only (the two halves fit one device
+# call each; the build is incremental on a machine that ran the other).
 # GRAPE_CHECK_BUILD=0 skips the build, for halves run side by side on one machine after one build
 # (a build copies the extension over the one a running half has loaded).
 # With $OUT set, logs and the smoke results are written there. Set GRAPE_COMMIT where the tree
@@ -21,7 +23,7 @@ status=0
 step() {  # step NAME COMMAND...: runs, logs to $out/NAME.log, remembers failure
   local name=$1; shift
   echo "== $name"
-  timeout --signal=ABRT "${GRAPE_STEP_TIMEOUT:-300}" "$@" 2>&1 | tee "$out/$name.log"
+  timeout --signal=ABRT "${step_timeout:-${GRAPE_STEP_TIMEOUT:-300}}" "$@" 2>&1 | tee "$out/$name.log"
   local rc=${PIPESTATUS[0]}
   echo "== $name: rc=$rc"
   [ "$rc" -eq 0 ] || status=1
@@ -31,15 +33,52 @@ export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 [ "${GRAPE_CHECK_BUILD:-1}" = 0 ] || step build env GRAPE_CUDA_ARCHS="${GRAPE_CUDA_ARCHS:-90}" python3 setup.py -q build_ext --inplace
 [ "$status" -eq 0 ] || exit 1
 if [ "$part" != smokes ]; then
-step ctest ctest --test-dir build/cmake --output-on-failure
 # The slowest tests are listed; where pytest-timeout is installed, a test that hangs fails alone.
 timeout_flag=$(python3 -c "import pytest_timeout" 2>/dev/null && echo --timeout=300)
-step pytest python3 -m pytest tests/python -q -rs -p no:cacheprovider --durations=25 $timeout_flag \
-  --junitxml="$out/pytest.xml"
-if grep -q 'skipped="[1-9]' "$out/pytest.xml" && grep -q "no CUDA device" "$out/pytest.log"; then
+pytest_step() {  # pytest_step NAME FILES...: the suite's pytest run over FILES, logged as NAME
+  local name=$1 step_timeout=$(( 3 * ${GRAPE_STEP_TIMEOUT:-300} )); shift
+  step "$name" python3 -m pytest "$@" -q -rs -p no:cacheprovider --durations=25 $timeout_flag \
+    --junitxml="$out/$name.xml"
+}
+tests_step() {  # ctest, then pytest over FILES, then the 10,000-call fuzz
+  step ctest ctest --test-dir build/cmake --output-on-failure
+  pytest_step "$@"
+  step fuzz env GRAPE_FUZZ_CALLS=10000 python3 -m pytest tests/python/test_fuzz_gpu.py -q -rs -p no:cacheprovider
+}
+rm -f "$out"/pytest*.xml
+gpus=$(python3 -c "import torch; print(torch.cuda.device_count())")
+if [ "$gpus" -ge 2 ] && [ "${GRAPE_CHECK_SHARDS:-2}" != 1 ]; then
+  # Two lanes side by side, so that the suite fits a device call: the fault and distributed tests
+  # (they fill a GPU's memory, or use two GPUs) with every GPU visible; ctest, the other tests
+  # and the fuzz on the last GPU alone, which only the 2-rank tests share.
+  visible=${CUDA_VISIBLE_DEVICES:-$(seq -s, 0 $((gpus - 1)))}
+  machine=(tests/python/test_faults*.py tests/python/test_distributed*.py)
+  mapfile -t rest < <(ls tests/python/test_*.py | grep -v -e /test_faults -e /test_distributed)
+  (pytest_step pytest-machine "${machine[@]}"; exit $status) > "$out/lane-machine.out" 2>&1 &
+  machine_lane=$!
+  (export CUDA_VISIBLE_DEVICES=${visible##*,}; tests_step pytest "${rest[@]}"; exit $status) \
+    > "$out/lane-last-gpu.out" 2>&1 &
+  last_gpu_lane=$!
+  wait "$machine_lane" || status=1
+  wait "$last_gpu_lane" || status=1
+  grep -h '^== ' "$out/lane-machine.out" "$out/lane-last-gpu.out"
+else
+  tests_step pytest tests/python
+fi
+python3 - "$out" <<'PY'  # the counts of the whole suite, over the lanes' pytest runs
+import glob, sys, xml.etree.ElementTree as ET
+totals = dict(tests=0, failures=0, errors=0, skipped=0)
+for path in glob.glob(f"{sys.argv[1]}/pytest*.xml"):
+    for suite in ET.parse(path).getroot().iter("testsuite"):
+        for key in totals:
+            totals[key] += int(suite.get(key, 0))
+passed = totals["tests"] - totals["failures"] - totals["errors"] - totals["skipped"]
+print(f"pytest, all lanes: {passed} passed, {totals['failures']} failed, {totals['errors']} errors, "
+      f"{totals['skipped']} skipped")
+PY
+if grep -q 'skipped="[1-9]' "$out"/pytest*.xml && grep -q "no CUDA device" "$out"/pytest*.log; then
   echo "GPU tests were skipped on a GPU machine"; status=1
 fi
-step fuzz env GRAPE_FUZZ_CALLS=10000 python3 -m pytest tests/python/test_fuzz_gpu.py -q -rs -p no:cacheprovider
 fi
 [ "$part" = tests ] && exit $status
 step bench-smoke env GRAPE_RESULTS_DIR="$out" python3 -m benchmarks.gpt2_decode --quick
