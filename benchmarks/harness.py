@@ -363,9 +363,30 @@ def outputs_equal(output, reference) -> bool:
     return output == reference
 
 
+def largest_difference(output, reference) -> float | None:
+    """The largest absolute difference between the floating-point tensors of `output` and
+    `reference` (lists and tuples item by item); None where they differ in structure or shape, or
+    hold no floating-point tensor."""
+    if isinstance(output, torch.Tensor):
+        if not isinstance(reference, torch.Tensor) or output.shape != reference.shape or \
+                not output.is_floating_point() or output.numel() == 0:
+            return None
+        return (output.double() - reference.double()).abs().max().item()
+    if isinstance(output, (list, tuple)) and isinstance(reference, (list, tuple)) and \
+            len(output) == len(reference):
+        parts = [largest_difference(o, r) for o, r in zip(output, reference)]
+        if parts and all(d is not None for d in parts):
+            return max(parts)
+    return None
+
+
 def exactly_equal(output, reference) -> dict:
-    """compare_with_eager's default check: correct where the outputs are eager's to the bit."""
-    return {"correct": outputs_equal(output, reference)}
+    """compare_with_eager's default check: correct where the outputs are eager's to the bit; where
+    they are not, `max_abs_diff` says by how much floating-point outputs differ (largest_difference)."""
+    if outputs_equal(output, reference):
+        return {"correct": True}
+    difference = largest_difference(output, reference)
+    return {"correct": False, **({} if difference is None else {"max_abs_diff": difference})}
 
 
 def compare_with_eager(results: dict[str, dict],

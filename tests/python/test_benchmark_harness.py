@@ -137,6 +137,18 @@ def test_outputs_equal_eagers_only_to_the_bit_and_in_every_part():
     assert not correct(tokens(1), [tokens(1)])
 
 
+def test_outputs_that_differ_say_by_how_much_where_they_are_floating_point():
+    results = {"eager": {"outputs": [torch.tensor([1.0, 2.0]), torch.tensor([3.0])]},
+               "grape": {"outputs": [torch.tensor([1.0, 2.0]), torch.tensor([3.0])]},
+               "grape_plan_free": {"outputs": [torch.tensor([1.0, 2.25]), torch.tensor([2.5])]},
+               "shorter": {"outputs": [torch.tensor([1.0, 2.0])]}}
+    harness.compare_with_eager(results)
+    assert results["grape"] == {"correct": True}
+    assert results["grape_plan_free"] == {"correct": False, "max_abs_diff": 0.5}
+    assert results["shorter"] == {"correct": False}  # no difference to tell: another structure
+    assert harness.largest_difference(tokens(1, 2), tokens(1, 3)) is None  # tokens: no distance
+
+
 def test_a_check_gives_correct_and_details_and_is_never_asked_about_eager():
     asked = []
 
