@@ -5,9 +5,8 @@ memory, which a capture refuses (Hugging Face builds attention-mask fill values 
 do ``t.to("cuda")`` of a CPU tensor (a Hugging Face sliding-window cache moves its 0-dim window
 size to the device at its first update, inside the prompt's forward) and indexing a CUDA tensor
 with a list of ints or a CPU index tensor (Falcon splits its fused keys and values with
-``qkv[:, :, :, [-2]]``: PyTorch builds the index on the host and copies it over; a function mode
-does not see the indexing of a plain tensor in every release, so the mode wraps ``Tensor``'s
-indexing while it is entered). While capturing,
+``qkv[:, :, :, [-2]]``: PyTorch builds the index on the host and copies it over, and so a Python
+number assigned through such an index, which the mode makes on the device). While capturing,
 :class:`PinnedHostConstants` copies such values into pinned memory and lets the graph copy them
 from there: each replay copies the same value again, which is what the Python code would have
 made (it does not run on a replay). A CPU tensor that reaches the capture is a constant of the
@@ -20,8 +19,6 @@ csrc/torch/graphs/capture.cpp).
 
 from __future__ import annotations
 
-import threading
-
 import torch
 from torch.overrides import TorchFunctionMode
 
@@ -32,25 +29,12 @@ class PinnedHostConstants(TorchFunctionMode):
     """While entered (around a capture): ``torch.tensor(data, device=<cuda>)`` and
     ``torch.as_tensor(data, device=<cuda>)`` of Python data, ``t.to(<cuda>)`` and ``t.cuda()``
     of a pageable CPU tensor ``t`` that needs no gradient, and the host-built parts of an index
-    into a CUDA tensor (``_device_index``, through ``_IndexingWrap``) go through pinned host
-    memory; ``kept`` holds those host tensors for the graph's lifetime."""
+    into a CUDA tensor (``_device_index``) go through pinned host memory; ``kept`` holds those
+    host tensors for the graph's lifetime."""
 
     def __init__(self):
         super().__init__()
         self.kept: list[torch.Tensor] = []
-        self._outer: PinnedHostConstants | None = None
-
-    def __enter__(self):
-        super().__enter__()
-        self._outer = getattr(_this_thread, "mode", None)
-        _this_thread.mode = self
-        _IndexingWrap.enter()
-        return self
-
-    def __exit__(self, *exc):
-        _IndexingWrap.exit()
-        _this_thread.mode = self._outer
-        return super().__exit__(*exc)
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
@@ -60,6 +44,9 @@ class PinnedHostConstants(TorchFunctionMode):
                 requires_grad = kwargs.pop("requires_grad", False)
                 host = func(*args, **{**kwargs, "device": "cpu"})
                 return self._through_pinned(host, device).requires_grad_(requires_grad)
+        if func in (torch.Tensor.__getitem__, torch.Tensor.__setitem__) and len(args) > 1 and \
+                isinstance(args[0], torch.Tensor) and args[0].is_cuda:
+            return func(*_indexing_on_device(args, self._through_pinned), **kwargs)
         moved = _moved_to_cuda(func, args, kwargs)
         if moved is not None:
             device, dtype, memory_format = moved
@@ -71,57 +58,6 @@ class PinnedHostConstants(TorchFunctionMode):
         pinned = host.pin_memory()
         self.kept.append(pinned)
         return pinned.to(device, non_blocking=True, **to)
-
-
-_this_thread = threading.local()  # .mode: the PinnedHostConstants this thread captures under
-
-
-class _IndexingWrap:
-    """``Tensor.__getitem__`` and ``__setitem__`` wrapped while any thread has the mode entered:
-    where the entering thread indexes a CUDA tensor, the index's host-built parts go through
-    pinned memory (``_device_index``). A wrap on the class, because PyTorch's indexing asks
-    function modes only for tensor subclasses in some releases. Other threads, and torch.compile's
-    tracing, reach PyTorch's indexing unchanged."""
-
-    _lock = threading.Lock()
-    _entered = 0  # modes entered, over all threads
-    _own = {name: torch.Tensor.__dict__.get(name) for name in ("__getitem__", "__setitem__")}
-
-    @classmethod
-    def enter(cls) -> None:
-        with cls._lock:
-            if cls._entered == 0:
-                for name in cls._own:
-                    setattr(torch.Tensor, name, _through_pinned_index(getattr(torch.Tensor, name)))
-            cls._entered += 1
-
-    @classmethod
-    def exit(cls) -> None:
-        with cls._lock:
-            cls._entered -= 1
-            if cls._entered == 0:
-                for name, own in cls._own.items():
-                    if own is None:
-                        delattr(torch.Tensor, name)
-                    else:
-                        setattr(torch.Tensor, name, own)
-
-
-def _through_pinned_index(indexing):
-    """`indexing` (PyTorch's ``__getitem__`` or ``__setitem__``), moving the index's host-built
-    parts through pinned memory where this thread has the mode entered."""
-    def through_pinned(self, index, *value):
-        mode = getattr(_this_thread, "mode", None)
-        if mode is not None and self.is_cuda and not torch.compiler.is_compiling():
-            device = self.device
-            index = _device_index(index, lambda host: mode._through_pinned(host, device))
-            if value and type(value[0]) in (bool, int, float):
-                # PyTorch 2.11 copies an assigned Python number from the host for an advanced
-                # index; made on the device, it is the same value of the tensor's dtype.
-                value = (torch.full((), value[0], dtype=self.dtype, device=device),)
-        return indexing(self, index, *value)
-
-    return through_pinned
 
 
 def _moved_to_cuda(func, args, kwargs):
@@ -142,6 +78,18 @@ def _moved_to_cuda(func, args, kwargs):
     if device is None or device.type != "cuda":
         return None
     return device, dtype, memory_format or torch.preserve_format
+
+
+def _indexing_on_device(args, through_pinned):
+    """The arguments of ``Tensor.__getitem__`` or ``__setitem__`` on a CUDA tensor with the index's
+    host-built parts moved through ``through_pinned(host, device)`` (``_device_index``), and an
+    assigned Python number made on the device: PyTorch (2.11) copies it from the host for an
+    advanced index. The same value, of the tensor's dtype, as PyTorch would assign."""
+    tensor, index, *value = args
+    index = _device_index(index, lambda host: through_pinned(host, tensor.device))
+    if value and type(value[0]) in (bool, int, float):
+        value = [torch.full((), value[0], dtype=tensor.dtype, device=tensor.device)]
+    return (tensor, index, *value)
 
 
 def _device_index(index, move):

@@ -1,7 +1,6 @@
 """grape.compile's API and its behaviour where graphs are impossible; runs on any machine."""
 
 import gc
-import threading
 import warnings
 import weakref
 
@@ -234,56 +233,29 @@ def test_what_pinned_host_constants_move_to_the_device():
     assert _moved_to_cuda(torch.Tensor.to, (torch.zeros(2, requires_grad=True), "cuda"), {}) is None
 
 
-def test_pinned_host_constants_wrap_tensor_indexing_while_any_thread_has_them_entered():
-    from grape._host_constants import PinnedHostConstants
+def test_an_indexing_on_the_device_assigns_what_pytorch_assigns():
+    from grape._host_constants import _indexing_on_device
 
-    plain = torch.Tensor.__getitem__, torch.Tensor.__setitem__
-    x = torch.arange(6.0)
-    with PinnedHostConstants() as outer:
-        assert torch.Tensor.__getitem__ is not plain[0] and torch.Tensor.__setitem__ is not plain[1]
-        with PinnedHostConstants():
-            pass
-        assert torch.Tensor.__getitem__ is not plain[0]  # still entered: the outer mode
-        # Host tensors, and another thread's indexing, are indexed as PyTorch does.
-        y = x[[0, 2]]
-        x[torch.tensor([1])] = 7.0
-        other = []
-        thread = threading.Thread(target=lambda: other.append(x[[3, 4]].tolist()))
-        thread.start()
-        thread.join()
-    assert (torch.Tensor.__getitem__, torch.Tensor.__setitem__) == plain
-    assert y.tolist() == [0.0, 2.0] and x[1].item() == 7.0 and other == [[3.0, 4.0]]
-    assert outer.kept == []
+    moved = []
 
+    def through_pinned(host, device):
+        moved.append((host.tolist(), device))
+        return host.clone()
 
-def test_an_index_into_a_cuda_tensor_goes_through_pinned_memory_on_the_modes_thread_only():
-    from grape import _host_constants
-
-    class CudaTensor:  # what the wrap reads of a CUDA tensor
-        is_cuda, device = True, "cuda:0"
-
-    class Mode:
-        def __init__(self):
-            self.moved = []
-
-        def _through_pinned(self, host, device):
-            self.moved.append((host.tolist(), device))
-            return "moved"
-
-    indexed = []
-    getitem = _host_constants._through_pinned_index(lambda t, index, *value: indexed.append(index))
-    mode = Mode()
-    _host_constants._this_thread.mode = mode
-    try:
-        getitem(CudaTensor(), (Ellipsis, [-2]))
-        thread = threading.Thread(target=getitem, args=(CudaTensor(), [1, 0]))
-        thread.start()
-        thread.join()
-    finally:
-        _host_constants._this_thread.mode = None
-    getitem(CudaTensor(), [5])
-    assert mode.moved == [([-2], "cuda:0")]
-    assert indexed == [(Ellipsis, "moved"), [1, 0], [5]]
+    for value in (2.7, 3, True):
+        for dtype in (torch.int64, torch.float16, torch.bool):
+            expected, x = torch.zeros(4, dtype=dtype), torch.zeros(4, dtype=dtype)
+            expected[[0, 2]] = value
+            moved.clear()
+            args = _indexing_on_device((x, [0, 2], value), through_pinned)
+            assert moved == [([0, 2], x.device)]
+            assert args[2].dim() == 0 and args[2].dtype == dtype  # made as a tensor of x's dtype
+            torch.Tensor.__setitem__(*args)
+            assert torch.equal(x, expected), (value, dtype)
+    # A read: no value to make.
+    x = torch.arange(6).reshape(2, 3)
+    assert torch.equal(torch.Tensor.__getitem__(*_indexing_on_device((x, (Ellipsis, [-1])),
+                                                                     through_pinned)), x[..., [-1]])
 
 
 def test_the_parts_of_an_index_that_pinned_host_constants_move_and_what_they_index():
