@@ -68,13 +68,14 @@ fi
 python3 - "$out" <<'PY'  # the counts of the whole suite, over the lanes' pytest runs
 import glob, sys, xml.etree.ElementTree as ET
 totals = dict(tests=0, failures=0, errors=0, skipped=0)
-for path in glob.glob(f"{sys.argv[1]}/pytest*.xml"):
+paths = sorted(glob.glob(f"{sys.argv[1]}/pytest*.xml"))  # a lane stopped before its end wrote none
+for path in paths:
     for suite in ET.parse(path).getroot().iter("testsuite"):
         for key in totals:
             totals[key] += int(suite.get(key, 0))
 passed = totals["tests"] - totals["failures"] - totals["errors"] - totals["skipped"]
 print(f"pytest, all lanes: {passed} passed, {totals['failures']} failed, {totals['errors']} errors, "
-      f"{totals['skipped']} skipped")
+      f"{totals['skipped']} skipped (from {', '.join(p.rsplit('/', 1)[1] for p in paths) or 'no run'})")
 PY
 if grep -q 'skipped="[1-9]' "$out"/pytest*.xml && grep -q "no CUDA device" "$out"/pytest*.log; then
   echo "GPU tests were skipped on a GPU machine"; status=1
