@@ -33,6 +33,7 @@ import argparse
 import datetime
 import gc
 import json
+import math
 import os
 import statistics
 import subprocess
@@ -365,13 +366,17 @@ def outputs_equal(output, reference) -> bool:
 
 def largest_difference(output, reference) -> float | None:
     """The largest absolute difference between the floating-point tensors of `output` and
-    `reference` (lists and tuples item by item); None where they differ in structure or shape, or
-    hold no floating-point tensor."""
+    `reference` (lists and tuples item by item), elements equal on both sides (infinities and NaNs
+    included) counting as 0; None where they differ in structure or shape, hold no floating-point
+    tensor, or differ by no finite amount (a NaN or an infinity against a number)."""
     if isinstance(output, torch.Tensor):
         if not isinstance(reference, torch.Tensor) or output.shape != reference.shape or \
                 not output.is_floating_point() or output.numel() == 0:
             return None
-        return (output.double() - reference.double()).abs().max().item()
+        o, r = output.double(), reference.double()
+        same = (o == r) | (o.isnan() & r.isnan())
+        difference = torch.where(same, 0.0, (o - r).abs()).max().item()
+        return difference if math.isfinite(difference) else None
     if isinstance(output, (list, tuple)) and isinstance(reference, (list, tuple)) and \
             len(output) == len(reference):
         parts = [largest_difference(o, r) for o, r in zip(output, reference)]

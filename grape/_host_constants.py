@@ -82,14 +82,32 @@ def _moved_to_cuda(func, args, kwargs):
 
 def _indexing_on_device(args, through_pinned):
     """The arguments of ``Tensor.__getitem__`` or ``__setitem__`` on a CUDA tensor with the index's
-    host-built parts moved through ``through_pinned(host, device)`` (``_device_index``), and an
-    assigned Python number made on the device: PyTorch (2.11) copies it from the host for an
-    advanced index. The same value, of the tensor's dtype, as PyTorch would assign."""
+    host-built parts moved through ``through_pinned(host, device)`` (``_device_index``), and a
+    Python number assigned through an integer index made on the device: PyTorch (2.11) copies it
+    from the host there, for the same value of the tensor's dtype. A number assigned through a
+    boolean mask stays one: PyTorch then fills without a copy (``masked_fill_``), where a device
+    value would take ``index_put_``, which synchronizes."""
     tensor, index, *value = args
     index = _device_index(index, lambda host: through_pinned(host, tensor.device))
-    if value and type(value[0]) in (bool, int, float):
+    if value and _a_host_number(value[0]) and _integer_advanced(index):
         value = [torch.full((), value[0], dtype=tensor.dtype, device=tensor.device)]
     return (tensor, index, *value)
+
+
+def _a_host_number(value) -> bool:
+    """A Python number that PyTorch's assignment takes as it is (an int beyond 64 bits, which
+    PyTorch refuses, is left to PyTorch)."""
+    return type(value) in (bool, float) or (type(value) is int and -2**63 <= value < 2**63)
+
+
+def _integer_advanced(index) -> bool:
+    """Whether `index`, its host-built parts moved, indexes with an integer tensor of at least one
+    dimension and with no boolean mask."""
+    parts = index if isinstance(index, tuple) else (index,)
+    tensors = [p for p in parts if isinstance(p, torch.Tensor) and p.dim() > 0]
+    if any(t.dtype in (torch.bool, torch.uint8) for t in tensors):
+        return False
+    return any(not t.is_floating_point() and not t.is_complex() for t in tensors)
 
 
 def _device_index(index, move):

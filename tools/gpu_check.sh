@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Build and run everything on a machine with a GPU: C++ tests, Python tests (GPU tests included,
 # none may skip for want of a GPU), and a benchmark smoke run. Usage: bash tools/gpu_check.sh
-# Each step is stopped after GRAPE_STEP_TIMEOUT seconds (300; pytest's after three times that).
-# On a machine with two GPUs or more, the tests run in two lanes side by side
+# Each step is stopped after GRAPE_STEP_TIMEOUT seconds (300, a plain number; pytest's after three
+# times that). On a machine with two GPUs or more, the tests run in two lanes side by side
 # (GRAPE_CHECK_SHARDS=1: one lane). GRAPE_CHECK_PART=tests runs the build and the tests only,
 # GRAPE_CHECK_PART=smokes the build and the benchmark smokes only (the two halves fit one device
 # call each; the build is incremental on a machine that ran the other).
@@ -45,7 +45,7 @@ tests_step() {  # ctest, then pytest over FILES, then the 10,000-call fuzz
   pytest_step "$@"
   step fuzz env GRAPE_FUZZ_CALLS=10000 python3 -m pytest tests/python/test_fuzz_gpu.py -q -rs -p no:cacheprovider
 }
-rm -f "$out"/pytest*.xml
+rm -f "$out"/pytest*.xml "$out"/pytest*.log  # an earlier run's, which the checks below would read
 gpus=$(python3 -c "import torch; print(torch.cuda.device_count())")
 if [ "$gpus" -ge 2 ] && [ "${GRAPE_CHECK_SHARDS:-2}" != 1 ]; then
   # Two lanes side by side, so that the suite fits a device call: the fault and distributed tests

@@ -147,6 +147,14 @@ def test_outputs_that_differ_say_by_how_much_where_they_are_floating_point():
     assert results["grape_plan_free"] == {"correct": False, "max_abs_diff": 0.5}
     assert results["shorter"] == {"correct": False}  # no difference to tell: another structure
     assert harness.largest_difference(tokens(1, 2), tokens(1, 3)) is None  # tokens: no distance
+    inf, nan = float("inf"), float("nan")
+    # Masked logits: infinities and NaNs in the same places are equal elements.
+    assert harness.largest_difference(torch.tensor([-inf, nan, 1.0]),
+                                      torch.tensor([-inf, nan, 1.5])) == 0.5
+    # A NaN or an infinity against a number: no finite distance, in any part.
+    assert harness.largest_difference([torch.tensor([1.0]), torch.tensor([nan])],
+                                      [torch.tensor([1.5]), torch.tensor([0.0])]) is None
+    assert harness.largest_difference(torch.tensor([inf]), torch.tensor([1.0])) is None
 
 
 def test_a_check_gives_correct_and_details_and_is_never_asked_about_eager():

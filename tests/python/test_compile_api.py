@@ -252,6 +252,12 @@ def test_an_indexing_on_the_device_assigns_what_pytorch_assigns():
             assert args[2].dim() == 0 and args[2].dtype == dtype  # made as a tensor of x's dtype
             torch.Tensor.__setitem__(*args)
             assert torch.equal(x, expected), (value, dtype)
+    # A boolean mask (PyTorch fills without a copy), a basic index, or an int beyond 64 bits: the
+    # number stays a number.
+    x = torch.zeros(4)
+    for index in (x > 0, [True, False, True, False], 1, slice(0, 2), (Ellipsis, None)):
+        assert _indexing_on_device((x, index, 2.5), through_pinned)[2] == 2.5
+    assert _indexing_on_device((x, [0], 2**64), through_pinned)[2] == 2**64
     # A read: no value to make.
     x = torch.arange(6).reshape(2, 3)
     assert torch.equal(torch.Tensor.__getitem__(*_indexing_on_device((x, (Ellipsis, [-1])),
