@@ -21,7 +21,8 @@ equal eager's; encoders: the last hidden states equal to the bit), `replayed_sha
 `speedup_vs_eager`, `first_call_ratio_to_eager` (its first call over eager's), and its fallbacks
 with their reasons. Transformers up to 5.17 builds a dense attention mask under capture where eager
 builds none; grape's captures apply its later rule (no padding mask, no mask: Note [Masks of
-unpadded batches under capture]), and the config names the rules that needed it. Writes JSON and a markdown table (benchmarks/results/ on a GPU).
+unpadded batches under capture]), and the config names the rules that needed it. Writes JSON and
+a markdown table (benchmarks/results/ on a GPU).
 """
 
 from __future__ import annotations
