@@ -95,7 +95,7 @@ def _check_bytes(name: str, nbytes):
 _UNSET = object()
 
 
-def compile(fn: Optional[Callable] = None, *, warmup: int = 1, warmup_each_signature: bool = False,
+def compile(fn: Any = _UNSET, *, warmup: int = 1, warmup_each_signature: bool = False,
             alias_prediction: bool = True,
             rewrite: bool = True, on_unsupported: str = "error",
             share_executables: Union[bool, str] = True,
@@ -186,7 +186,7 @@ def compile(fn: Optional[Callable] = None, *, warmup: int = 1, warmup_each_signa
                    executable_cache=_check_bytes("executable_cache", executable_cache),
                    memory_budget=_check_bytes("memory_budget", memory_budget),
                    plan_free_attention=plan_free_attention)
-    if fn is None:
+    if fn is _UNSET:  # @grape.compile(...) with options; an explicit None is a mistake, below
         return functools.partial(compile, **options)
     if isinstance(fn, CompiledFunction):
         raise TypeError("grape.compile: this function is already compiled")

@@ -158,7 +158,8 @@ def _mib(nbytes) -> str:
 def summary(s: dict) -> str:
     """A few lines: calls and how they ran, graphs and what they cost on the way, memory, and every
     fallback with its reason."""
-    lines = [f"grape.stats({s.get('name', '?')}): {s.get('calls', 0)} calls: "
+    calls = s.get("calls", 0)
+    lines = [f"grape.stats({s.get('name', '?')}): {calls} call{'' if calls == 1 else 's'}: "
              f"{s.get('replays', 0)} replayed, {s.get('warmup_calls', 0)} warm-up, "
              f"{s.get('eager_calls', 0)} eager"]
     if s.get("fallback"):

@@ -14,6 +14,8 @@ from grape import _C
 def test_rejects_bad_arguments():
     with pytest.raises(TypeError, match="function or an nn.Module"):
         grape.compile(42)
+    with pytest.raises(TypeError, match="function or an nn.Module, got NoneType"):
+        grape.compile(None)  # a model variable still unset, not a request for options
     with pytest.raises(TypeError, match="warmup must be an int"):
         grape.compile(lambda x: x, warmup=True)
     with pytest.raises(ValueError, match="warmup must be >= 0"):

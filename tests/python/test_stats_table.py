@@ -73,3 +73,5 @@ def test_printed_stats_are_a_short_summary_and_the_dict_stays_whole():
     assert "(Float[4] cuda:0) host_sync: capture failed: .item() at model.py:3" in text
     assert len(text.splitlines()) <= 8
     assert s["calls"] == 10 and dict(s) == s and repr(s) == repr(dict(s))
+    one = _stats.Stats(calls=1, replays=0, warmup_calls=0, eager_calls=1, name="step")
+    assert str(one).splitlines()[0] == "grape.stats(step): 1 call: 0 replayed, 0 warm-up, 1 eager"
