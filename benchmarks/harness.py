@@ -79,8 +79,10 @@ def argument_parser(doc: str, modes: list[str], quick_help: str,
     parser.add_argument("--modes", default=",".join(modes), help="comma-separated, from: " + ", ".join(modes))
     parser.add_argument("--quick", action="store_true", help=quick_help)
     parser.add_argument("--tiny", action="store_true", help=tiny_help)
-    parser.add_argument("--out", default=None, help="results directory (default: benchmarks/results for a GPU run, build/results for a "
-                        "run on the CPU or with --tiny; GRAPE_RESULTS_DIR overrides it)")
+    parser.add_argument("--out", default=None,
+                        help="results directory (default: benchmarks/results for a GPU run, "
+                        "build/results for a run on the CPU or with --tiny; GRAPE_RESULTS_DIR "
+                        "overrides it)")
     return parser
 
 
