@@ -12,10 +12,14 @@
 //     bottleneck, for a launch that follows launches only and finds the stream idle once the
 //     patch is written, the GPU waited for the host and the patch delayed the launch. Where work is queued, the patch
 //     overlaps it and costs nothing, and a slot would only take memory. A shape is patched at its
-//     first such launch and gets its slot at the next: one seen once (a prompt's length) costs no
-//     instantiation, and a loop's second pass over its shapes (a generation's lengths) patches
-//     them instead of instantiating every slot at once, which made that pass several times slower
-//     than the next;
+//     first such launch and gets its slot at the next: one seen once (a prompt's length) costs an
+//     instantiation only where it follows such a patch of another (below). A loop's second pass over its shapes (a generation's lengths) would then
+//     patch every shape and its third instantiate every slot, which made the third pass much
+//     slower than the second; instantiating them all in the second made that one several times
+//     slower than the next. So the instantiations are spread over the two passes: a launch right
+//     after a costly patch of the group is one the GPU waits for too, and the shape gets its slot
+//     there instead of a patch, whatever its own history. Every other shape of such a pass then
+//     gets its slot in the second, the rest in the third;
 //   - a shape without a slot of its own is patched into a slot not made for a shape, while there
 //     is one (the group's first executable): patching a slot made for a shape would make that
 //     shape, admitted already, take another. Where that slot is the one just launched, the patch
@@ -36,6 +40,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <unordered_map>
 #include <vector>
 
 namespace grape::core {
@@ -55,13 +60,27 @@ struct SlotChoice {
   size_t slot = 0;  // kHit and kPatch: which slot
 };
 
-// When a shape without a slot of its own gets one (Note [Executable slots]): at its launch after a
-// costly patch (one the GPU waited for). That patch shows the shape comes back, as a cache that
-// admits an entry at its second access does; a shape seen once costs no instantiation.
-struct SlotAdmission {
-  int costly_patches = 0;
-  void patched() { ++costly_patches; }
-  bool admitted() const { return costly_patches >= 1; }
+// A group's choice of which shapes without a slot of their own get one (Note [Executable slots]),
+// at launches that follow launches only: a shape at its launch after a costly patch of it (one the
+// GPU waited for), which shows it comes back, as a cache that admits an entry at its second access
+// does; and any shape at the launch right after a costly patch of another, which the GPU waits for
+// as well, so that a loop's new shapes get their slots over two passes instead of one.
+class SlotAdmission {
+ public:
+  // Whether `shape`, which would be patched at this launch, gets a slot of its own instead.
+  bool admits(uint32_t shape) const {
+    return after_costly_patch_ || costly_patches_.count(shape) != 0;
+  }
+  // After each launch: `costly_patch`, whether `shape` was patched for it and the GPU waited.
+  void launched(uint32_t shape, bool costly_patch) {
+    after_costly_patch_ = costly_patch;
+    if (costly_patch) ++costly_patches_[shape];
+  }
+  void forget(uint32_t shape) { costly_patches_.erase(shape); }  // the shape was removed
+
+ private:
+  std::unordered_map<uint32_t, int> costly_patches_;  // per shape without a slot of its own
+  bool after_costly_patch_ = false;
 };
 
 // Where `shape` should run among a group's resident `slots`. `room`: the executable cache can take

@@ -50,8 +50,8 @@ struct ExecutableGroup {
   std::vector<core::ExecutableSlot> slots;
   std::vector<Executable> executables;
   size_t executable_bytes = 0;  // each executable's charge (SharedExecutables::instantiate)
-  // Per shape without a slot of its own, its costly patches (core::SlotAdmission).
-  std::unordered_map<uint32_t, core::SlotAdmission> admission;
+  // Which shapes get a slot of their own at a host-paced launch (core::SlotAdmission).
+  core::SlotAdmission admission;
   std::unordered_map<uint32_t, std::vector<uint64_t>> kernels;  // kernels_of, by shape
 };
 

@@ -171,7 +171,7 @@ size_t SharedExecutables::slot_for(Group& group, uint32_t shape, cudaStream_t st
       if (growth_ == SlotGrowth::kWhileRoom) {
         grow = true;
       } else if (host_paced) {
-        grow = group.admission[shape].admitted();
+        grow = group.admission.admits(shape);
         costly = !grow;
       }
     }
@@ -479,7 +479,7 @@ void SharedExecutables::remove(Member member) {
   if (group.params) {
     group.params->remove(member.shape);
     group.kernels.erase(member.shape);
-    group.admission.erase(member.shape);
+    group.admission.forget(member.shape);
     for (auto& slot : group.slots) {
       if (slot.shape != member.shape) continue;
       // The base's parameters stay readable (other shapes are patched from them), but its slot is
@@ -519,10 +519,10 @@ size_t SharedExecutables::load(Group& group, uint32_t shape, cudaStream_t stream
       if (own) destroy_slot(group, slot);
       throw;
     }
-    // A capture's join, or a launch right after a capture or an eager run (not host-paced): the
-    // stream drained while the host did that work, which says nothing of launches alone.
-    if (costly && gpu_waits(stream)) group.admission[shape].patched();
   }
+  // A capture's join, or a launch right after a capture or an eager run (not host-paced): the
+  // stream drained while the host did that work, which says nothing of launches alone.
+  group.admission.launched(shape, costly && gpu_waits(stream));
   if (own) group.slots[slot].bought = true;
   group.slots[slot].last_used = ++clock_;
   return slot;

@@ -1,7 +1,6 @@
 // The slot policy of shared executables (Note [Executable slots]), simulated without a GPU.
 #include <gtest/gtest.h>
 
-#include <unordered_map>
 #include <utility>
 #include <vector>
 
@@ -49,33 +48,37 @@ struct Simulation {
 
 // The same group as grape's runtime grows it (SharedExecutables::SlotGrowth::kWhenGpuWaits): a
 // shape gets a slot of its own, while there is room, at its launch after a patch the GPU waited
-// for (every patch here, as in a host-bound generation), and keeps it.
+// for (every patch made while there was room, as in a host-bound generation), or at the launch
+// right after such a patch of another, and keeps it.
 struct AdmittingSimulation {
   AdmittingSimulation(size_t capacity, uint32_t first_shape) : capacity(capacity) {
     slots.push_back({first_shape, 0, false});  // the group's first executable
   }
   size_t capacity;
   std::vector<ExecutableSlot> slots;
-  std::unordered_map<uint32_t, SlotAdmission> admission;
+  SlotAdmission admission;
   uint64_t clock = 0;
   int patches = 0;
   int new_slots = 0;
 
   void replay(uint32_t shape) {
     SlotChoice c = choose_slot(slots, shape, false);
+    const bool room = slots.size() < capacity;
     if (c.kind == SlotChoice::Kind::kPatch) {
-      c = choose_slot(slots, shape, slots.size() < capacity && admission[shape].admitted());
+      c = choose_slot(slots, shape, room && admission.admits(shape));
     }
     size_t slot = c.slot;
+    bool costly = false;
     if (c.kind == SlotChoice::Kind::kNewSlot) {
       slots.push_back({shape, 0, true});
       slot = slots.size() - 1;
       ++new_slots;
     } else if (c.kind == SlotChoice::Kind::kPatch) {
       slots[slot] = {shape, slots[slot].last_used, false};
-      admission[shape].patched();
+      costly = room;  // a patch counts only where a slot could have been made instead
       ++patches;
     }
+    admission.launched(shape, costly);
     slots[slot].last_used = ++clock;
   }
   // One pass over shapes [0, n), as a generation's forwards; returns {patches, new slots}.
@@ -159,11 +162,17 @@ TEST(ExecutableSlots, APatchTakesTheSlotWhoseShapeRunsTheMostOfTheSameKernels) {
   EXPECT_EQ(choose_slot(slots, 9, true, &swaps).kind, SlotChoice::Kind::kNewSlot);
 }
 
-TEST(ExecutableSlots, AShapeIsAdmittedToASlotAfterOneCostlyPatch) {
+TEST(ExecutableSlots, AShapeIsAdmittedAfterACostlyPatchOfItOrRightAfterOneOfAnother) {
   SlotAdmission admission;
-  EXPECT_FALSE(admission.admitted()) << "a shape seen once would cost an instantiation";
-  admission.patched();
-  EXPECT_TRUE(admission.admitted());
+  EXPECT_FALSE(admission.admits(5)) << "a shape seen once would cost an instantiation";
+  admission.launched(5, /*costly_patch=*/true);
+  EXPECT_TRUE(admission.admits(5));
+  EXPECT_TRUE(admission.admits(6)) << "the launch right after a costly patch finds the GPU waiting";
+  admission.launched(6, false);
+  EXPECT_FALSE(admission.admits(6)) << "admitted only right after another's costly patch";
+  EXPECT_TRUE(admission.admits(5)) << "a shape's own costly patch admits it for good";
+  admission.forget(5);
+  EXPECT_FALSE(admission.admits(5)) << "a removed shape's count is gone";
 }
 
 TEST(ExecutableSlots, AShapeWithoutASlotIsPatchedIntoASlotMadeForNoShape) {
@@ -183,23 +192,23 @@ TEST(ExecutableSlots, AShapeWithoutASlotIsPatchedIntoASlotMadeForNoShape) {
   EXPECT_EQ(choose_slot(slots, 9, false).slot, 2u);
 }
 
-TEST(ExecutableSlots, AGenerationPatchesItsShapesOnceThenReplaysEachInItsOwnSlot) {
-  // 128 shapes, the first executable holding the last one captured (127): the second call
-  // (pass 1) patches every shape into it, the third makes a slot for each but the one it holds
-  // then, the fourth patches nothing.
+TEST(ExecutableSlots, AGenerationMakesItsSlotsOverTwoPassesThenPatchesNothing) {
+  // 128 shapes, the first executable holding the last one captured (127). The second call (pass
+  // 1) patches every other shape into it and makes a slot for each shape after such a patch; the
+  // third makes a slot for each patched shape but the one the first executable holds then (126);
+  // the fourth patches nothing and makes nothing. Neither pass makes every slot alone.
   AdmittingSimulation sim(/*capacity=*/1000, /*first_shape=*/127);
-  EXPECT_EQ(sim.pass(128), std::make_pair(128, 0));
-  EXPECT_EQ(sim.pass(128), std::make_pair(0, 127));
+  EXPECT_EQ(sim.pass(128), std::make_pair(64, 64));
+  EXPECT_EQ(sim.pass(128), std::make_pair(0, 63));
   EXPECT_EQ(sim.pass(128), std::make_pair(0, 0));
   EXPECT_EQ(sim.slots.size(), 128u);
 }
 
 TEST(ExecutableSlots, BeyondTheCacheAdmittedShapesKeepTheirSlotsAndTheRestShareTheFirst) {
-  // Room for 64 executables, 128 shapes: the 63 admitted first keep their slots pass after pass;
-  // the other 65 take turns in the first executable instead of patching an admitted shape's slot,
-  // which would make that shape take another.
+  // Room for 64 executables, 128 shapes: the 63 given slots in the first pass keep them pass
+  // after pass; the other 65 take turns in the first executable instead of patching an admitted
+  // shape's slot, which would make that shape take another.
   AdmittingSimulation sim(/*capacity=*/64, /*first_shape=*/127);
-  sim.pass(128);
   EXPECT_EQ(sim.pass(128), std::make_pair(65, 63));
   for (int round = 0; round < 3; ++round) {
     EXPECT_EQ(sim.pass(128), std::make_pair(65, 0)) << "round " << round;
