@@ -45,8 +45,9 @@ def inputs(length, batch=2, dim=64, heads=4, seed=None):
 
 def passes_until_every_shape_is_resident(compiled, one_pass, until=None, most=4):
     """Runs `one_pass` until every shape of `compiled` holds an executable of its own (or
-    `until(stats)`), at most `most` times: where the GPU waits for the host, a shape is patched at
-    one launch and gets its own executable at the next (Note [Executable slots])."""
+    `until(stats)`), at most `most` times: where the GPU waits for the host, a shape gets its own
+    executable at its launch after a patch of it, or right after a patch of another (Note
+    [Executable slots])."""
     done = until or (lambda s: s["resident_executables"] == s["shapes"])
     for _ in range(most):
         if done(grape.stats(compiled)):
@@ -93,8 +94,9 @@ def test_random_shape_orders_replay_results_identical_to_eager(executable_cache)
                 assert torch.equal(got, want), f"length {n}"
 
     # Warm-up, capture, then replays, each pass in a new random order. A shape replayed right after
-    # a capture gets no executable of its own (the GPU waited for the capture, not for launches),
-    # nor at its next launch, which patches it while the GPU waits: the launch after that does.
+    # a capture gets no executable of its own (the GPU waited for the capture, not for launches);
+    # a later launch that patches it while the GPU waits makes the next launch of the function
+    # give its shape one, and the shape gets one at its own next launch.
     for _ in range(5):
         shuffled_pass()
     if executable_cache is None:
@@ -203,8 +205,8 @@ def test_shapes_replayed_while_the_gpu_is_busy_share_one_executable():
     assert s["replays"] >= 2 * len(lengths) and not s["fallbacks"]
     assert s["resident_executables"] == s["topology_groups"] < s["shapes"]
     assert s["executable_switches"] > 0
-    # The same shapes in a host-bound loop: each shape is patched once while the GPU waits, then
-    # gets an executable of its own.
+    # The same shapes in a host-bound loop: each shape is patched at most once while the GPU
+    # waits, then gets an executable of its own.
     passes_until_every_shape_is_resident(
         compiled, lambda: expect_shapes(compiled, lengths, expected, host_bound=True))
     assert grape.stats(compiled)["resident_executables"] == s["shapes"]
