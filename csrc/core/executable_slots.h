@@ -10,16 +10,19 @@
 //     grape's runtime (SharedExecutables::SlotGrowth::kWhenGpuWaits), only once it has shown that
 //     it comes back at launches where patching costs (SlotAdmission): where the host is the
 //     bottleneck, for a launch that follows launches only and finds the stream idle once the
-//     patch is written, the GPU waited for the host and the patch delayed the launch. Where work is queued, the patch
-//     overlaps it and costs nothing, and a slot would only take memory. A shape is patched at its
-//     first such launch and gets its slot at the next: one seen once (a prompt's length) costs an
-//     instantiation only where it follows such a patch of another (below). A loop's second pass over its shapes (a generation's lengths) would then
-//     patch every shape and its third instantiate every slot, which made the third pass much
-//     slower than the second; instantiating them all in the second made that one several times
-//     slower than the next. So the instantiations are spread over the two passes: a launch right
-//     after a costly patch of the group is one the GPU waits for too, and the shape gets its slot
-//     there instead of a patch, whatever its own history. Every other shape of such a pass then
-//     gets its slot in the second, the rest in the third;
+//     patch is written, the GPU waited for the host and the patch delayed the launch. Where work
+//     is queued, the patch overlaps it and costs nothing, and a slot would only take memory. A
+//     shape is patched at its first such launch and gets its slot at the next. A loop's second
+//     pass over its shapes (a generation's lengths) would then patch every shape and its third
+//     instantiate every slot, which made the third pass much slower than the second;
+//     instantiating them all in the second made that one several times slower than the next. So
+//     the instantiations are spread over the two passes: the launch right after a costly patch
+//     of the group most likely finds the GPU waiting too (a host-bound loop), and its shape gets
+//     a slot there instead of a patch, whatever its own history. Every other shape of such a pass
+//     gets its slot in the second, the rest in the third. The price, at most one slot per costly
+//     patch: a shape seen once (a prompt's length) may get a slot where it follows such a patch,
+//     and so may a shape launched with work queued, where a loop's pace changes (a long clip
+//     after short ones);
 //   - a shape without a slot of its own is patched into a slot not made for a shape, while there
 //     is one (the group's first executable): patching a slot made for a shape would make that
 //     shape, admitted already, take another. Where that slot is the one just launched, the patch
@@ -40,7 +43,7 @@
 
 #include <cstddef>
 #include <cstdint>
-#include <unordered_map>
+#include <unordered_set>
 #include <vector>
 
 namespace grape::core {
@@ -69,17 +72,18 @@ class SlotAdmission {
  public:
   // Whether `shape`, which would be patched at this launch, gets a slot of its own instead.
   bool admits(uint32_t shape) const {
-    return after_costly_patch_ || costly_patches_.count(shape) != 0;
+    return after_costly_patch_ || patched_costly_.count(shape) != 0;
   }
-  // After each launch: `costly_patch`, whether `shape` was patched for it and the GPU waited.
+  // After each launch, and each join (which drains the stream): `costly_patch`, whether `shape`
+  // was patched for it and the GPU waited.
   void launched(uint32_t shape, bool costly_patch) {
     after_costly_patch_ = costly_patch;
-    if (costly_patch) ++costly_patches_[shape];
+    if (costly_patch) patched_costly_.insert(shape);
   }
-  void forget(uint32_t shape) { costly_patches_.erase(shape); }  // the shape was removed
+  void forget(uint32_t shape) { patched_costly_.erase(shape); }  // the shape was removed
 
  private:
-  std::unordered_map<uint32_t, int> costly_patches_;  // per shape without a slot of its own
+  std::unordered_set<uint32_t> patched_costly_;  // shapes patched at a costly launch, ever
   bool after_costly_patch_ = false;
 };
 

@@ -464,6 +464,7 @@ uint32_t SharedExecutables::join_grown(uint32_t index, const GraphContents& cont
   const uint32_t shape = grown->params->add(blobs);
   uncompressed_.push_back({index, shape});
   grown->slots.front() = {shape, ++clock_};
+  grown->admission.launched(shape, false);  // a join, as join_as_is's load: the stream drained
   grown->smallest_member = group.smallest_member;
   (void)cudaGraphDestroy(group.graph);
   owner.graph = nullptr;
@@ -517,6 +518,7 @@ size_t SharedExecutables::load(Group& group, uint32_t shape, cudaStream_t stream
       patch(group, slot, shape);
     } catch (...) {
       if (own) destroy_slot(group, slot);
+      group.admission.launched(shape, false);  // no launch follows: the call is refused
       throw;
     }
   }

@@ -73,7 +73,8 @@ class SharedExecutables {
     kWhileRoom,     // whenever the executable cache has room
     kWhenGpuWaits,  // and only for a shape patched before for a launch that followed launches
                     // only, with the stream idle once patched (the GPU waited for the host, so
-                    // patching delayed the launch): core::SlotAdmission
+                    // patching delayed the launch), or at the group's launch right after such a
+                    // patch of another: core::SlotAdmission
   };
 
   // `cache_bytes`: device memory that the executables beyond one per group may take

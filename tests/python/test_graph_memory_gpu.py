@@ -95,7 +95,7 @@ def test_random_shape_orders_replay_results_identical_to_eager(executable_cache)
 
     # Warm-up, capture, then replays, each pass in a new random order. A shape replayed right after
     # a capture gets no executable of its own (the GPU waited for the capture, not for launches);
-    # a later launch that patches it while the GPU waits makes the next launch of the function
+    # a later launch that patches it while the GPU waits makes the next launch of its group
     # give its shape one, and the shape gets one at its own next launch.
     for _ in range(5):
         shuffled_pass()
