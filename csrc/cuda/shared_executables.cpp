@@ -522,8 +522,7 @@ size_t SharedExecutables::load(Group& group, uint32_t shape, cudaStream_t stream
       throw;
     }
   }
-  // A capture's join, or a launch right after a capture or an eager run (not host-paced): the
-  // stream drained while the host did that work, which says nothing of launches alone.
+  // A join, or a launch after a capture or an eager run (not host-paced), drained the stream.
   group.admission.launched(shape, costly && gpu_waits(stream));
   if (own) group.slots[slot].bought = true;
   group.slots[slot].last_used = ++clock_;
