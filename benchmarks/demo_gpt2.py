@@ -40,11 +40,15 @@ def main(argv=None):
                         help="tokens to generate (default 64 with a GPU, 16 without)")
     args = parser.parse_args(argv)
     cuda = torch.cuda.is_available()
+    cfg = gpt2.GPT2Config() if cuda else gpt2.GPT2Config.tiny()
+    steps = (64 if cuda else 16) if args.tokens is None else args.tokens
+    if not 1 <= steps <= cfg.n_positions:  # a token per position of the model
+        parser.error(f"--tokens must be from 1 to {cfg.n_positions} for this model, not {steps}")
     if cuda:
-        device, cfg, steps = "cuda", gpt2.GPT2Config(), args.tokens or 64
+        device = "cuda"
         print(f"GPU: {torch.cuda.get_device_name()}; GPT-2 small, fp16, random weights, {steps} tokens")
     else:
-        device, cfg, steps = "cpu", gpt2.GPT2Config.tiny(), args.tokens or 16
+        device = "cpu"
         print("No CUDA GPU here: grape falls back to eager (it says why below); "
               f"running a tiny GPT-2 on the CPU, {steps} tokens.")
     dtype = torch.float16 if cuda else torch.float32

@@ -192,12 +192,13 @@ def timed(fn: Callable[[], object]) -> tuple[object, float]:
 
 
 def progress(iterable: Iterable, desc: str, total: int | None = None) -> Iterable:
-    """A tqdm progress bar where tqdm is installed."""
+    """A tqdm progress bar where tqdm is installed and the output is a terminal (a log keeps
+    no bar's redrawn lines)."""
     try:
         from tqdm import tqdm
     except ImportError:
         return iterable
-    return tqdm(iterable, desc=desc, total=total, leave=False, mininterval=0.5)
+    return tqdm(iterable, desc=desc, total=total, leave=False, mininterval=0.5, disable=None)
 
 
 class PerShapeGraphs:

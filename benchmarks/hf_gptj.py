@@ -14,7 +14,7 @@ launches the same kernels, so no graph of that step runs faster.
 
     python -m benchmarks.hf_gptj                  # b1-greedy, 128 new tokens, 5 reps
     python -m benchmarks.hf_gptj --quick          # 16 new tokens, 2 reps
-    python -m benchmarks.hf_gptj --tiny --quick   # smoke run: a 2-layer GPT-J, fits anywhere
+    python -m benchmarks.hf_gptj --tiny --quick   # smoke run: a 2-layer GPT-J, fits any GPU
     python -m benchmarks.hf_gptj --modes eager,grape_step,grape_inductor
 
 All modes run in one process on the same weights and prompt; tokens are compared with eager's
@@ -259,7 +259,7 @@ def run_case(model, name, ids, new_tokens, reps, modes, config) -> dict:
 def main(argv=None):
     parser = harness.argument_parser(
         __doc__, MODES, "16 new tokens, 2 reps",
-        tiny_help="a 2-layer GPT-J (n_embd 256) instead of GPT-J 6B: a smoke run that fits anywhere")
+        tiny_help="a 2-layer GPT-J (n_embd 256) instead of GPT-J 6B: a smoke run that fits any GPU")
     parser.add_argument("--new-tokens", type=int, default=128,
                         help="tokens each generation adds (default %(default)s)")
     args, modes = harness.parse(parser, argv, AVAILABLE_MODES,

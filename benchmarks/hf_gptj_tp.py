@@ -309,7 +309,7 @@ def main(argv=None):
     parser = harness.argument_parser(
         __doc__, MODES, "16 new tokens, 2 reps",
         tiny_help="a 2-layer GPT-J (n_embd 256, 4 heads) instead of GPT-J 6B: a smoke run that "
-                  "fits anywhere")
+                  "fits any GPU")
     parser.add_argument("--new-tokens", type=int, default=128,
                         help="tokens each generation adds (default %(default)s)")
     parser.add_argument("--device", choices=("cuda", "cpu"), default="cuda",

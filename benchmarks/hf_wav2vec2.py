@@ -4,7 +4,7 @@ fp16, GradScaler, fused AdamW), eager and grape.compile side by side on the same
 
     python -m benchmarks.hf_wav2vec2            # infer and train, 200 batches, 4 epochs a mode
     python -m benchmarks.hf_wav2vec2 --quick    # smoke run: 12 batches, 3 epochs
-    python -m benchmarks.hf_wav2vec2 --tiny     # a 2-layer, 64-wide Wav2Vec2 (runs anywhere fast)
+    python -m benchmarks.hf_wav2vec2 --tiny     # a 2-layer, 64-wide Wav2Vec2 (fast on any GPU)
     python -m benchmarks.hf_wav2vec2 --modes eager,grape,grape_topology,grape_min_memory
 
 Two grape modes run only when named. `grape_topology` is grape with share_executables="topology":

@@ -4,7 +4,7 @@ graph per shape (Note [Device settings]).
 
     python -m benchmarks.train_lm                 # both cases, 200 steps a mode
     python -m benchmarks.train_lm --quick         # smoke run: 40 steps, 1 timed pass
-    python -m benchmarks.train_lm --tiny          # 2-layer, 64-wide models (runs anywhere fast)
+    python -m benchmarks.train_lm --tiny          # 2-layer, 64-wide models (fast on any GPU)
     python -m benchmarks.train_lm --tiny --quick --device cpu   # the script itself, on the CPU
 
 Cases (each batch one of 8 lengths: every length is one call signature):
@@ -357,6 +357,9 @@ def main(argv=None) -> list[dict]:
     args, modes = harness.parse(parser, argv, MODES, None)
     if args.device == "cuda" and not torch.cuda.is_available():
         raise SystemExit(NEEDS)
+    if args.device == "cpu" and not args.tiny:
+        parser.error("--device cpu runs the tiny models only (the full ones take tens of minutes on a "
+                     "CPU): add --tiny")
     if args.quick:
         args.steps, args.reps = 40, 1
     import grape

@@ -172,12 +172,14 @@ def summary(s: dict) -> str:
     lines.append(f"  memory: pool {_mib(s.get('pool_bytes'))}, executables "
                  f"{_mib(s.get('executable_bytes'))}"
                  + (f", budget {_mib(budget)}" if budget is not None else ""))
-    fallbacks = s.get("fallbacks") or []
+    # The line above already gives a whole function's fallback.
+    fallbacks = [f for f in s.get("fallbacks") or []
+                 if f["signature"] or f["reason"] != s.get("fallback")]
     if fallbacks:
         lines.append(f"  fallbacks ({len(fallbacks)}):")
         lines.extend(f"    {f['signature'] or 'every call'} {f['kind']}: {f['reason']}"
                      for f in fallbacks)
-    else:
+    elif not s.get("fallback"):
         lines.append("  fallbacks: none")
     lines.append(f"  ({len(s)} keys in all: dict(grape.stats(f)); docs/semantics.md, \"grape.stats\")")
     return "\n".join(lines)

@@ -353,3 +353,19 @@ def test_every_benchmark_says_it_needs_a_gpu_the_same_way(name):
         module.main(["--quick"])
     # A message and exit status 1, as SystemExit("...") gives, from every script.
     assert isinstance(done.value.code, str) and "CUDA" in done.value.code
+
+
+@pytest.mark.parametrize("argv", [["--tokens", "0"], ["--tokens", "-3"], ["--tokens", "100000"]])
+def test_the_demo_refuses_a_token_count_its_model_cannot_take(argv, capsys):
+    from benchmarks import demo_gpt2
+    with pytest.raises(SystemExit) as done:
+        demo_gpt2.main(argv)
+    assert done.value.code == 2 and "--tokens must be from 1 to" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("name", ["train_lm", "train_ddp"])
+def test_the_training_scripts_run_only_tiny_models_on_the_cpu(name, capsys):
+    module = __import__(f"benchmarks.{name}", fromlist=["main"])
+    with pytest.raises(SystemExit) as done:
+        module.main(["--device", "cpu", "--quick"])
+    assert done.value.code == 2 and "add --tiny" in capsys.readouterr().err

@@ -75,3 +75,18 @@ def test_printed_stats_are_a_short_summary_and_the_dict_stays_whole():
     assert s["calls"] == 10 and dict(s) == s and repr(s) == repr(dict(s))
     one = _stats.Stats(calls=1, replays=0, warmup_calls=0, eager_calls=1, name="step")
     assert str(one).splitlines()[0] == "grape.stats(step): 1 call: 0 replayed, 0 warm-up, 1 eager"
+
+
+def test_printed_stats_give_a_whole_functions_fallback_once():
+    every = {"signature": None, "kind": "no_cuda", "reason": "CUDA is not available"}
+    s = _stats.Stats(calls=3, eager_calls=3, name="f", fallback="CUDA is not available",
+                     fallbacks=[every])
+    text = str(s)
+    assert text.count("CUDA is not available") == 1, text
+    assert "every call runs eagerly: CUDA is not available" in text
+    assert "fallbacks: none" not in text
+    # A signature's own fallback beside it is still listed.
+    own = {"signature": "(Float[2] cpu)", "kind": "host_sync", "reason": ".item() at f.py:2"}
+    s["fallbacks"] = [every, own]
+    assert "(Float[2] cpu) host_sync: .item() at f.py:2" in str(s)
+    assert str(s).count("CUDA is not available") == 1
