@@ -1,0 +1,280 @@
+#include "core/graph_relocation.h"
+
+#include <algorithm>
+#include <cstring>
+
+namespace grape::core {
+namespace {
+
+constexpr int kOffsetBits = 40;  // a stored (index, offset) word: offsets below 1 TiB
+constexpr uint64_t kOffsetMask = (uint64_t{1} << kOffsetBits) - 1;
+constexpr uint64_t kMaxIndex = (uint64_t{1} << (64 - kOffsetBits)) - 1;
+
+uint64_t read_word(const Blob& blob, uint32_t at) {
+  uint64_t word = 0;
+  std::memcpy(&word, blob.data() + at, sizeof(word));
+  return word;
+}
+
+void write_word(Blob& blob, uint32_t at, uint64_t word) {
+  std::memcpy(blob.data() + at, &word, sizeof(word));
+}
+
+uint64_t index_and_offset(uint64_t index, uint64_t offset) {
+  return (index << kOffsetBits) | offset;
+}
+
+// Ranges by begin, for finding the one holding an address (ranges do not overlap).
+class RangeIndex {
+ public:
+  explicit RangeIndex(const std::vector<AddressRange>& ranges) {
+    for (size_t i = 0; i < ranges.size(); ++i) sorted_.push_back({ranges[i], i});
+    std::sort(sorted_.begin(), sorted_.end(),
+              [](const Entry& a, const Entry& b) { return a.range.begin < b.range.begin; });
+  }
+  // The index (as given) of the range holding `address`.
+  std::optional<size_t> find(uint64_t address) const {
+    auto after = std::upper_bound(sorted_.begin(), sorted_.end(), address,
+                                  [](uint64_t a, const Entry& e) { return a < e.range.begin; });
+    if (after == sorted_.begin()) return std::nullopt;
+    const Entry& e = *(after - 1);
+    if (address >= e.range.end) return std::nullopt;
+    return e.index;
+  }
+
+ private:
+  struct Entry {
+    AddressRange range;
+    size_t index;
+  };
+  std::vector<Entry> sorted_;
+};
+
+// Every layout word of a node, in the order of StoredNode::kinds.
+std::vector<uint32_t> layout_words(const NodeLayout& layout) {
+  std::vector<uint32_t> words = layout.address_words;
+  if (layout.kernel_word) words.push_back(*layout.kernel_word);
+  return words;
+}
+
+bool fits(const Blob& blob, uint32_t at) { return size_t{at} + sizeof(uint64_t) <= blob.size(); }
+
+// The stored kind and word of an address word's value `value`. `tensor_index`: the name index
+// of tensor i of `tensors`.
+struct StoredWord {
+  WordKind kind;
+  uint64_t word;
+};
+
+std::optional<StoredWord> store_address(uint64_t value, const std::vector<AddressRange>& lanes,
+                                        const RangeIndex& lane_index,
+                                        const std::vector<AddressRange>& tensors,
+                                        const RangeIndex& tensor_ranges,
+                                        const std::function<uint64_t(size_t)>& tensor_index,
+                                        const std::function<bool(uint64_t)>& is_device_address) {
+  if (auto lane = lane_index.find(value)) {
+    const uint64_t offset = value - lanes[*lane].begin;
+    if (offset > kOffsetMask || *lane > kMaxIndex) return std::nullopt;
+    return StoredWord{WordKind::kArena, index_and_offset(*lane, offset)};
+  }
+  if (auto tensor = tensor_ranges.find(value)) {
+    const uint64_t offset = value - tensors[*tensor].begin;
+    const uint64_t index = tensor_index(*tensor);
+    if (offset > kOffsetMask || index > kMaxIndex) return std::nullopt;
+    return StoredWord{WordKind::kTensor, index_and_offset(index, offset)};
+  }
+  if (value != 0 && is_device_address && is_device_address(value)) {
+    return StoredWord{WordKind::kForeign, value};
+  }
+  return StoredWord{WordKind::kLiteral, value};
+}
+
+uint32_t intern(std::vector<std::string>& table, const std::string& name) {
+  const auto found = std::find(table.begin(), table.end(), name);
+  if (found != table.end()) return static_cast<uint32_t>(found - table.begin());
+  table.push_back(name);
+  return static_cast<uint32_t>(table.size() - 1);
+}
+
+}  // namespace
+
+uint32_t StoredNames::intern_tensor(const std::string& name) { return intern(tensors, name); }
+uint32_t StoredNames::intern_kernel(const std::string& name) { return intern(kernels, name); }
+
+StoreResult store_shape(const std::vector<Blob>& blobs, const std::vector<NodeLayout>& layouts,
+                        const StoreContext& context, StoredNames& names) {
+  StoreResult result;
+  if (blobs.size() != layouts.size()) {
+    result.why_not = "a layout per node is needed";
+    return result;
+  }
+  std::vector<AddressRange> tensors;
+  for (const auto& t : context.tensors) tensors.push_back(t.second);
+  const RangeIndex lane_index(context.lanes), tensor_ranges(tensors);
+  const std::function<uint64_t(size_t)> tensor_index = [&](size_t i) {
+    return uint64_t{names.intern_tensor(context.tensors[i].first)};
+  };
+  result.nodes.reserve(blobs.size());
+  for (size_t node = 0; node < blobs.size(); ++node) {
+    StoredNode stored{layouts[node], {}, blobs[node]};
+    for (uint32_t at : layout_words(layouts[node])) {
+      if (!fits(stored.words, at)) {
+        if (!stored.words.empty()) {
+          result.why_not = "node " + std::to_string(node) + ": a layout word beyond its blob";
+          return result;
+        }
+        // A node the shape lacks (Note [Near topologies]): an empty blob, nothing to store.
+        stored.kinds.push_back(WordKind::kLiteral);
+        continue;
+      }
+      const uint64_t value = read_word(stored.words, at);
+      if (layouts[node].kernel_word && at == *layouts[node].kernel_word) {
+        const std::optional<std::string> name =
+            context.kernel_name ? context.kernel_name(value) : std::nullopt;
+        if (!name) {
+          result.why_not = "node " + std::to_string(node) + ": a kernel the driver does not name";
+          return result;
+        }
+        stored.kinds.push_back(WordKind::kKernel);
+        write_word(stored.words, at, names.intern_kernel(*name));
+        continue;
+      }
+      const std::optional<StoredWord> word =
+          store_address(value, context.lanes, lane_index, tensors, tensor_ranges, tensor_index,
+                        context.is_device_address);
+      if (!word) {
+        result.why_not = "node " + std::to_string(node) + ": an offset too large to store";
+        return result;
+      }
+      stored.kinds.push_back(word->kind);
+      write_word(stored.words, at, word->word);
+    }
+    result.nodes.push_back(std::move(stored));
+  }
+  return result;
+}
+
+std::string match_live_shape(const std::vector<StoredNode>& stored, const StoredNames& names,
+                             const std::vector<Blob>& live, RestoreContext& context) {
+  if (stored.size() != live.size()) {
+    return "the live graph has " + std::to_string(live.size()) + " nodes, the stored one " +
+           std::to_string(stored.size());
+  }
+  // Learned into copies, kept only where the whole shape matches.
+  auto kernels = context.kernels;
+  auto foreign = context.foreign;
+  // This process's tensors, each by the index of its name among the stored names (past the end
+  // for a name not stored: its words then differ from every stored one).
+  std::vector<AddressRange> tensors;
+  std::vector<uint64_t> stored_index;
+  for (const auto& [name, range] : context.tensors) {
+    tensors.push_back(range);
+    stored_index.push_back(static_cast<uint64_t>(
+        std::find(names.tensors.begin(), names.tensors.end(), name) - names.tensors.begin()));
+  }
+  const RangeIndex lane_index(context.lanes), tensor_ranges(tensors);
+  const std::function<uint64_t(size_t)> tensor_index = [&](size_t i) { return stored_index[i]; };
+  for (size_t node = 0; node < stored.size(); ++node) {
+    const StoredNode& s = stored[node];
+    const std::string where = "node " + std::to_string(node);
+    if (s.words.size() != live[node].size()) return where + ": another parameter size";
+    Blob rewritten = live[node];
+    const std::vector<uint32_t> words = layout_words(s.layout);
+    for (size_t i = 0; i < words.size(); ++i) {
+      const uint32_t at = words[i];
+      if (!fits(rewritten, at)) continue;  // an absent node's empty blob
+      const uint64_t value = read_word(rewritten, at);
+      const uint64_t stored_word = read_word(s.words, at);
+      if (s.kinds[i] == WordKind::kKernel) {
+        const std::optional<std::string> name =
+            context.kernel_name ? context.kernel_name(value) : std::nullopt;
+        if (!name || stored_word >= names.kernels.size() || *name != names.kernels[stored_word]) {
+          return where + ": another kernel";
+        }
+        kernels[*name] = value;
+        write_word(rewritten, at, stored_word);
+        continue;
+      }
+      const std::optional<StoredWord> word =
+          store_address(value, context.lanes, lane_index, tensors, tensor_ranges, tensor_index,
+                        context.is_device_address);
+      if (!word || word->kind != s.kinds[i]) return where + ": another kind of address";
+      if (word->kind == WordKind::kForeign) {
+        const auto [it, inserted] = foreign.emplace(stored_word, value);
+        if (!inserted && it->second != value) return where + ": a foreign address maps twice";
+        write_word(rewritten, at, stored_word);
+        continue;
+      }
+      if (word->word != stored_word) return where + ": another address or literal";
+      write_word(rewritten, at, word->word);
+    }
+    if (rewritten != s.words) return where + ": other parameters";
+  }
+  context.kernels = std::move(kernels);
+  context.foreign = std::move(foreign);
+  return {};
+}
+
+RelocateResult relocate_shape(const std::vector<StoredNode>& stored, const StoredNames& names,
+                              const RestoreContext& context) {
+  RelocateResult result;
+  result.blobs.reserve(stored.size());
+  for (size_t node = 0; node < stored.size(); ++node) {
+    const StoredNode& s = stored[node];
+    const std::string where = "node " + std::to_string(node);
+    Blob blob = s.words;
+    const std::vector<uint32_t> words = layout_words(s.layout);
+    for (size_t i = 0; i < words.size(); ++i) {
+      const uint32_t at = words[i];
+      if (!fits(blob, at)) continue;
+      const uint64_t word = read_word(blob, at);
+      const uint64_t index = word >> kOffsetBits, offset = word & kOffsetMask;
+      switch (s.kinds[i]) {
+        case WordKind::kLiteral:
+          break;
+        case WordKind::kArena: {
+          if (index >= context.lanes.size() || offset >= context.lanes[index].bytes()) {
+            result.why_not = where + ": an address beyond the arena's lanes";
+            return result;
+          }
+          write_word(blob, at, context.lanes[index].begin + offset);
+          break;
+        }
+        case WordKind::kTensor: {
+          const auto found =
+              index < names.tensors.size() ? context.tensors.find(names.tensors[index])
+                                           : context.tensors.end();
+          if (found == context.tensors.end() || offset >= found->second.bytes()) {
+            result.why_not = where + ": a module tensor that is not there, or is shorter";
+            return result;
+          }
+          write_word(blob, at, found->second.begin + offset);
+          break;
+        }
+        case WordKind::kForeign: {
+          const auto found = context.foreign.find(word);
+          if (found == context.foreign.end()) {
+            result.why_not = where + ": an address no live capture showed";
+            return result;
+          }
+          write_word(blob, at, found->second);
+          break;
+        }
+        case WordKind::kKernel: {
+          const auto found = word < names.kernels.size() ? context.kernels.find(names.kernels[word])
+                                                         : context.kernels.end();
+          if (found == context.kernels.end()) {
+            result.why_not = where + ": a kernel no live capture ran";
+            return result;
+          }
+          write_word(blob, at, found->second);
+          break;
+        }
+      }
+    }
+    result.blobs.push_back(std::move(blob));
+  }
+  return result;
+}
+
+}  // namespace grape::core

@@ -1,0 +1,113 @@
+#pragma once
+// Note [Relocating stored graphs]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// A graph's parameters hold this process's addresses and kernel handles. A graph stored for a
+// later process (the graph cache: docs/design.md) keeps each node's blob with every word that may
+// hold one of them written as what it points to, not where:
+//   - an address inside the arena: (lane, offset). The arena is the only memory a graph writes,
+//     and its layout is grape's own, so it moves with the lanes' bases;
+//   - an address inside a module tensor: (tensor name, offset), moved with the tensor;
+//   - any other device address (a library's workspace or handle, a constant's storage):
+//     kept as it was, and matched in the later process against a live capture of a stored shape
+//     of the group, which must hold a word of that value at a place where the live graph holds
+//     the same kind of address: this process's value then replaces it wherever it occurs;
+//   - a kernel handle: the kernel's name (its module's and mangled name, from the driver), looked
+//     up among the kernels that the later process's live captures ran;
+//   - anything else: a literal (sizes, strides, scalars, grid and block), kept as it was.
+// Which words may hold an address is the node's layout (the caller's: csrc/cuda knows where a
+// kernel's arguments are); a word of a layout that holds none of the above is a literal, and a
+// word outside every layout is a literal byte run.
+//
+// A later process restores a group only after one of its stored shapes was captured live and its
+// blobs, written the stored way with this process's lanes, tensors and kernel names, equal the
+// stored ones word for word (lanes and offsets, tensor names and offsets, kernel names and
+// literals; the foreign words give the value map). A shape none of whose words is left
+// unresolved is then rebuilt from the stored words; one that is (a foreign value or kernel no
+// live capture showed, a tensor not there) is not restored, and captures when it is called.
+// This file is torch-free and CUDA-free: the caller says what is an address and names kernels.
+
+#include <cstdint>
+#include <functional>
+#include <optional>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "core/address_ranges.h"
+#include "core/param_codec.h"
+
+namespace grape::core {
+
+// Where a node's blob may hold addresses and kernel handles: 8-byte words at these byte offsets.
+struct NodeLayout {
+  std::vector<uint32_t> address_words;         // ascending
+  std::optional<uint32_t> kernel_word;         // a kernel node's function or kernel handle
+};
+
+enum class WordKind : uint8_t { kLiteral, kArena, kTensor, kForeign, kKernel };
+
+// What the storing process knows about its memory and kernels.
+struct StoreContext {
+  std::vector<AddressRange> lanes;                      // the arena's, by lane index
+  std::vector<std::pair<std::string, AddressRange>> tensors;  // module tensors by name
+  std::function<bool(uint64_t)> is_device_address;      // any other memory a graph may read
+  std::function<std::optional<std::string>(uint64_t)> kernel_name;  // of a kernel handle
+};
+
+// A node's blob in the stored form: the blob with each layout word replaced by its stored word,
+// and per layout word its kind.
+struct StoredNode {
+  NodeLayout layout;
+  std::vector<WordKind> kinds;  // per layout word: address_words, then the kernel word
+  Blob words;                   // the blob, layout words rewritten (kArena: lane << 40 | offset;
+                                // kTensor: name index << 40 | offset; kKernel: name index)
+  friend bool operator==(const StoredNode& a, const StoredNode& b) {
+    return a.layout.address_words == b.layout.address_words &&
+           a.layout.kernel_word == b.layout.kernel_word && a.kinds == b.kinds && a.words == b.words;
+  }
+};
+
+// Names the stored words refer to, shared by a group's shapes.
+struct StoredNames {
+  std::vector<std::string> tensors;
+  std::vector<std::string> kernels;
+  uint32_t intern_tensor(const std::string& name);
+  uint32_t intern_kernel(const std::string& name);
+};
+
+// A shape's blobs (one per node, with its layout) in the stored form, or why they cannot be stored
+// (a kernel without a name, an offset beyond what a stored word holds).
+struct StoreResult {
+  std::vector<StoredNode> nodes;
+  std::string why_not;  // empty where stored
+};
+StoreResult store_shape(const std::vector<Blob>& blobs, const std::vector<NodeLayout>& layouts,
+                        const StoreContext& context, StoredNames& names);
+
+// What a later process knows: its lanes (by the stored lane index), its module tensors by name,
+// and the kernels (name -> handle) and foreign values (stored -> live) its live captures showed.
+struct RestoreContext {
+  std::vector<AddressRange> lanes;
+  std::unordered_map<std::string, AddressRange> tensors;
+  std::unordered_map<std::string, uint64_t> kernels;
+  std::unordered_map<uint64_t, uint64_t> foreign;
+  std::function<bool(uint64_t)> is_device_address;
+  std::function<std::optional<std::string>(uint64_t)> kernel_name;
+};
+
+// Matches a live capture's blobs against the stored form of the same shape: empty where they
+// agree, and then `context` has learned the live capture's kernels and foreign values; else what
+// differs first (the group is then dropped).
+std::string match_live_shape(const std::vector<StoredNode>& stored, const StoredNames& names,
+                             const std::vector<Blob>& live, RestoreContext& context);
+
+// A stored shape's blobs for this process, or why not (`why_not`: a name or value that no live
+// capture resolved, a lane or tensor too short).
+struct RelocateResult {
+  std::vector<Blob> blobs;
+  std::string why_not;
+};
+RelocateResult relocate_shape(const std::vector<StoredNode>& stored, const StoredNames& names,
+                              const RestoreContext& context);
+
+}  // namespace grape::core

@@ -1,0 +1,227 @@
+// Relocating stored graphs (Note [Relocating stored graphs]), with synthetic blobs standing for
+// kernel nodes: a kernel handle, three words that may hold addresses, and literal bytes.
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "core/graph_relocation.h"
+
+using grape::core::AddressRange;
+using grape::core::Blob;
+using grape::core::match_live_shape;
+using grape::core::NodeLayout;
+using grape::core::relocate_shape;
+using grape::core::RestoreContext;
+using grape::core::store_shape;
+using grape::core::StoreContext;
+using grape::core::StoredNames;
+using grape::core::StoredNode;
+
+namespace {
+
+constexpr uint64_t kGiB = uint64_t{1} << 30;
+
+// A process's view: where its lanes, its module tensor "w" and a library workspace are, and its
+// kernels' handles.
+struct Process {
+  uint64_t lane0, lane1, weight, workspace;
+  uint64_t gemm, softmax;  // kernel handles
+
+  std::vector<AddressRange> lanes() const {
+    return {{lane0, lane0 + kGiB}, {lane1, lane1 + kGiB}};
+  }
+  // Any address of this process's device memory (the lanes and tensors included).
+  bool is_device_address(uint64_t v) const { return v >= 0x1000'0000 && v < 0x8000'0000'0000; }
+  std::optional<std::string> kernel_name(uint64_t handle) const {
+    if (handle == gemm) return "libcublasLt:gemm_128x64";
+    if (handle == softmax) return "libtorch_cuda:softmax_warp";
+    return std::nullopt;
+  }
+  StoreContext store_context() const {
+    return {lanes(), {{"w", {weight, weight + 4096}}},
+            [this](uint64_t v) { return is_device_address(v); },
+            [this](uint64_t h) { return kernel_name(h); }};
+  }
+  RestoreContext restore_context() const {
+    RestoreContext c;
+    c.lanes = lanes();
+    c.tensors = {{"w", {weight, weight + 4096}}};
+    c.is_device_address = [this](uint64_t v) { return is_device_address(v); };
+    c.kernel_name = [this](uint64_t h) { return kernel_name(h); };
+    return c;
+  }
+};
+
+const Process kStoring{0x7000'0000'0000, 0x7100'0000'0000, 0x5000'0000, 0x6000'0000, 0xA0, 0xB0};
+const Process kLater{0x7a00'0000'0000, 0x7b00'0000'0000, 0x5400'0000, 0x6600'0000, 0xC0, 0xD0};
+
+// Kernel node blob: handle @0, three address words @8 @16 @24, then 12 literal bytes.
+const NodeLayout kLayout{{8, 16, 24}, 0};
+
+void put(Blob& b, size_t at, uint64_t v) { std::memcpy(b.data() + at, &v, sizeof(v)); }
+
+Blob kernel_blob(uint64_t kernel, uint64_t a, uint64_t b, uint64_t c, uint32_t grid) {
+  Blob blob(44, 0);
+  put(blob, 0, kernel);
+  put(blob, 8, a);
+  put(blob, 16, b);
+  put(blob, 24, c);
+  std::memcpy(blob.data() + 32, &grid, sizeof(grid));
+  blob[40] = 0x5a;  // bytes no layout word covers
+  return blob;
+}
+
+// A shape of a two-node graph as process `p` captures it for sequence length `n`: a GEMM reading
+// the weight at an offset and writing an arena buffer whose place depends on n, then a softmax
+// over it in place with n as a literal argument and the library's workspace.
+std::vector<Blob> shape_blobs(const Process& p, uint64_t n) {
+  return {kernel_blob(p.gemm, p.weight + 256, p.lane0 + 4096 * n, p.lane1 + 64, 8),
+          kernel_blob(p.softmax, p.lane0 + 4096 * n, n, p.workspace, static_cast<uint32_t>(n))};
+}
+
+const std::vector<NodeLayout> kLayouts{kLayout, kLayout};
+
+std::vector<StoredNode> store(const std::vector<Blob>& blobs, StoredNames& names) {
+  const auto result = store_shape(blobs, kLayouts, kStoring.store_context(), names);
+  EXPECT_EQ(result.why_not, "");
+  return result.nodes;
+}
+
+}  // namespace
+
+TEST(GraphRelocation, AStoredShapeIsRebuiltWithTheLaterProcesssAddressesAndKernels) {
+  StoredNames names;
+  const auto a = store(shape_blobs(kStoring, 3), names);
+  const auto b = store(shape_blobs(kStoring, 7), names);
+  EXPECT_EQ(names.kernels.size(), 2u);
+  EXPECT_EQ(names.tensors, std::vector<std::string>{"w"});
+  RestoreContext later = kLater.restore_context();
+  // Before a live capture, nothing resolves the kernels or the workspace.
+  EXPECT_NE(relocate_shape(b, names, later).why_not, "");
+  ASSERT_EQ(match_live_shape(a, names, shape_blobs(kLater, 3), later), "");
+  EXPECT_EQ(later.kernels.at("libcublasLt:gemm_128x64"), kLater.gemm);
+  EXPECT_EQ(later.foreign.at(kStoring.workspace), kLater.workspace);
+  const auto relocated = relocate_shape(b, names, later);
+  ASSERT_EQ(relocated.why_not, "");
+  EXPECT_EQ(relocated.blobs, shape_blobs(kLater, 7));
+}
+
+TEST(GraphRelocation, TheStoredFormDependsOnWhereTheProcessPutThingsOnlyInForeignWords) {
+  // The same shape stored by two processes is the same stored shape but for the foreign words,
+  // which keep the storing process's value until a live capture maps it.
+  StoredNames first, second;
+  auto a = store(shape_blobs(kStoring, 5), first);
+  auto result = store_shape(shape_blobs(kLater, 5), kLayouts, kLater.store_context(), second);
+  ASSERT_EQ(result.why_not, "");
+  EXPECT_EQ(first.kernels, second.kernels);
+  ASSERT_EQ(a[1].kinds[2], grape::core::WordKind::kForeign);
+  EXPECT_NE(result.nodes, a);
+  put(a[1].words, 24, 0);
+  put(result.nodes[1].words, 24, 0);
+  EXPECT_EQ(result.nodes, a);
+}
+
+TEST(GraphRelocation, ALiveCaptureThatDiffersDropsTheGroupAndTeachesNothing) {
+  StoredNames names;
+  const auto a = store(shape_blobs(kStoring, 3), names);
+  auto expect_mismatch = [&](std::vector<Blob> live, const char* what) {
+    RestoreContext later = kLater.restore_context();
+    EXPECT_NE(match_live_shape(a, names, live, later), "") << what;
+    EXPECT_TRUE(later.kernels.empty() && later.foreign.empty()) << what;
+  };
+  auto live = shape_blobs(kLater, 3);
+  put(live[0], 16, kLater.lane0 + 8192);  // the arena laid out otherwise
+  expect_mismatch(live, "another arena offset");
+  live = shape_blobs(kLater, 3);
+  put(live[1], 16, 4);  // the literal n
+  expect_mismatch(live, "another literal");
+  live = shape_blobs(kLater, 3);
+  put(live[0], 0, kLater.softmax);
+  expect_mismatch(live, "another kernel");
+  live = shape_blobs(kLater, 3);
+  put(live[0], 8, kLater.weight + 512);
+  expect_mismatch(live, "another offset into the weight");
+  live = shape_blobs(kLater, 3);
+  live[1][40] = 0;
+  expect_mismatch(live, "other bytes outside the layout");
+  live = shape_blobs(kLater, 3);
+  live.pop_back();
+  expect_mismatch(live, "another node count");
+  live = shape_blobs(kLater, 3);
+  put(live[1], 24, kLater.lane1 + 128);  // the workspace's word now points into the arena
+  expect_mismatch(live, "another kind of address");
+}
+
+TEST(GraphRelocation, AForeignAddressMapsToOneLiveAddressOnly) {
+  StoredNames names;
+  auto blobs = shape_blobs(kStoring, 3);
+  put(blobs[0], 24, kStoring.workspace);  // both nodes read the workspace
+  const auto a = store(blobs, names);
+  auto live = shape_blobs(kLater, 3);
+  put(live[0], 24, kLater.workspace + 64);  // ... but the live graph reads two places
+  RestoreContext later = kLater.restore_context();
+  EXPECT_NE(match_live_shape(a, names, live, later), "");
+}
+
+TEST(GraphRelocation, AShapeWithWhatNoLiveCaptureShowedIsNotRestored) {
+  StoredNames names;
+  const auto a = store(shape_blobs(kStoring, 3), names);
+  auto other = shape_blobs(kStoring, 9);
+  put(other[1], 24, kStoring.workspace + 1024);  // another workspace
+  const auto b = store(other, names);
+  RestoreContext later = kLater.restore_context();
+  ASSERT_EQ(match_live_shape(a, names, shape_blobs(kLater, 3), later), "");
+  EXPECT_NE(relocate_shape(b, names, later).why_not.find("no live capture showed"),
+            std::string::npos);
+  // A kernel no live capture ran.
+  const auto c =
+      store({shape_blobs(kStoring, 4)[0], kernel_blob(kStoring.gemm, 0, 0, 0, 1)}, names);
+  RestoreContext only_softmax = kLater.restore_context();
+  only_softmax.foreign = later.foreign;
+  only_softmax.kernels = {{"libtorch_cuda:softmax_warp", kLater.softmax}};
+  EXPECT_NE(relocate_shape(c, names, only_softmax).why_not.find("no live capture ran"),
+            std::string::npos);
+}
+
+TEST(GraphRelocation, MissingOrShorterMemoryIsAReasonNotAWrongAddress) {
+  StoredNames names;
+  const auto a = store(shape_blobs(kStoring, 3), names);
+  RestoreContext later = kLater.restore_context();
+  ASSERT_EQ(match_live_shape(a, names, shape_blobs(kLater, 3), later), "");
+  RestoreContext no_weight = later;
+  no_weight.tensors.clear();
+  EXPECT_NE(relocate_shape(a, names, no_weight).why_not, "");
+  RestoreContext short_weight = later;
+  short_weight.tensors["w"] = {kLater.weight, kLater.weight + 128};  // offset 256 lies past it
+  EXPECT_NE(relocate_shape(a, names, short_weight).why_not, "");
+  RestoreContext short_lane = later;
+  short_lane.lanes[0].end = short_lane.lanes[0].begin + 4096;  // offset 12288 lies past it
+  EXPECT_NE(relocate_shape(a, names, short_lane).why_not, "");
+  RestoreContext one_lane = later;
+  one_lane.lanes.pop_back();
+  EXPECT_NE(relocate_shape(a, names, one_lane).why_not, "");
+}
+
+TEST(GraphRelocation, AKernelTheDriverDoesNotNameMakesTheShapeUnstorable) {
+  StoredNames names;
+  auto blobs = shape_blobs(kStoring, 3);
+  put(blobs[1], 0, 0xEE);
+  const auto result = store_shape(blobs, kLayouts, kStoring.store_context(), names);
+  EXPECT_NE(result.why_not.find("does not name"), std::string::npos);
+  EXPECT_NE(store_shape(blobs, {kLayout}, kStoring.store_context(), names).why_not, "");
+}
+
+TEST(GraphRelocation, ANodeTheShapeLacksStaysEmpty) {
+  // Note [Near topologies]: a shape lacking a node has an empty blob there.
+  StoredNames names;
+  const std::vector<Blob> blobs = {shape_blobs(kStoring, 3)[0], Blob{}};
+  const auto a = store(blobs, names);
+  RestoreContext later = kLater.restore_context();
+  const std::vector<Blob> live = {shape_blobs(kLater, 3)[0], Blob{}};
+  ASSERT_EQ(match_live_shape(a, names, live, later), "");
+  const auto relocated = relocate_shape(a, names, later);
+  ASSERT_EQ(relocated.why_not, "");
+  EXPECT_EQ(relocated.blobs, live);
+}
