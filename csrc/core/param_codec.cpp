@@ -73,11 +73,13 @@ bool for_each_run(const uint8_t* patch, size_t size, Length length, Run run) {
   if (!length(n)) return false;
   size_t at = 0;
   while (pos < size) {
-    at += get_varint(patch, size, pos);
+    const size_t gap = get_varint(patch, size, pos);
     const size_t count = get_varint(patch, size, pos);
-    if (at + count > n || pos + count > size) {
+    // Compared without sums that could wrap: a patch read from a file may be damaged.
+    if (gap > n - at || count > n - at - gap || count > size - pos) {
       throw std::invalid_argument("grape: parameter patch runs past its value");
     }
+    at += gap;
     if (!run(at, patch + pos, count)) return false;
     pos += count;
     at += count;
@@ -140,11 +142,12 @@ void apply_patch(const Blob& base, const uint8_t* patch, size_t size, Blob& out)
       patch, size,
       [&](size_t length) {
         out.assign(length, 0);
-        std::memcpy(out.data(), base.data(), std::min(length, base.size()));
+        const size_t common = std::min(length, base.size());
+        if (common > 0) std::memcpy(out.data(), base.data(), common);
         return true;
       },
       [&](size_t at, const uint8_t* bytes, size_t count) {
-        std::memcpy(out.data() + at, bytes, count);
+        if (count > 0) std::memcpy(out.data() + at, bytes, count);
         return true;
       });
 }

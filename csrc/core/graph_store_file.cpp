@@ -1,0 +1,292 @@
+#include "core/graph_store_file.h"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cerrno>
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <iterator>
+#include <sstream>
+#include <stdexcept>
+
+namespace grape::core {
+namespace {
+
+constexpr char kMagic[] = "GRAPECACHE";  // its 10 characters, no terminator
+constexpr size_t kMagicSize = sizeof(kMagic) - 1;
+constexpr uint32_t kFormatVersion = 1;
+// No node's parameters come near this (a kernel's arguments are at most 32 KiB): a larger
+// length read from a file is damage, refused before anything is allocated for it.
+constexpr uint64_t kMaxBlobBytes = 1 << 20;
+
+uint64_t fnv1a(const uint8_t* data, size_t size) {
+  uint64_t h = 0xcbf29ce484222325ull;
+  for (size_t i = 0; i < size; ++i) h = (h ^ data[i]) * 0x100000001b3ull;
+  return h;
+}
+
+class Writer {
+ public:
+  void u8(uint8_t v) { out.push_back(v); }
+  void u32(uint32_t v) { raw(&v, sizeof v); }
+  void u64(uint64_t v) { raw(&v, sizeof v); }
+  void bytes(const uint8_t* data, size_t size) {
+    u64(size);
+    raw(data, size);
+  }
+  void text(const std::string& s) { bytes(reinterpret_cast<const uint8_t*>(s.data()), s.size()); }
+  void raw(const void* data, size_t size) {
+    const auto* p = static_cast<const uint8_t*>(data);
+    out.insert(out.end(), p, p + size);
+  }
+  Blob out;
+};
+
+// Reads what Writer wrote; throws std::invalid_argument where the bytes run out or a length is
+// out of bounds.
+class Reader {
+ public:
+  Reader(const uint8_t* data, size_t size) : data_(data), size_(size) {}
+  uint8_t u8() { return take<uint8_t>(); }
+  uint32_t u32() { return take<uint32_t>(); }
+  uint64_t u64() { return take<uint64_t>(); }
+  // A count of items each at least `item_bytes` long: no more than the bytes left could hold.
+  uint64_t count(size_t item_bytes) {
+    const uint64_t n = u64();
+    if (n > left() / std::max<size_t>(1, item_bytes)) {
+      throw std::invalid_argument("a count too large");
+    }
+    return n;
+  }
+  const uint8_t* bytes(uint64_t& size) {
+    size = u64();
+    if (size > left()) throw std::invalid_argument("a length past the end");
+    const uint8_t* at = data_ + pos_;
+    pos_ += size;
+    return at;
+  }
+  std::string text() {
+    uint64_t size = 0;
+    const uint8_t* at = bytes(size);
+    return std::string(reinterpret_cast<const char*>(at), size);
+  }
+  size_t left() const { return size_ - pos_; }
+
+ private:
+  template <typename T>
+  T take() {
+    if (left() < sizeof(T)) throw std::invalid_argument("cut short");
+    T v;
+    std::memcpy(&v, data_ + pos_, sizeof v);
+    pos_ += sizeof v;
+    return v;
+  }
+  const uint8_t* data_;
+  size_t size_;
+  size_t pos_ = 0;
+};
+
+// The length of the value a parameter patch makes: its leading varint (Note [Graph parameter
+// codec]), read before anything is allocated for it.
+uint64_t patched_size(const uint8_t* patch, uint64_t size) {
+  uint64_t v = 0;
+  for (uint64_t i = 0, shift = 0; i < size && shift < 64; ++i, shift += 7) {
+    v |= static_cast<uint64_t>(patch[i] & 0x7f) << shift;
+    if ((patch[i] & 0x80) == 0) return v;
+  }
+  throw std::invalid_argument("a patch's length");
+}
+
+void write_names(Writer& w, const std::vector<std::string>& names) {
+  w.u64(names.size());
+  for (const auto& n : names) w.text(n);
+}
+
+std::vector<std::string> read_names(Reader& r) {
+  std::vector<std::string> names(r.count(sizeof(uint64_t)));
+  for (auto& n : names) n = r.text();
+  return names;
+}
+
+void write_group(Writer& w, const StoredGroup& g) {
+  w.u64(g.topology);
+  write_names(w, g.names.tensors);
+  write_names(w, g.names.kernels);
+  w.u64(g.shapes.size());
+  for (const StoredShape& shape : g.shapes) {
+    w.u64(shape.signature.size());
+    for (uint64_t word : shape.signature) w.u64(word);
+    w.u64(shape.nodes.size());
+    for (size_t i = 0; i < shape.nodes.size(); ++i) {
+      const StoredNode& node = shape.nodes[i];
+      w.u64(node.layout.address_words.size());
+      for (uint32_t at : node.layout.address_words) w.u32(at);
+      w.u8(node.layout.kernel_word.has_value());
+      w.u32(node.layout.kernel_word.value_or(0));
+      w.u64(node.kinds.size());
+      for (WordKind k : node.kinds) w.u8(static_cast<uint8_t>(k));
+      // The first shape's words whole, the others' as patches against them.
+      const bool base = &shape == &g.shapes.front() || i >= g.shapes.front().nodes.size();
+      const Blob words =
+          base ? node.words : encode_patch(g.shapes.front().nodes[i].words, node.words);
+      w.u8(base);
+      w.bytes(words.data(), words.size());
+    }
+  }
+}
+
+StoredGroup read_group(Reader& r) {
+  StoredGroup g;
+  g.topology = r.u64();
+  g.names.tensors = read_names(r);
+  g.names.kernels = read_names(r);
+  g.shapes.resize(r.count(2 * sizeof(uint64_t)));
+  for (StoredShape& shape : g.shapes) {
+    shape.signature.resize(r.count(sizeof(uint64_t)));
+    for (uint64_t& word : shape.signature) word = r.u64();
+    shape.nodes.resize(r.count(3 * sizeof(uint64_t)));
+    for (size_t i = 0; i < shape.nodes.size(); ++i) {
+      StoredNode& node = shape.nodes[i];
+      node.layout.address_words.resize(r.count(sizeof(uint32_t)));
+      for (uint32_t& at : node.layout.address_words) at = r.u32();
+      const bool has_kernel = r.u8() != 0;
+      const uint32_t kernel_word = r.u32();
+      if (has_kernel) node.layout.kernel_word = kernel_word;
+      node.kinds.resize(r.count(1));
+      for (WordKind& k : node.kinds) {
+        const uint8_t v = r.u8();
+        if (v > static_cast<uint8_t>(WordKind::kKernel)) throw std::invalid_argument("a word kind");
+        k = static_cast<WordKind>(v);
+      }
+      const bool whole = r.u8() != 0;
+      uint64_t size = 0;
+      const uint8_t* words = r.bytes(size);
+      if (size > kMaxBlobBytes) throw std::invalid_argument("a node's parameters too long");
+      if (whole) {
+        node.words.assign(words, words + size);
+      } else {
+        const StoredShape& first = g.shapes.front();
+        if (&shape == &first || i >= first.nodes.size()) throw std::invalid_argument("a patch");
+        if (patched_size(words, size) > kMaxBlobBytes) {
+          throw std::invalid_argument("a patch too long");
+        }
+        apply_patch(first.nodes[i].words, words, size, node.words);
+      }
+      const size_t expected = node.layout.address_words.size() + (has_kernel ? 1 : 0);
+      if (node.kinds.size() != expected) throw std::invalid_argument("word kinds and layout");
+    }
+  }
+  return g;
+}
+
+// The first line of `a` that differs from `b`'s line of the same name, or one only `b` has.
+std::string first_difference(const std::string& stored, const std::string& here) {
+  std::istringstream s(stored), h(here);
+  std::string a, b;
+  while (true) {
+    const bool more_a = static_cast<bool>(std::getline(s, a));
+    const bool more_b = static_cast<bool>(std::getline(h, b));
+    if (!more_a && !more_b) return "the keys differ";
+    if (a != b) {
+      return "stored with '" + (more_a ? a : std::string("(nothing)")) + "', here '" +
+             (more_b ? b : std::string("(nothing)")) + "'";
+    }
+  }
+}
+
+}  // namespace
+
+Blob encode_graph_file(const std::string& key, const std::vector<StoredGroup>& groups) {
+  Writer payload;
+  payload.u64(groups.size());
+  for (const StoredGroup& g : groups) write_group(payload, g);
+  Writer file;
+  file.raw(kMagic, kMagicSize);
+  file.u32(kFormatVersion);
+  file.text(key);
+  file.bytes(payload.out.data(), payload.out.size());
+  file.u64(fnv1a(file.out.data(), file.out.size()));
+  return std::move(file.out);
+}
+
+DecodedGraphFile decode_graph_file(const Blob& bytes, const std::string& key) {
+  DecodedGraphFile result;
+  if (bytes.size() < kMagicSize + sizeof(uint32_t) + sizeof(uint64_t) ||
+      std::memcmp(bytes.data(), kMagic, kMagicSize) != 0) {
+    result.why = "not a grape graph cache file";
+    return result;
+  }
+  const size_t body = bytes.size() - sizeof(uint64_t);
+  uint64_t checksum = 0;
+  std::memcpy(&checksum, bytes.data() + body, sizeof checksum);
+  if (fnv1a(bytes.data(), body) != checksum) {
+    result.why = "its checksum does not match (cut short or altered)";
+    return result;
+  }
+  try {
+    Reader r(bytes.data() + kMagicSize, body - kMagicSize);
+    const uint32_t version = r.u32();
+    if (version != kFormatVersion) {
+      result.why = "format version " + std::to_string(version) + ", not " +
+                   std::to_string(kFormatVersion);
+      return result;
+    }
+    const std::string stored_key = r.text();
+    if (stored_key != key) {
+      result.status = DecodedGraphFile::Status::kMiss;
+      result.why = first_difference(stored_key, key);
+      return result;
+    }
+    uint64_t size = 0;
+    const uint8_t* payload = r.bytes(size);
+    if (r.left() != 0) throw std::invalid_argument("bytes after the payload");
+    Reader p(payload, size);
+    result.groups.resize(p.count(4 * sizeof(uint64_t)));
+    for (StoredGroup& g : result.groups) g = read_group(p);
+    if (p.left() != 0) throw std::invalid_argument("bytes after the groups");
+  } catch (const std::exception& e) {
+    result.groups.clear();
+    result.why = std::string("unreadable: ") + e.what();
+    return result;
+  }
+  result.status = DecodedGraphFile::Status::kRead;
+  return result;
+}
+
+std::string write_file_atomically(const std::string& path, const Blob& bytes) {
+  // A name no other writer uses: this process's id and a counter.
+  static std::atomic<uint64_t> counter{0};
+  const std::string temporary = path + ".tmp." + std::to_string(::getpid()) + "." +
+                                std::to_string(counter++);
+  {
+    std::ofstream out(temporary, std::ios::binary | std::ios::trunc);
+    out.write(reinterpret_cast<const char*>(bytes.data()),
+              static_cast<std::streamsize>(bytes.size()));
+    out.flush();
+    if (!out) {
+      std::remove(temporary.c_str());
+      return "writing " + temporary + " failed";
+    }
+  }
+  if (std::rename(temporary.c_str(), path.c_str()) != 0) {
+    const std::string why = std::strerror(errno);
+    std::remove(temporary.c_str());
+    return "renaming it to " + path + " failed: " + why;
+  }
+  return {};
+}
+
+Blob read_whole_file(const std::string& path, std::string& error) {
+  error.clear();
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return {};  // no file: a miss, not an error
+  Blob bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  if (in.bad()) error = "reading " + path + " failed";
+  return bytes;
+}
+
+}  // namespace grape::core
