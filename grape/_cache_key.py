@@ -6,17 +6,23 @@ libraries on the same GPU. The key says all of that as text, one ``name=value`` 
 a miss can name what changed (csrc/core/graph_store_file.h):
 
 - ``grape``, ``python``, ``torch``, ``cuda``, ``cudnn``, ``driver``, ``gpu`` (name and compute
-  capability), ``rank`` and ``world`` (torch.distributed, where initialized), and the version of
-  every library that the function's modules come from (``lib:transformers``, ...);
-- ``code``: the function's code objects, its own and every nested one (bytecode, constants,
-  names), and ``source:<file>`` for the file of the function and of every module class reached,
-  so that an edit in the model's file changes the key even where the function only calls it;
+  capability), the CUDA libraries' wheels (``lib:nvidia-cublas-cu13``, ...), ``rank`` and
+  ``world`` (torch.distributed, where initialized), and the version of every library that the
+  function's modules come from (``lib:transformers``, ...);
+- ``settings``: the process-wide switches that choose kernels or their rounding (TF32, cuDNN's
+  benchmark mode, deterministic algorithms, SDPA's backends, the default dtype);
+- ``code``: the code objects of the function and of each function beneath its decorators, with
+  every nested one (bytecode, constants, names), and ``source:<file>`` for the file of each and of
+  every module class reached, so that an edit in the model's file changes the key even where the
+  function only calls it;
+- ``value:<name>``: the plain values (numbers, strings, flags, dtypes, and containers of them) of
+  its closures and of the globals its code names: a branch may compare a shape with one;
 - ``module:<name>``: per module reached (the function itself where it is an ``nn.Module``, the
-  bound method's owner, modules in its closure and in the globals its code names), each
+  bound method's owner, modules in its closures and in the globals its code names), each
   submodule's class, its parameters' and buffers' shapes, dtypes and strides (never their
-  values or addresses: a stored graph reads them in place), and its plain attributes (numbers,
-  strings, flags, and tuples, lists and dicts of them) and those of its settings objects (a
-  transformers config), which can reach a graph as constants.
+  values or addresses: a stored graph reads them in place), its plain attributes and those of its
+  settings objects (a transformers config and the configs in it), which can reach a graph as
+  constants, and its forward hooks.
 
 Argument signatures are not in the key: each stored shape carries its own (a file holds many).
 Nothing here reads a tensor's data.
@@ -24,7 +30,10 @@ Nothing here reads a tensor's data.
 
 from __future__ import annotations
 
+import ctypes
+import enum
 import hashlib
+import importlib.metadata
 import inspect
 import platform
 import sys
@@ -46,12 +55,16 @@ def environment_facts() -> dict[str, str]:
              "torch": torch.__version__, "cuda": str(torch.version.cuda)}
     if torch.cuda.is_available():
         facts["cudnn"] = str(torch.backends.cudnn.version())
-        facts["driver"] = str(torch._C._cuda_getDriverVersion()) \
-            if hasattr(torch._C, "_cuda_getDriverVersion") else "unknown"
+        facts["driver"] = _driver_version()
         props = torch.cuda.get_device_properties(torch.cuda.current_device())
         facts["gpu"] = f"{props.name} sm_{props.major}{props.minor}"
     else:
         facts["cudnn"] = facts["driver"] = facts["gpu"] = "none"
+    # The CUDA libraries' wheels (cuBLAS, cuDNN, NCCL, ...) can change without torch changing.
+    for dist in importlib.metadata.distributions():
+        name = dist.metadata["Name"] or ""
+        if name.startswith("nvidia-"):
+            facts[f"lib:{name}"] = dist.version
     if torch.distributed.is_available() and torch.distributed.is_initialized():
         facts["rank"] = str(torch.distributed.get_rank())
         facts["world"] = str(torch.distributed.get_world_size())
@@ -60,58 +73,112 @@ def environment_facts() -> dict[str, str]:
     return facts
 
 
+def _driver_version() -> str:
+    """The CUDA driver's version (cuDriverGetVersion), or "unknown"."""
+    try:
+        libcuda = ctypes.CDLL("libcuda.so.1")
+        version = ctypes.c_int(0)
+        if libcuda.cuDriverGetVersion(ctypes.byref(version)) == 0:
+            return str(version.value)
+    except (OSError, AttributeError):
+        pass
+    return "unknown"
+
+
 def cache_key(fn: Callable, facts: Optional[dict[str, str]] = None) -> str:
     """The key of what ``fn`` captures (Note [Graph cache keys]); ``facts``: the environment's
     lines (``environment_facts()`` where not given; tests pass their own)."""
     facts = environment_facts() if facts is None else facts
-    modules = _modules_reached(fn)
-    code = _code_of(fn)
+    modules, values = _reached(fn)
+    codes = [f.__code__ for f in _functions(fn) if hasattr(f, "__code__")]
     lines = [f"{name}={value}" for name, value in facts.items()]
+    lines.append(f"settings={';'.join(_torch_settings())}")
     for library in sorted(_libraries(modules)):
         lines.append(f"lib:{library}={_library_version(library)}")
-    lines.append(f"code={_digest(_code_words(code) if code is not None else [repr(fn)])}")
-    files = {_file_of(code)} if code is not None else set()
+    words = [w for code in codes for w in _code_words(code)] if codes else [repr(fn)]
+    lines.append(f"code={_digest(words)}")
+    files = {_file_of(code) for code in codes}
     files |= {_file_of(type(sub)) for _, m in modules for sub in m.modules()}
     for path in sorted(f for f in files if f):
         lines.append(f"source:{path}={_file_digest(path)}")
+    for name, value in values:
+        lines.append(f"value:{name}={value}")
     for name, module in modules:
         lines.append(f"module:{name}={_digest(_structure(module))}")
     return "".join(line.replace("\n", " ") + "\n" for line in lines)
 
 
-def _code_of(fn: Callable) -> Optional[types.CodeType]:
-    """The code ``fn`` runs: a module's forward, a bound method's function, beneath decorators
-    that kept it as ``__wrapped__`` (transformers wraps its forwards)."""
-    if isinstance(fn, torch.nn.Module):
-        fn = type(fn).forward
-    fn = inspect.unwrap(getattr(fn, "__func__", fn))
-    return getattr(fn, "__code__", None)
+def _functions(fn: Callable) -> list[Callable]:
+    """The functions ``fn`` runs: its own (a module's forward, a bound method's function) and each
+    beneath its decorators."""
+    f = type(fn).forward if isinstance(fn, torch.nn.Module) else fn
+    f = getattr(f, "__func__", f)
+    chain: list[Callable] = []
+    while f is not None and all(f is not g for g in chain):
+        chain.append(f)
+        f = getattr(f, "__wrapped__", None)
+    return chain
 
 
-def _modules_reached(fn: Callable) -> list[tuple[str, torch.nn.Module]]:
-    """The modules ``fn`` can read, by a name that says where they were found."""
-    found: list[tuple[str, torch.nn.Module]] = []
+def _names_in(code: types.CodeType) -> set[str]:
+    """The global names a code object and every code object nested in it read."""
+    names = set(code.co_names)
+    for const in code.co_consts:
+        if isinstance(const, types.CodeType):
+            names |= _names_in(const)
+    return names
+
+
+def _reached(fn: Callable) -> tuple[list[tuple[str, torch.nn.Module]], list[tuple[str, str]]]:
+    """What ``fn`` can read besides its arguments: the modules (by a name that says where they
+    were found: ``self``, ``closure.x``, ``global.x``), and the plain values of its closures and of
+    the globals its code names (a threshold a branch compares a shape with)."""
+    modules: list[tuple[str, torch.nn.Module]] = []
+    values: list[tuple[str, str]] = []
     seen: set[int] = set()
 
     def add(name: str, value: Any) -> None:
-        if isinstance(value, torch.nn.Module) and id(value) not in seen:
-            seen.add(id(value))
-            found.append((name, value))
+        if isinstance(value, torch.nn.Module):
+            if id(value) not in seen:
+                seen.add(id(value))
+                modules.append((name, value))
+        elif _plain(value) and not callable(value):
+            values.append((name, repr(value)))
 
     add("self", fn)
     add("self", getattr(fn, "__self__", None))
-    inner = getattr(fn, "__func__", fn)
-    for cell_name, cell in zip(getattr(getattr(inner, "__code__", None), "co_freevars", ()),
-                               getattr(inner, "__closure__", None) or ()):
-        try:
-            add(f"closure.{cell_name}", cell.cell_contents)
-        except ValueError:  # an empty cell
-            pass
-    code = _code_of(fn)
-    scope = getattr(inner, "__globals__", {})
-    for global_name in (code.co_names if code is not None else ()):
-        add(f"global.{global_name}", scope.get(global_name))
-    return found
+    for f in _functions(fn):
+        code = getattr(f, "__code__", None)
+        if code is None:
+            continue
+        for cell_name, cell in zip(code.co_freevars, getattr(f, "__closure__", None) or ()):
+            try:
+                add(f"closure.{cell_name}", cell.cell_contents)
+            except ValueError:  # an empty cell
+                pass
+        scope = getattr(f, "__globals__", {})
+        for global_name in sorted(_names_in(code)):
+            if global_name in scope:
+                add(f"global.{global_name}", scope[global_name])
+    return modules, values
+
+
+def _torch_settings() -> list[str]:
+    """Process-wide settings that choose kernels or their numerics."""
+    cuda = torch.backends.cuda
+    flags = [f"default_dtype={torch.get_default_dtype()}",
+             f"matmul_precision={torch.get_float32_matmul_precision()}",
+             f"matmul_tf32={cuda.matmul.allow_tf32}",
+             f"cudnn_tf32={torch.backends.cudnn.allow_tf32}",
+             f"cudnn_benchmark={torch.backends.cudnn.benchmark}",
+             f"cudnn_enabled={torch.backends.cudnn.enabled}",
+             f"deterministic={torch.are_deterministic_algorithms_enabled()}"]
+    for backend in ("flash_sdp_enabled", "mem_efficient_sdp_enabled", "math_sdp_enabled",
+                    "cudnn_sdp_enabled"):
+        enabled = getattr(cuda, backend, None)
+        if enabled is not None:
+            flags.append(f"{backend}={enabled()}")
+    return flags
 
 
 def _code_words(code: types.CodeType) -> list[Any]:
@@ -134,18 +201,27 @@ def _structure(module: torch.nn.Module) -> list[Any]:
             words.append((pname, tuple(t.shape), str(t.dtype), tuple(t.stride()),
                           t.device.type, bool(t.requires_grad)))
         for attr, value in sorted(vars(sub).items()):
-            if attr.startswith("_"):
-                continue
-            if _plain(value):
-                words.append((attr, repr(value)))
-            elif not isinstance(value, (torch.nn.Module, torch.Tensor)) and \
-                    hasattr(value, "__dict__"):
-                # An object of settings (a transformers config): its plain values, such as a
-                # rope base, reach graphs as constants.
-                words.append((attr, sorted((k, repr(v)) for k, v in vars(value).items()
-                                           if not k.startswith("_") and _plain(v))))
+            if not attr.startswith("_"):
+                words.append((attr, _settings(value, depth=2)))
+        # Hooks run inside the forward, so inside its graphs.
+        for kind in ("_forward_pre_hooks", "_forward_hooks"):
+            hooks = getattr(sub, kind, {})
+            words.append((kind, [getattr(h, "__qualname__", repr(h)) for h in hooks.values()]))
         words.append(("training", sub.training))
     return words
+
+
+def _settings(value: Any, depth: int) -> Any:
+    """A module attribute as the key sees it: a plain value as itself; an object of settings (a
+    transformers config, and the configs in it) as its plain values, which can reach graphs as
+    constants (a rope base); anything else (tensors, modules, functions) as nothing."""
+    if _plain(value):
+        return repr(value)
+    if depth == 0 or isinstance(value, (torch.nn.Module, torch.Tensor)) or callable(value) or \
+            not hasattr(value, "__dict__"):
+        return None
+    return sorted((k, _settings(v, depth - 1)) for k, v in vars(value).items()
+                  if not k.startswith("_"))
 
 
 def _plain(value: Any) -> bool:
@@ -153,7 +229,7 @@ def _plain(value: Any) -> bool:
         return all(_plain(v) for v in value)
     if isinstance(value, dict):
         return all(isinstance(k, str) and _plain(v) for k, v in value.items())
-    return isinstance(value, _PLAIN)
+    return isinstance(value, _PLAIN) or isinstance(value, (torch.dtype, torch.device, enum.Enum))
 
 
 def _libraries(modules: Iterable[tuple[str, torch.nn.Module]]) -> set[str]:

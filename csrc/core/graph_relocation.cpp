@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <unordered_set>
 
 namespace grape::core {
 namespace {
@@ -101,6 +102,17 @@ uint32_t intern(std::vector<std::string>& table, const std::string& name) {
 uint32_t StoredNames::intern_tensor(const std::string& name) { return intern(tensors, name); }
 uint32_t StoredNames::intern_kernel(const std::string& name) { return intern(kernels, name); }
 
+bool valid_layout(const NodeLayout& layout, size_t blob_bytes) {
+  if (blob_bytes == 0) return true;
+  std::vector<uint32_t> words = layout_words(layout);
+  std::sort(words.begin(), words.end());
+  for (size_t i = 0; i < words.size(); ++i) {
+    if (size_t{words[i]} + sizeof(uint64_t) > blob_bytes) return false;
+    if (i > 0 && words[i] - words[i - 1] < sizeof(uint64_t)) return false;
+  }
+  return std::is_sorted(layout.address_words.begin(), layout.address_words.end());
+}
+
 StoreResult store_shape(const std::vector<Blob>& blobs, const std::vector<NodeLayout>& layouts,
                         const StoreContext& context, StoredNames& names) {
   StoreResult result;
@@ -117,12 +129,12 @@ StoreResult store_shape(const std::vector<Blob>& blobs, const std::vector<NodeLa
   result.nodes.reserve(blobs.size());
   for (size_t node = 0; node < blobs.size(); ++node) {
     StoredNode stored{layouts[node], {}, blobs[node]};
+    if (!valid_layout(layouts[node], blobs[node].size())) {
+      result.why_not = "node " + std::to_string(node) + ": layout words that overlap or overrun";
+      return result;
+    }
     for (uint32_t at : layout_words(layouts[node])) {
-      if (!fits(stored.words, at)) {
-        if (!stored.words.empty()) {
-          result.why_not = "node " + std::to_string(node) + ": a layout word beyond its blob";
-          return result;
-        }
+      if (stored.words.empty()) {
         // A node the shape lacks (Note [Near topologies]): an empty blob, nothing to store.
         stored.kinds.push_back(WordKind::kLiteral);
         continue;
@@ -135,8 +147,15 @@ StoreResult store_shape(const std::vector<Blob>& blobs, const std::vector<NodeLa
           result.why_not = "node " + std::to_string(node) + ": a kernel the driver does not name";
           return result;
         }
+        const uint32_t index = names.intern_kernel(*name);
+        names.kernel_handles.resize(names.kernels.size(), 0);
+        if (names.kernel_handles[index] != 0 && names.kernel_handles[index] != value) {
+          result.why_not = "two kernels are named " + *name;
+          return result;
+        }
+        names.kernel_handles[index] = value;
         stored.kinds.push_back(WordKind::kKernel);
-        write_word(stored.words, at, names.intern_kernel(*name));
+        write_word(stored.words, at, index);
         continue;
       }
       const std::optional<StoredWord> word =
@@ -163,6 +182,8 @@ std::string match_live_shape(const std::vector<StoredNode>& stored, const Stored
   // Learned into copies, kept only where the whole shape matches.
   auto kernels = context.kernels;
   auto foreign = context.foreign;
+  std::unordered_set<uint64_t> live_foreign;
+  for (const auto& [stored_value, live_value] : foreign) live_foreign.insert(live_value);
   // This process's tensors, each by the index of its name among the stored names (past the end
   // for a name not stored: its words then differ from every stored one).
   std::vector<AddressRange> tensors;
@@ -178,6 +199,10 @@ std::string match_live_shape(const std::vector<StoredNode>& stored, const Stored
     const StoredNode& s = stored[node];
     const std::string where = "node " + std::to_string(node);
     if (s.words.size() != live[node].size()) return where + ": another parameter size";
+    if (!valid_layout(s.layout, s.words.size()) ||
+        s.kinds.size() != layout_words(s.layout).size()) {
+      return where + ": a damaged layout";
+    }
     Blob rewritten = live[node];
     const std::vector<uint32_t> words = layout_words(s.layout);
     for (size_t i = 0; i < words.size(); ++i) {
@@ -191,7 +216,8 @@ std::string match_live_shape(const std::vector<StoredNode>& stored, const Stored
         if (!name || stored_word >= names.kernels.size() || *name != names.kernels[stored_word]) {
           return where + ": another kernel";
         }
-        kernels[*name] = value;
+        const auto [known, added] = kernels.emplace(*name, value);
+        if (!added && known->second != value) return where + ": two live kernels named " + *name;
         write_word(rewritten, at, stored_word);
         continue;
       }
@@ -202,6 +228,10 @@ std::string match_live_shape(const std::vector<StoredNode>& stored, const Stored
       if (word->kind == WordKind::kForeign) {
         const auto [it, inserted] = foreign.emplace(stored_word, value);
         if (!inserted && it->second != value) return where + ": a foreign address maps twice";
+        // Two objects the storing process kept apart must not become one here.
+        if (inserted && !live_foreign.insert(value).second) {
+          return where + ": two foreign addresses map to one";
+        }
         write_word(rewritten, at, stored_word);
         continue;
       }
@@ -224,9 +254,16 @@ RelocateResult relocate_shape(const std::vector<StoredNode>& stored, const Store
     const std::string where = "node " + std::to_string(node);
     Blob blob = s.words;
     const std::vector<uint32_t> words = layout_words(s.layout);
+    if (!valid_layout(s.layout, blob.size()) || s.kinds.size() != words.size()) {
+      result.why_not = where + ": a damaged layout";
+      return result;
+    }
+    if (blob.empty()) {
+      result.blobs.push_back(std::move(blob));
+      continue;
+    }
     for (size_t i = 0; i < words.size(); ++i) {
       const uint32_t at = words[i];
-      if (!fits(blob, at)) continue;
       const uint64_t word = read_word(blob, at);
       const uint64_t index = word >> kOffsetBits, offset = word & kOffsetMask;
       switch (s.kinds[i]) {

@@ -38,11 +38,16 @@
 
 namespace grape::core {
 
-// Where a node's blob may hold addresses and kernel handles: 8-byte words at these byte offsets.
+// Where a node's blob may hold addresses and kernel handles: 8-byte words at these byte offsets,
+// apart from each other (valid_layout).
 struct NodeLayout {
   std::vector<uint32_t> address_words;         // ascending
   std::optional<uint32_t> kernel_word;         // a kernel node's function or kernel handle
 };
+
+// Whether `layout`'s words are ascending, do not overlap each other or the kernel word, and lie
+// in a blob of `blob_bytes` (an empty blob: a node the shape lacks, which has none).
+bool valid_layout(const NodeLayout& layout, size_t blob_bytes);
 
 enum class WordKind : uint8_t { kLiteral, kArena, kTensor, kForeign, kKernel };
 
@@ -73,6 +78,9 @@ struct StoredNames {
   std::vector<std::string> kernels;
   uint32_t intern_tensor(const std::string& name);
   uint32_t intern_kernel(const std::string& name);
+  // While storing: the handle each kernel name stood for, so that two kernels of one name (a
+  // generated kernel's, say) make the group unstorable instead of one standing for the other.
+  std::vector<uint64_t> kernel_handles;
 };
 
 // A shape's blobs (one per node, with its layout) in the stored form, or why they cannot be stored
@@ -86,6 +94,8 @@ StoreResult store_shape(const std::vector<Blob>& blobs, const std::vector<NodeLa
 
 // What a later process knows: its lanes (by the stored lane index), its module tensors by name,
 // and the kernels (name -> handle) and foreign values (stored -> live) its live captures showed.
+// One per stored group: a foreign value is an address of the storing process, and only within
+// one group (one storing process) does a value name one object.
 struct RestoreContext {
   std::vector<AddressRange> lanes;
   std::unordered_map<std::string, AddressRange> tensors;

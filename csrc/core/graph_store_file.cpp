@@ -1,9 +1,9 @@
 #include "core/graph_store_file.h"
 
+#include <fcntl.h>
 #include <unistd.h>
 
 #include <algorithm>
-#include <atomic>
 #include <cerrno>
 #include <chrono>
 #include <cstdio>
@@ -22,6 +22,9 @@ constexpr uint32_t kFormatVersion = 1;
 // No node's parameters come near this (a kernel's arguments are at most 32 KiB): a larger
 // length read from a file is damage, refused before anything is allocated for it.
 constexpr uint64_t kMaxBlobBytes = 1 << 20;
+// Nor does a file's whole decoding (a generation's shapes take tens of MB): patches expand, so a
+// small file could otherwise ask for any amount of memory.
+constexpr uint64_t kMaxDecodedBytes = uint64_t{1} << 30;
 
 uint64_t fnv1a(const uint8_t* data, size_t size) {
   uint64_t h = 0xcbf29ce484222325ull;
@@ -139,7 +142,7 @@ void write_group(Writer& w, const StoredGroup& g) {
   }
 }
 
-StoredGroup read_group(Reader& r) {
+StoredGroup read_group(Reader& r, uint64_t& decoded) {
   StoredGroup g;
   g.topology = r.u64();
   g.names.tensors = read_names(r);
@@ -166,18 +169,22 @@ StoredGroup read_group(Reader& r) {
       uint64_t size = 0;
       const uint8_t* words = r.bytes(size);
       if (size > kMaxBlobBytes) throw std::invalid_argument("a node's parameters too long");
+      const uint64_t value_bytes = whole ? size : patched_size(words, size);
+      decoded += value_bytes;
+      if (value_bytes > kMaxBlobBytes || decoded > kMaxDecodedBytes) {
+        throw std::invalid_argument("parameters too long");
+      }
       if (whole) {
         node.words.assign(words, words + size);
       } else {
         const StoredShape& first = g.shapes.front();
         if (&shape == &first || i >= first.nodes.size()) throw std::invalid_argument("a patch");
-        if (patched_size(words, size) > kMaxBlobBytes) {
-          throw std::invalid_argument("a patch too long");
-        }
         apply_patch(first.nodes[i].words, words, size, node.words);
       }
       const size_t expected = node.layout.address_words.size() + (has_kernel ? 1 : 0);
-      if (node.kinds.size() != expected) throw std::invalid_argument("word kinds and layout");
+      if (node.kinds.size() != expected || !valid_layout(node.layout, node.words.size())) {
+        throw std::invalid_argument("a node's layout");
+      }
     }
   }
   return g;
@@ -246,7 +253,8 @@ DecodedGraphFile decode_graph_file(const Blob& bytes, const std::string& key) {
     if (r.left() != 0) throw std::invalid_argument("bytes after the payload");
     Reader p(payload, size);
     result.groups.resize(p.count(4 * sizeof(uint64_t)));
-    for (StoredGroup& g : result.groups) g = read_group(p);
+    uint64_t decoded = 0;
+    for (StoredGroup& g : result.groups) g = read_group(p, decoded);
     if (p.left() != 0) throw std::invalid_argument("bytes after the groups");
   } catch (const std::exception& e) {
     result.groups.clear();
@@ -258,24 +266,31 @@ DecodedGraphFile decode_graph_file(const Blob& bytes, const std::string& key) {
 }
 
 std::string write_file_atomically(const std::string& path, const Blob& bytes) {
-  // A name no other writer uses: this process's id and a counter.
-  static std::atomic<uint64_t> counter{0};
-  const std::string temporary = path + ".tmp." + std::to_string(::getpid()) + "." +
-                                std::to_string(counter++);
-  {
-    std::ofstream out(temporary, std::ios::binary | std::ios::trunc);
-    out.write(reinterpret_cast<const char*>(bytes.data()),
-              static_cast<std::streamsize>(bytes.size()));
-    out.flush();
-    if (!out) {
-      std::remove(temporary.c_str());
-      return "writing " + temporary + " failed";
-    }
+  // A name no other writer, in this process or another, can be using.
+  std::string temporary = path + ".tmp.XXXXXX";
+  const int fd = ::mkstemp(temporary.data());
+  if (fd < 0) {
+    return "creating a temporary file beside " + path + " failed: " + std::strerror(errno);
+  }
+  size_t written = 0;
+  while (written < bytes.size()) {
+    const ssize_t n = ::write(fd, bytes.data() + written, bytes.size() - written);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) break;
+    written += static_cast<size_t>(n);
+  }
+  // On disk before the rename makes it the file, so a crash cannot leave a named partial file.
+  const bool whole = written == bytes.size() && ::fsync(fd) == 0;
+  const std::string why = std::strerror(errno);
+  ::close(fd);
+  if (!whole) {
+    std::remove(temporary.c_str());
+    return "writing " + temporary + " failed: " + why;
   }
   if (std::rename(temporary.c_str(), path.c_str()) != 0) {
-    const std::string why = std::strerror(errno);
+    const std::string failed = std::strerror(errno);
     std::remove(temporary.c_str());
-    return "renaming it to " + path + " failed: " + why;
+    return "renaming it to " + path + " failed: " + failed;
   }
   return {};
 }
@@ -283,7 +298,10 @@ std::string write_file_atomically(const std::string& path, const Blob& bytes) {
 Blob read_whole_file(const std::string& path, std::string& error) {
   error.clear();
   std::ifstream in(path, std::ios::binary);
-  if (!in) return {};  // no file: a miss, not an error
+  if (!in) {
+    if (errno != ENOENT) error = "opening " + path + " failed: " + std::strerror(errno);
+    return {};  // no file: a miss, not an error
+  }
   Blob bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
   if (in.bad()) error = "reading " + path + " failed";
   return bytes;

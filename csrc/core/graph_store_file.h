@@ -11,8 +11,9 @@
 // line that differs says why; a file cut short, altered, or of another format version is
 // unreadable, with the reason, and is ignored. Nothing in a file is code: the payload is
 // numbers, names and parameter bytes, read with every length checked.
-// A file is written to a temporary name in its directory and renamed over the old one, so a
-// reader sees a whole file, old or new, and two processes may write one directory at once.
+// A file is written to a temporary name in its directory (mkstemp), flushed to disk and renamed
+// over the old one, so a reader sees a whole file, old or new, and two processes may write one
+// directory at once. A file decoding to more than 1 GiB is refused: its lengths are damage.
 // Within the payload a shape's node words are patches against the group's first shape (the
 // parameter codec's), since most of a node's words are equal from shape to shape.
 // This file is torch-free and CUDA-free.
@@ -51,7 +52,7 @@ DecodedGraphFile decode_graph_file(const Blob& bytes, const std::string& key);
 // Writes `bytes` to `path` through a temporary file in the same directory and a rename; returns
 // what failed, or nothing.
 std::string write_file_atomically(const std::string& path, const Blob& bytes);
-// The bytes of `path`; `error` says why not (nothing where the file does not exist).
+// The bytes of `path`; `error` says why not (nothing where the file does not exist: a miss).
 Blob read_whole_file(const std::string& path, std::string& error);
 
 }  // namespace grape::core

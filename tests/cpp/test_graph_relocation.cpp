@@ -225,3 +225,61 @@ TEST(GraphRelocation, ANodeTheShapeLacksStaysEmpty) {
   ASSERT_EQ(relocated.why_not, "");
   EXPECT_EQ(relocated.blobs, live);
 }
+
+TEST(GraphRelocation, TwoKernelsOfOneNameAreNeverOneForTheOther) {
+  // Generated kernels (a compiler's, a library's runtime fusion) may share a name.
+  Process twin = kStoring;
+  twin.softmax = 0xA8;  // another handle the driver names as gemm
+  const auto name_both_gemm = [&](uint64_t h) -> std::optional<std::string> {
+    if (h == kStoring.gemm || h == twin.softmax) return "libcublasLt:gemm_128x64";
+    return kStoring.kernel_name(h);
+  };
+  StoreContext context = kStoring.store_context();
+  context.kernel_name = name_both_gemm;
+  StoredNames names;
+  const auto stored = store_shape({kernel_blob(kStoring.gemm, 0, 0, 0, 1),
+                                   kernel_blob(twin.softmax, 0, 0, 0, 1)},
+                                  kLayouts, context, names);
+  EXPECT_NE(stored.why_not.find("two kernels are named"), std::string::npos) << stored.why_not;
+  // In the later process: a stored shape of one kernel, a live capture showing two of its name.
+  StoredNames one;
+  const auto a = store({kernel_blob(kStoring.gemm, 0, 0, 0, 1),
+                        kernel_blob(kStoring.gemm, 0, 0, 0, 2)}, one);
+  RestoreContext later = kLater.restore_context();
+  later.kernel_name = [&](uint64_t h) -> std::optional<std::string> {
+    if (h == kLater.gemm || h == 0xE0) return "libcublasLt:gemm_128x64";
+    return std::nullopt;
+  };
+  const std::vector<Blob> live = {kernel_blob(kLater.gemm, 0, 0, 0, 1),
+                                  kernel_blob(0xE0, 0, 0, 0, 2)};
+  EXPECT_NE(match_live_shape(a, one, live, later).find("two live kernels"), std::string::npos);
+}
+
+TEST(GraphRelocation, TwoForeignAddressesTheStoringProcessKeptApartStayApart) {
+  StoredNames names;
+  auto blobs = shape_blobs(kStoring, 3);
+  put(blobs[0], 24, kStoring.workspace + 4096);  // a second workspace
+  const auto a = store(blobs, names);
+  auto live = shape_blobs(kLater, 3);
+  put(live[0], 24, kLater.workspace);  // ... which here is the first one
+  RestoreContext later = kLater.restore_context();
+  EXPECT_NE(match_live_shape(a, names, live, later).find("map to one"), std::string::npos);
+  EXPECT_TRUE(later.foreign.empty());
+}
+
+TEST(GraphRelocation, LayoutsWhoseWordsOverlapOrOverrunAreRefused) {
+  StoredNames names;
+  const NodeLayout overlapping{{8, 12}, 0}, overrunning{{8, 40}, 0}, on_the_kernel{{0, 8}, 0};
+  for (const NodeLayout& bad : {overlapping, overrunning, on_the_kernel}) {
+    EXPECT_NE(store_shape({kernel_blob(kStoring.gemm, 0, 0, 0, 1)}, {bad},
+                          kStoring.store_context(), names).why_not, "");
+  }
+  EXPECT_TRUE(grape::core::valid_layout(kLayout, 44));
+  EXPECT_TRUE(grape::core::valid_layout(overrunning, 0)) << "an absent node has no words";
+  // A stored node whose layout was damaged after storing is refused, not half relocated.
+  auto a = store(shape_blobs(kStoring, 3), names);
+  RestoreContext later = kLater.restore_context();
+  ASSERT_EQ(match_live_shape(a, names, shape_blobs(kLater, 3), later), "");
+  a[1].layout.address_words = {8, 12, 24};
+  EXPECT_NE(relocate_shape(a, names, later).why_not, "");
+}

@@ -158,9 +158,11 @@ TEST(GraphStoreFile, WritesAreWholeEvenWhenTwoWritersRace) {
   std::vector<std::thread> writers;
   for (int t = 0; t < 4; ++t) {
     writers.emplace_back([&, t] {
+      std::string read_error;
       for (int i = 0; i < 50; ++i) {
         EXPECT_EQ(write_file_atomically(path, t % 2 ? one : other), "");
-        const Blob read = read_whole_file(path, error);
+        const Blob read = read_whole_file(path, read_error);
+        EXPECT_EQ(read_error, "");
         EXPECT_EQ(decode_graph_file(read, kKey).status, DecodedGraphFile::Status::kRead);
       }
     });

@@ -141,3 +141,49 @@ def test_a_decorated_forward_is_keyed_by_the_code_beneath_the_decorator():
 
     # The classes differ in name (module line) and, beneath the shared wrapper, in code.
     assert "code" in differing(cache_key(Relu(), FACTS), cache_key(Sigmoid(), FACTS))
+
+
+def test_a_decorated_function_reading_a_global_model_and_threshold_is_keyed_by_them(tmp_path):
+    path = tmp_path / "decorated_step.py"
+    source = textwrap.dedent("""
+        import torch
+        model = torch.nn.Linear(4, WIDTH)
+        LIMIT = 64
+        @torch.no_grad()
+        def step(x):
+            return model(x) if x.shape[0] < LIMIT else model(x).relu()
+    """)
+    keys = []
+    for width, limit in ((4, 64), (8, 64), (4, 32)):
+        path.write_text(source.replace("WIDTH", str(width)).replace("= 64", f"= {limit}"))
+        keys.append(cache_key(_load(path, f"decorated_step_{width}_{limit}").step, FACTS))
+    assert differing(keys[0], keys[1]) == ["module:global.model", f"source:{path}"]
+    assert differing(keys[0], keys[2]) == [f"source:{path}", "value:global.LIMIT"]
+
+
+def test_process_settings_hooks_and_nested_configs_change_the_key():
+    base = cache_key(Block(), FACTS)
+    previous = torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = not previous
+    try:
+        assert differing(base, cache_key(Block(), FACTS)) == ["settings"]
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = previous
+    hooked = Block()
+    hooked.proj.register_forward_hook(lambda module, args, out: out * 2)
+    assert differing(base, cache_key(hooked, FACTS)) == ["module:self"]
+
+    class Inner:
+        def __init__(self, theta):
+            self.rope_theta = theta
+
+    class Outer:
+        def __init__(self, theta):
+            self.text_config = Inner(theta)
+
+    def with_nested(theta):
+        block = Block()
+        block.config = Outer(theta)
+        return cache_key(block, FACTS)
+
+    assert differing(with_nested(1e4), with_nested(5e5)) == ["module:self"]
