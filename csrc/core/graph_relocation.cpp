@@ -54,8 +54,15 @@ class RangeIndex {
 // Every layout word of a node, in the order of StoredNode::kinds.
 std::vector<uint32_t> layout_words(const NodeLayout& layout) {
   std::vector<uint32_t> words = layout.address_words;
+  words.insert(words.end(), layout.handle_words.begin(), layout.handle_words.end());
   if (layout.kernel_word) words.push_back(*layout.kernel_word);
   return words;
+}
+
+// Whether layout word `i` (in layout_words' order) is one of the handle words.
+bool is_handle_word(const NodeLayout& layout, size_t i) {
+  return i >= layout.address_words.size() &&
+         i < layout.address_words.size() + layout.handle_words.size();
 }
 
 bool fits(const Blob& blob, uint32_t at) { return size_t{at} + sizeof(uint64_t) <= blob.size(); }
@@ -133,13 +140,19 @@ StoreResult store_shape(const std::vector<Blob>& blobs, const std::vector<NodeLa
       result.why_not = "node " + std::to_string(node) + ": layout words that overlap or overrun";
       return result;
     }
-    for (uint32_t at : layout_words(layouts[node])) {
+    const std::vector<uint32_t> words = layout_words(layouts[node]);
+    for (size_t i = 0; i < words.size(); ++i) {
+      const uint32_t at = words[i];
       if (stored.words.empty()) {
         // A node the shape lacks (Note [Near topologies]): an empty blob, nothing to store.
         stored.kinds.push_back(WordKind::kLiteral);
         continue;
       }
       const uint64_t value = read_word(stored.words, at);
+      if (is_handle_word(layouts[node], i)) {
+        stored.kinds.push_back(value != 0 ? WordKind::kForeign : WordKind::kLiteral);
+        continue;
+      }
       if (layouts[node].kernel_word && at == *layouts[node].kernel_word) {
         const std::optional<std::string> name =
             context.kernel_name ? context.kernel_name(value) : std::nullopt;
@@ -222,8 +235,10 @@ std::string match_live_shape(const std::vector<StoredNode>& stored, const Stored
         continue;
       }
       const std::optional<StoredWord> word =
-          store_address(value, context.lanes, lane_index, tensors, tensor_ranges, tensor_index,
-                        context.is_device_address);
+          is_handle_word(s.layout, i)
+              ? StoredWord{value != 0 ? WordKind::kForeign : WordKind::kLiteral, value}
+              : store_address(value, context.lanes, lane_index, tensors, tensor_ranges,
+                              tensor_index, context.is_device_address);
       if (!word || word->kind != s.kinds[i]) return where + ": another kind of address";
       if (word->kind == WordKind::kForeign) {
         const auto [it, inserted] = foreign.emplace(stored_word, value);

@@ -13,6 +13,7 @@
 //     the same kind of address: this process's value then replaces it wherever it occurs;
 //   - a kernel handle: the kernel's name (its module's and mangled name, from the driver), looked
 //     up among the kernels that the later process's live captures ran;
+//   - another driver handle (a kernel's context): kept, and mapped as a foreign address is;
 //   - anything else: a literal (sizes, strides, scalars, grid and block), kept as it was.
 // Which words may hold an address is the node's layout (the caller's: csrc/cuda knows where a
 // kernel's arguments are); a word of a layout that holds none of the above is a literal, and a
@@ -42,6 +43,9 @@ namespace grape::core {
 // apart from each other (valid_layout).
 struct NodeLayout {
   std::vector<uint32_t> address_words;         // ascending
+  // Driver handles of the capturing process (a kernel's context): stored as they were and
+  // mapped from the live capture, as foreign addresses are.
+  std::vector<uint32_t> handle_words;
   std::optional<uint32_t> kernel_word;         // a kernel node's function or kernel handle
 };
 
@@ -63,11 +67,12 @@ struct StoreContext {
 // and per layout word its kind.
 struct StoredNode {
   NodeLayout layout;
-  std::vector<WordKind> kinds;  // per layout word: address_words, then the kernel word
+  std::vector<WordKind> kinds;  // per layout word: address_words, handle_words, the kernel word
   Blob words;                   // the blob, layout words rewritten (kArena: lane << 40 | offset;
                                 // kTensor: name index << 40 | offset; kKernel: name index)
   friend bool operator==(const StoredNode& a, const StoredNode& b) {
     return a.layout.address_words == b.layout.address_words &&
+           a.layout.handle_words == b.layout.handle_words &&
            a.layout.kernel_word == b.layout.kernel_word && a.kinds == b.kinds && a.words == b.words;
   }
 };

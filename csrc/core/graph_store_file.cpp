@@ -128,6 +128,8 @@ void write_group(Writer& w, const StoredGroup& g) {
       const StoredNode& node = shape.nodes[i];
       w.u64(node.layout.address_words.size());
       for (uint32_t at : node.layout.address_words) w.u32(at);
+      w.u64(node.layout.handle_words.size());
+      for (uint32_t at : node.layout.handle_words) w.u32(at);
       w.u8(node.layout.kernel_word.has_value());
       w.u32(node.layout.kernel_word.value_or(0));
       w.u64(node.kinds.size());
@@ -151,11 +153,13 @@ StoredGroup read_group(Reader& r, uint64_t& decoded) {
   for (StoredShape& shape : g.shapes) {
     shape.signature.resize(r.count(sizeof(uint64_t)));
     for (uint64_t& word : shape.signature) word = r.u64();
-    shape.nodes.resize(r.count(3 * sizeof(uint64_t)));
+    shape.nodes.resize(r.count(4 * sizeof(uint64_t)));
     for (size_t i = 0; i < shape.nodes.size(); ++i) {
       StoredNode& node = shape.nodes[i];
       node.layout.address_words.resize(r.count(sizeof(uint32_t)));
       for (uint32_t& at : node.layout.address_words) at = r.u32();
+      node.layout.handle_words.resize(r.count(sizeof(uint32_t)));
+      for (uint32_t& at : node.layout.handle_words) at = r.u32();
       const bool has_kernel = r.u8() != 0;
       const uint32_t kernel_word = r.u32();
       if (has_kernel) node.layout.kernel_word = kernel_word;
@@ -181,7 +185,8 @@ StoredGroup read_group(Reader& r, uint64_t& decoded) {
         if (&shape == &first || i >= first.nodes.size()) throw std::invalid_argument("a patch");
         apply_patch(first.nodes[i].words, words, size, node.words);
       }
-      const size_t expected = node.layout.address_words.size() + (has_kernel ? 1 : 0);
+      const size_t expected = node.layout.address_words.size() +
+                              node.layout.handle_words.size() + (has_kernel ? 1 : 0);
       if (node.kinds.size() != expected || !valid_layout(node.layout, node.words.size())) {
         throw std::invalid_argument("a node's layout");
       }

@@ -28,6 +28,7 @@ constexpr uint64_t kGiB = uint64_t{1} << 30;
 struct Process {
   uint64_t lane0, lane1, weight, workspace;
   uint64_t gemm, softmax;  // kernel handles
+  uint64_t context;        // the driver context kernels are launched in
 
   std::vector<AddressRange> lanes() const {
     return {{lane0, lane0 + kGiB}, {lane1, lane1 + kGiB}};
@@ -54,22 +55,27 @@ struct Process {
   }
 };
 
-const Process kStoring{0x7000'0000'0000, 0x7100'0000'0000, 0x5000'0000, 0x6000'0000, 0xA0, 0xB0};
-const Process kLater{0x7a00'0000'0000, 0x7b00'0000'0000, 0x5400'0000, 0x6600'0000, 0xC0, 0xD0};
+const Process kStoring{0x7000'0000'0000, 0x7100'0000'0000, 0x5000'0000, 0x6000'0000, 0xA0, 0xB0,
+                       0x5500};
+const Process kLater{0x7a00'0000'0000, 0x7b00'0000'0000, 0x5400'0000, 0x6600'0000, 0xC0, 0xD0,
+                     0x7700};
 
-// Kernel node blob: handle @0, three address words @8 @16 @24, then 12 literal bytes.
-const NodeLayout kLayout{{8, 16, 24}, 0};
+// Kernel node blob: handle @0, three address words @8 @16 @24, 8 literal bytes, the context
+// handle @40, then 4 literal bytes.
+const NodeLayout kLayout{{8, 16, 24}, {40}, 0};
 
 void put(Blob& b, size_t at, uint64_t v) { std::memcpy(b.data() + at, &v, sizeof(v)); }
 
-Blob kernel_blob(uint64_t kernel, uint64_t a, uint64_t b, uint64_t c, uint32_t grid) {
-  Blob blob(44, 0);
+Blob kernel_blob(uint64_t kernel, uint64_t a, uint64_t b, uint64_t c, uint32_t grid,
+                 uint64_t context = 0) {
+  Blob blob(52, 0);
   put(blob, 0, kernel);
   put(blob, 8, a);
   put(blob, 16, b);
   put(blob, 24, c);
   std::memcpy(blob.data() + 32, &grid, sizeof(grid));
-  blob[40] = 0x5a;  // bytes no layout word covers
+  put(blob, 40, context);
+  blob[48] = 0x5a;  // bytes no layout word covers
   return blob;
 }
 
@@ -77,8 +83,9 @@ Blob kernel_blob(uint64_t kernel, uint64_t a, uint64_t b, uint64_t c, uint32_t g
 // the weight at an offset and writing an arena buffer whose place depends on n, then a softmax
 // over it in place with n as a literal argument and the library's workspace.
 std::vector<Blob> shape_blobs(const Process& p, uint64_t n) {
-  return {kernel_blob(p.gemm, p.weight + 256, p.lane0 + 4096 * n, p.lane1 + 64, 8),
-          kernel_blob(p.softmax, p.lane0 + 4096 * n, n, p.workspace, static_cast<uint32_t>(n))};
+  return {kernel_blob(p.gemm, p.weight + 256, p.lane0 + 4096 * n, p.lane1 + 64, 8, p.context),
+          kernel_blob(p.softmax, p.lane0 + 4096 * n, n, p.workspace, static_cast<uint32_t>(n),
+                      p.context)};
 }
 
 const std::vector<NodeLayout> kLayouts{kLayout, kLayout};
@@ -103,14 +110,15 @@ TEST(GraphRelocation, AStoredShapeIsRebuiltWithTheLaterProcesssAddressesAndKerne
   ASSERT_EQ(match_live_shape(a, names, shape_blobs(kLater, 3), later), "");
   EXPECT_EQ(later.kernels.at("libcublasLt:gemm_128x64"), kLater.gemm);
   EXPECT_EQ(later.foreign.at(kStoring.workspace), kLater.workspace);
+  EXPECT_EQ(later.foreign.at(kStoring.context), kLater.context) << "the context handle is mapped";
   const auto relocated = relocate_shape(b, names, later);
   ASSERT_EQ(relocated.why_not, "");
   EXPECT_EQ(relocated.blobs, shape_blobs(kLater, 7));
 }
 
 TEST(GraphRelocation, TheStoredFormDependsOnWhereTheProcessPutThingsOnlyInForeignWords) {
-  // The same shape stored by two processes is the same stored shape but for the foreign words,
-  // which keep the storing process's value until a live capture maps it.
+  // The same shape stored by two processes is the same stored shape but for the foreign words
+  // and handles, which keep the storing process's value until a live capture maps it.
   StoredNames first, second;
   auto a = store(shape_blobs(kStoring, 5), first);
   auto result = store_shape(shape_blobs(kLater, 5), kLayouts, kLater.store_context(), second);
@@ -118,6 +126,10 @@ TEST(GraphRelocation, TheStoredFormDependsOnWhereTheProcessPutThingsOnlyInForeig
   EXPECT_EQ(first.kernels, second.kernels);
   ASSERT_EQ(a[1].kinds[2], grape::core::WordKind::kForeign);
   EXPECT_NE(result.nodes, a);
+  for (size_t node : {0, 1}) {  // the contexts, and node 1's workspace
+    put(a[node].words, 40, 0);
+    put(result.nodes[node].words, 40, 0);
+  }
   put(a[1].words, 24, 0);
   put(result.nodes[1].words, 24, 0);
   EXPECT_EQ(result.nodes, a);
@@ -144,8 +156,11 @@ TEST(GraphRelocation, ALiveCaptureThatDiffersDropsTheGroupAndTeachesNothing) {
   put(live[0], 8, kLater.weight + 512);
   expect_mismatch(live, "another offset into the weight");
   live = shape_blobs(kLater, 3);
-  live[1][40] = 0;
+  live[1][48] = 0;
   expect_mismatch(live, "other bytes outside the layout");
+  live = shape_blobs(kLater, 3);
+  put(live[0], 40, 0);
+  expect_mismatch(live, "no context where the stored graph had one");
   live = shape_blobs(kLater, 3);
   live.pop_back();
   expect_mismatch(live, "another node count");
@@ -269,12 +284,13 @@ TEST(GraphRelocation, TwoForeignAddressesTheStoringProcessKeptApartStayApart) {
 
 TEST(GraphRelocation, LayoutsWhoseWordsOverlapOrOverrunAreRefused) {
   StoredNames names;
-  const NodeLayout overlapping{{8, 12}, 0}, overrunning{{8, 40}, 0}, on_the_kernel{{0, 8}, 0};
-  for (const NodeLayout& bad : {overlapping, overrunning, on_the_kernel}) {
+  const NodeLayout overlapping{{8, 12}, {}, 0}, overrunning{{8, 48}, {}, 0},
+      on_the_kernel{{0, 8}, {}, 0}, handle_on_an_address{{8, 16}, {16}, 0};
+  for (const NodeLayout& bad : {overlapping, overrunning, on_the_kernel, handle_on_an_address}) {
     EXPECT_NE(store_shape({kernel_blob(kStoring.gemm, 0, 0, 0, 1)}, {bad},
                           kStoring.store_context(), names).why_not, "");
   }
-  EXPECT_TRUE(grape::core::valid_layout(kLayout, 44));
+  EXPECT_TRUE(grape::core::valid_layout(kLayout, 52));
   EXPECT_TRUE(grape::core::valid_layout(overrunning, 0)) << "an absent node has no words";
   // A stored node whose layout was damaged after storing is refused, not half relocated.
   auto a = store(shape_blobs(kStoring, 3), names);

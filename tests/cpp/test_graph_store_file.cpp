@@ -28,11 +28,13 @@ const std::string kKey = "grape=1\ntorch=2.11.0+cu130\ngpu=NVIDIA H200\ncode=5f2
 StoredNode node(uint64_t arena_word, uint32_t grid, bool kernel) {
   StoredNode n;
   n.layout.address_words = {8};
+  if (kernel) n.layout.handle_words = {24};
   if (kernel) n.layout.kernel_word = 0;
-  n.words.assign(24, 0);
+  n.words.assign(32, 0);
   std::memcpy(n.words.data() + 8, &arena_word, sizeof arena_word);
   std::memcpy(n.words.data() + 16, &grid, sizeof grid);
   n.kinds = {WordKind::kArena};
+  if (kernel) n.kinds.push_back(WordKind::kForeign);
   if (kernel) n.kinds.push_back(WordKind::kKernel);
   return n;
 }
