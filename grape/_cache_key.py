@@ -5,7 +5,7 @@ would capture the same graph: the same code on the same structure of modules, wi
 libraries on the same GPU. The key says all of that as text, one ``name=value`` line each, so that
 a miss can name what changed (csrc/core/graph_store_file.h):
 
-- ``grape``, ``python``, ``torch``, ``cuda``, ``cudnn``, ``driver``, ``gpu`` (name and compute
+- ``grape`` (a digest of its extension and Python files), ``python``, ``torch``, ``cuda``, ``cudnn``, ``driver``, ``gpu`` (name and compute
   capability), the CUDA libraries' wheels (``lib:nvidia-cublas-cu13``, ...), ``rank`` and
   ``world`` (torch.distributed, where initialized), and the version of every library that the
   function's modules come from (``lib:transformers``, ...);
@@ -35,6 +35,7 @@ import enum
 import hashlib
 import importlib.metadata
 import inspect
+import os
 import platform
 import sys
 import types
@@ -49,9 +50,7 @@ _PLAIN = (bool, int, float, str, type(None))
 
 def environment_facts() -> dict[str, str]:
     """This process's libraries, GPU and rank, as the key's first lines."""
-    import grape
-
-    facts = {"grape": grape.__version__, "python": platform.python_version(),
+    facts = {"grape": _grape_build(), "python": platform.python_version(),
              "torch": torch.__version__, "cuda": str(torch.version.cuda)}
     if torch.cuda.is_available():
         facts["cudnn"] = str(torch.backends.cudnn.version())
@@ -71,6 +70,17 @@ def environment_facts() -> dict[str, str]:
     else:
         facts["rank"], facts["world"] = "0", "1"
     return facts
+
+
+def _grape_build() -> str:
+    """grape's own code, which decides what a capture records: a digest of its extension and of
+    its Python files (a version number would not change between builds)."""
+    from grape import _C
+
+    package = os.path.dirname(os.path.abspath(__file__))
+    files = [_C.__file__] + sorted(os.path.join(package, f) for f in os.listdir(package)
+                                   if f.endswith(".py"))
+    return _digest(_file_digest(f) for f in files)
 
 
 def _driver_version() -> str:

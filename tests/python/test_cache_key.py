@@ -117,6 +117,9 @@ def test_this_process_facts_are_named():
     facts = environment_facts()
     assert facts["torch"] == torch.__version__
     assert {"grape", "python", "cuda", "cudnn", "driver", "gpu", "rank", "world"} <= set(facts)
+    # grape by what it is built from, not its version number (equal across builds).
+    assert len(facts["grape"]) == 32 and int(facts["grape"], 16) >= 0
+    assert facts["grape"] == environment_facts()["grape"]
     assert cache_key(Block()).startswith("grape=")
 
 
