@@ -277,11 +277,7 @@ def main(argv=None) -> list[dict]:
     parser.add_argument("--lengths", default=GPT2_LENGTHS,
                         help="gpt2's sequence lengths, comma-separated (default %(default)s)")
     args, modes = harness.parse(parser, argv, MODES, None)
-    if args.device == "cuda" and not torch.cuda.is_available():
-        raise SystemExit(NEEDS)
-    if args.device == "cpu" and not args.tiny:
-        parser.error("--device cpu runs the tiny models only (the full ones take tens of minutes on a "
-                     "CPU): add --tiny")
+    train_lm.check_device(parser, args, NEEDS)
     if args.quick:
         args.steps, args.reps = 40, 1
     import grape  # before NCCL makes its communicators (grape/_distributed.py)

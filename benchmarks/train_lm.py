@@ -352,14 +352,20 @@ def loop_parser(doc: str, modes: list[str], cases: list[str]):
     return parser
 
 
-def main(argv=None) -> list[dict]:
-    parser = loop_parser(__doc__, MODES, CASES)
-    args, modes = harness.parse(parser, argv, MODES, None)
+def check_device(parser, args, needs: str) -> None:
+    """Refuses loop_parser's --device where it cannot run: cuda without one (`needs` says so),
+    the full models on the CPU (tens of minutes)."""
     if args.device == "cuda" and not torch.cuda.is_available():
-        raise SystemExit(NEEDS)
+        raise SystemExit(needs)
     if args.device == "cpu" and not args.tiny:
         parser.error("--device cpu runs the tiny models only (the full ones take tens of minutes on a "
                      "CPU): add --tiny")
+
+
+def main(argv=None) -> list[dict]:
+    parser = loop_parser(__doc__, MODES, CASES)
+    args, modes = harness.parse(parser, argv, MODES, None)
+    check_device(parser, args, NEEDS)
     if args.quick:
         args.steps, args.reps = 40, 1
     import grape

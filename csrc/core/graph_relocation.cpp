@@ -65,36 +65,52 @@ bool is_handle_word(const NodeLayout& layout, size_t i) {
          i < layout.address_words.size() + layout.handle_words.size();
 }
 
-bool fits(const Blob& blob, uint32_t at) { return size_t{at} + sizeof(uint64_t) <= blob.size(); }
-
-// The stored kind and word of an address word's value `value`. `tensor_index`: the name index
-// of tensor i of `tensors`.
-struct StoredWord {
+// What an address word's value is, by this process's memory: in a lane or a module tensor (by
+// its position in the ranges given), another address the driver knows, or a literal.
+struct ClassifiedWord {
   WordKind kind;
-  uint64_t word;
+  size_t index = 0;     // kArena: the lane; kTensor: the tensor's position
+  uint64_t offset = 0;  // kArena, kTensor: into it; otherwise the value itself
 };
 
-std::optional<StoredWord> store_address(uint64_t value, const std::vector<AddressRange>& lanes,
-                                        const RangeIndex& lane_index,
-                                        const std::vector<AddressRange>& tensors,
-                                        const RangeIndex& tensor_ranges,
-                                        const std::function<uint64_t(size_t)>& tensor_index,
-                                        const std::function<bool(uint64_t)>& is_device_address) {
-  if (auto lane = lane_index.find(value)) {
-    const uint64_t offset = value - lanes[*lane].begin;
-    if (offset > kOffsetMask || *lane > kMaxIndex) return std::nullopt;
-    return StoredWord{WordKind::kArena, index_and_offset(*lane, offset)};
+class AddressClassifier {
+ public:
+  AddressClassifier(const std::vector<AddressRange>& lanes, std::vector<AddressRange> tensors,
+                    const std::function<bool(uint64_t)>& is_device_address)
+      : lanes_(lanes), tensors_(std::move(tensors)), lane_index_(lanes_),
+        tensor_index_(tensors_), is_device_address_(is_device_address) {}
+
+  ClassifiedWord classify(uint64_t value) const {
+    if (auto lane = lane_index_.find(value)) {
+      return {WordKind::kArena, *lane, value - lanes_[*lane].begin};
+    }
+    if (auto tensor = tensor_index_.find(value)) {
+      return {WordKind::kTensor, *tensor, value - tensors_[*tensor].begin};
+    }
+    if (value != 0 && is_device_address_ && is_device_address_(value)) {
+      return {WordKind::kForeign, 0, value};
+    }
+    return {WordKind::kLiteral, 0, value};
   }
-  if (auto tensor = tensor_ranges.find(value)) {
-    const uint64_t offset = value - tensors[*tensor].begin;
-    const uint64_t index = tensor_index(*tensor);
-    if (offset > kOffsetMask || index > kMaxIndex) return std::nullopt;
-    return StoredWord{WordKind::kTensor, index_and_offset(index, offset)};
-  }
-  if (value != 0 && is_device_address && is_device_address(value)) {
-    return StoredWord{WordKind::kForeign, value};
-  }
-  return StoredWord{WordKind::kLiteral, value};
+
+ private:
+  const std::vector<AddressRange>& lanes_;
+  std::vector<AddressRange> tensors_;
+  RangeIndex lane_index_, tensor_index_;
+  const std::function<bool(uint64_t)>& is_device_address_;
+};
+
+// The stored word of a classified value; `stored_index`: a tensor's name index (kTensor) or the
+// lane (kArena). Nothing where an index or offset does not fit the stored word.
+std::optional<uint64_t> stored_word(const ClassifiedWord& c, uint64_t stored_index) {
+  if (c.kind != WordKind::kArena && c.kind != WordKind::kTensor) return c.offset;
+  if (c.offset > kOffsetMask || stored_index > kMaxIndex) return std::nullopt;
+  return index_and_offset(stored_index, c.offset);
+}
+
+std::optional<std::string> name_kernel(
+    const std::function<std::optional<std::string>(uint64_t)>& kernel_name, uint64_t handle) {
+  return kernel_name ? kernel_name(handle) : std::nullopt;
 }
 
 uint32_t intern(std::vector<std::string>& table, const std::string& name) {
@@ -129,10 +145,7 @@ StoreResult store_shape(const std::vector<Blob>& blobs, const std::vector<NodeLa
   }
   std::vector<AddressRange> tensors;
   for (const auto& t : context.tensors) tensors.push_back(t.second);
-  const RangeIndex lane_index(context.lanes), tensor_ranges(tensors);
-  const std::function<uint64_t(size_t)> tensor_index = [&](size_t i) {
-    return uint64_t{names.intern_tensor(context.tensors[i].first)};
-  };
+  const AddressClassifier classifier(context.lanes, std::move(tensors), context.is_device_address);
   result.nodes.reserve(blobs.size());
   for (size_t node = 0; node < blobs.size(); ++node) {
     StoredNode stored{layouts[node], {}, blobs[node]};
@@ -154,8 +167,7 @@ StoreResult store_shape(const std::vector<Blob>& blobs, const std::vector<NodeLa
         continue;
       }
       if (layouts[node].kernel_word && at == *layouts[node].kernel_word) {
-        const std::optional<std::string> name =
-            context.kernel_name ? context.kernel_name(value) : std::nullopt;
+        const std::optional<std::string> name = name_kernel(context.kernel_name, value);
         if (!name) {
           result.why_not = "node " + std::to_string(node) + ": a kernel the driver does not name";
           return result;
@@ -171,15 +183,16 @@ StoreResult store_shape(const std::vector<Blob>& blobs, const std::vector<NodeLa
         write_word(stored.words, at, index);
         continue;
       }
-      const std::optional<StoredWord> word =
-          store_address(value, context.lanes, lane_index, tensors, tensor_ranges, tensor_index,
-                        context.is_device_address);
+      const ClassifiedWord c = classifier.classify(value);
+      const std::optional<uint64_t> word = stored_word(
+          c, c.kind == WordKind::kTensor ? names.intern_tensor(context.tensors[c.index].first)
+                                         : c.index);
       if (!word) {
         result.why_not = "node " + std::to_string(node) + ": an offset too large to store";
         return result;
       }
-      stored.kinds.push_back(word->kind);
-      write_word(stored.words, at, word->word);
+      stored.kinds.push_back(c.kind);
+      write_word(stored.words, at, *word);
     }
     result.nodes.push_back(std::move(stored));
   }
@@ -206,8 +219,7 @@ std::string match_live_shape(const std::vector<StoredNode>& stored, const Stored
     stored_index.push_back(static_cast<uint64_t>(
         std::find(names.tensors.begin(), names.tensors.end(), name) - names.tensors.begin()));
   }
-  const RangeIndex lane_index(context.lanes), tensor_ranges(tensors);
-  const std::function<uint64_t(size_t)> tensor_index = [&](size_t i) { return stored_index[i]; };
+  const AddressClassifier classifier(context.lanes, std::move(tensors), context.is_device_address);
   for (size_t node = 0; node < stored.size(); ++node) {
     const StoredNode& s = stored[node];
     const std::string where = "node " + std::to_string(node);
@@ -216,42 +228,42 @@ std::string match_live_shape(const std::vector<StoredNode>& stored, const Stored
         s.kinds.size() != layout_words(s.layout).size()) {
       return where + ": a damaged layout";
     }
+    if (s.words.empty()) continue;  // a node the shape lacks, in both
     Blob rewritten = live[node];
     const std::vector<uint32_t> words = layout_words(s.layout);
     for (size_t i = 0; i < words.size(); ++i) {
       const uint32_t at = words[i];
-      if (!fits(rewritten, at)) continue;  // an absent node's empty blob
       const uint64_t value = read_word(rewritten, at);
-      const uint64_t stored_word = read_word(s.words, at);
+      const uint64_t kept = read_word(s.words, at);  // the stored word
       if (s.kinds[i] == WordKind::kKernel) {
-        const std::optional<std::string> name =
-            context.kernel_name ? context.kernel_name(value) : std::nullopt;
-        if (!name || stored_word >= names.kernels.size() || *name != names.kernels[stored_word]) {
+        const std::optional<std::string> name = name_kernel(context.kernel_name, value);
+        if (!name || kept >= names.kernels.size() || *name != names.kernels[kept]) {
           return where + ": another kernel";
         }
         const auto [known, added] = kernels.emplace(*name, value);
         if (!added && known->second != value) return where + ": two live kernels named " + *name;
-        write_word(rewritten, at, stored_word);
+        write_word(rewritten, at, kept);
         continue;
       }
-      const std::optional<StoredWord> word =
+      const ClassifiedWord c =
           is_handle_word(s.layout, i)
-              ? StoredWord{value != 0 ? WordKind::kForeign : WordKind::kLiteral, value}
-              : store_address(value, context.lanes, lane_index, tensors, tensor_ranges,
-                              tensor_index, context.is_device_address);
-      if (!word || word->kind != s.kinds[i]) return where + ": another kind of address";
-      if (word->kind == WordKind::kForeign) {
-        const auto [it, inserted] = foreign.emplace(stored_word, value);
+              ? ClassifiedWord{value != 0 ? WordKind::kForeign : WordKind::kLiteral, 0, value}
+              : classifier.classify(value);
+      if (c.kind != s.kinds[i]) return where + ": another kind of address";
+      if (c.kind == WordKind::kForeign) {
+        const auto [it, inserted] = foreign.emplace(kept, value);
         if (!inserted && it->second != value) return where + ": a foreign address maps twice";
         // Two objects the storing process kept apart must not become one here.
         if (inserted && !live_foreign.insert(value).second) {
           return where + ": two foreign addresses map to one";
         }
-        write_word(rewritten, at, stored_word);
+        write_word(rewritten, at, kept);
         continue;
       }
-      if (word->word != stored_word) return where + ": another address or literal";
-      write_word(rewritten, at, word->word);
+      const std::optional<uint64_t> word =
+          stored_word(c, c.kind == WordKind::kTensor ? stored_index[c.index] : c.index);
+      if (word != kept) return where + ": another address or literal";
+      write_word(rewritten, at, *word);
     }
     if (rewritten != s.words) return where + ": other parameters";
   }

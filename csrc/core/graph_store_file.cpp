@@ -1,12 +1,11 @@
 #include "core/graph_store_file.h"
 
-#include <fcntl.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
-#include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <fstream>
 #include <iterator>
@@ -92,17 +91,6 @@ class Reader {
   size_t size_;
   size_t pos_ = 0;
 };
-
-// The length of the value a parameter patch makes: its leading varint (Note [Graph parameter
-// codec]), read before anything is allocated for it.
-uint64_t patched_size(const uint8_t* patch, uint64_t size) {
-  uint64_t v = 0;
-  for (uint64_t i = 0, shift = 0; i < size && shift < 64; ++i, shift += 7) {
-    v |= static_cast<uint64_t>(patch[i] & 0x7f) << shift;
-    if ((patch[i] & 0x80) == 0) return v;
-  }
-  throw std::invalid_argument("a patch's length");
-}
 
 void write_names(Writer& w, const std::vector<std::string>& names) {
   w.u64(names.size());

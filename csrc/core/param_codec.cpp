@@ -137,6 +137,11 @@ Blob encode_patch(const Blob& base, const Blob& value) {
   return patch;
 }
 
+size_t patched_size(const uint8_t* patch, size_t size) {
+  size_t pos = 0;
+  return get_varint(patch, size, pos);
+}
+
 void apply_patch(const Blob& base, const uint8_t* patch, size_t size, Blob& out) {
   for_each_run(
       patch, size,

@@ -32,6 +32,9 @@ using Blob = std::vector<uint8_t>;
 Blob encode_patch(const Blob& base, const Blob& value);
 // Rebuilds the value of `patch` (`size` bytes) against `base` into `out`.
 void apply_patch(const Blob& base, const uint8_t* patch, size_t size, Blob& out);
+// The length of the value apply_patch would make from `patch`, read without decoding it (to
+// bound what a patch from a file may allocate). Throws std::invalid_argument where malformed.
+size_t patched_size(const uint8_t* patch, size_t size);
 // Whether apply_patch(base, patch, size) gives `value`, found without decoding it.
 bool patch_matches(const Blob& base, const uint8_t* patch, size_t size, const Blob& value);
 
