@@ -109,8 +109,9 @@ std::optional<uint64_t> stored_word(const ClassifiedWord& c, uint64_t stored_ind
 }
 
 std::optional<std::string> name_kernel(
-    const std::function<std::optional<std::string>(uint64_t)>& kernel_name, uint64_t handle) {
-  return kernel_name ? kernel_name(handle) : std::nullopt;
+    const std::function<std::optional<std::string>(uint64_t, uint32_t)>& kernel_name,
+    uint64_t handle, uint32_t at) {
+  return kernel_name ? kernel_name(handle, at) : std::nullopt;
 }
 
 uint32_t intern(std::vector<std::string>& table, const std::string& name) {
@@ -167,7 +168,7 @@ StoreResult store_shape(const std::vector<Blob>& blobs, const std::vector<NodeLa
         continue;
       }
       if (layouts[node].kernel_word && at == *layouts[node].kernel_word) {
-        const std::optional<std::string> name = name_kernel(context.kernel_name, value);
+        const std::optional<std::string> name = name_kernel(context.kernel_name, value, at);
         if (!name) {
           result.why_not = "node " + std::to_string(node) + ": a kernel the driver does not name";
           return result;
@@ -236,7 +237,7 @@ std::string match_live_shape(const std::vector<StoredNode>& stored, const Stored
       const uint64_t value = read_word(rewritten, at);
       const uint64_t kept = read_word(s.words, at);  // the stored word
       if (s.kinds[i] == WordKind::kKernel) {
-        const std::optional<std::string> name = name_kernel(context.kernel_name, value);
+        const std::optional<std::string> name = name_kernel(context.kernel_name, value, at);
         if (!name || kept >= names.kernels.size() || *name != names.kernels[kept]) {
           return where + ": another kernel";
         }

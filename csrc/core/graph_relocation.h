@@ -60,7 +60,8 @@ struct StoreContext {
   std::vector<AddressRange> lanes;                      // the arena's, by lane index
   std::vector<std::pair<std::string, AddressRange>> tensors;  // module tensors by name
   std::function<bool(uint64_t)> is_device_address;      // any other memory a graph may read
-  std::function<std::optional<std::string>(uint64_t)> kernel_name;  // of a kernel handle
+  // The name of the kernel handle `handle` found at byte `at` of a node's blob.
+  std::function<std::optional<std::string>(uint64_t handle, uint32_t at)> kernel_name;
 };
 
 // A node's blob in the stored form: the blob with each layout word replaced by its stored word,
@@ -107,7 +108,7 @@ struct RestoreContext {
   std::unordered_map<std::string, uint64_t> kernels;
   std::unordered_map<uint64_t, uint64_t> foreign;
   std::function<bool(uint64_t)> is_device_address;
-  std::function<std::optional<std::string>(uint64_t)> kernel_name;
+  std::function<std::optional<std::string>(uint64_t handle, uint32_t at)> kernel_name;
 };
 
 // Matches a live capture's blobs against the stored form of the same shape: empty where they

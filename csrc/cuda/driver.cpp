@@ -38,6 +38,7 @@ const DriverApi& driver() {
     load("cuFuncGetName", 12030, d.cuFuncGetName);
     load("cuKernelGetName", 12030, d.cuKernelGetName);
     load("cuGetErrorString", 12000, d.cuGetErrorString);
+    load("cuPointerGetAttribute", 12000, d.cuPointerGetAttribute);
     // CUDA 13.2; asked only of a driver that new (an older one refuses the version as invalid).
     int version = 0;
     if (cudaDriverGetVersion(&version) == cudaSuccess && version >= 13020) {

@@ -30,6 +30,8 @@ struct DriverApi {
   GRAPE_DRIVER_MEMBER(cuFuncGetName)
   GRAPE_DRIVER_MEMBER(cuKernelGetName)
   GRAPE_DRIVER_MEMBER(cuGetErrorString)
+  // Storing graphs (the graph cache): which words are addresses the driver knows.
+  GRAPE_DRIVER_MEMBER(cuPointerGetAttribute)
 #undef GRAPE_DRIVER_MEMBER
   // CUDA 13.2, newer than the toolkits we build with, hence spelled out: a kernel's parameter
   // count, so that reading its layout need not probe past the last parameter.

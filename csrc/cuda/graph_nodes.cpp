@@ -3,6 +3,7 @@
 #include <cuda.h>
 
 #include <algorithm>
+#include <cstddef>
 #include <cstring>
 #include <memory>
 #include <mutex>
@@ -386,6 +387,83 @@ std::optional<uint64_t> kernel_in(const core::Blob& blob) {
   KernelHeader h;
   std::memcpy(&h, blob.data(), sizeof(h));
   return h.func != 0 ? h.func : h.kern;
+}
+
+core::NodeLayout storable_layout(NodeKind kind, const core::Blob& blob) {
+  core::NodeLayout layout;
+  if (blob.empty()) return layout;  // a node the shape lacks
+  auto at = [](size_t offset) { return static_cast<uint32_t>(offset); };
+  switch (kind) {
+    case NodeKind::kKernel: {
+      KernelHeader h;
+      std::memcpy(&h, blob.data(), sizeof(h));
+      // The handle launched names the kernel; the other one, where both are set, is mapped.
+      layout.kernel_word = at(h.func != 0 ? offsetof(KernelHeader, func)
+                                          : offsetof(KernelHeader, kern));
+      layout.handle_words.push_back(at(offsetof(KernelHeader, ctx)));
+      if (h.func != 0 && h.kern != 0) {
+        layout.handle_words.push_back(at(offsetof(KernelHeader, kern)));
+      }
+      std::sort(layout.handle_words.begin(), layout.handle_words.end());
+      // Arguments start 8-aligned (the header's size), and device pointers are 8-aligned in them.
+      static_assert(sizeof(KernelHeader) % sizeof(uint64_t) == 0, "arguments must start aligned");
+      for (size_t word = sizeof(KernelHeader); word + sizeof(uint64_t) <= blob.size();
+           word += sizeof(uint64_t)) {
+        layout.address_words.push_back(at(word));
+      }
+      break;
+    }
+    case NodeKind::kMemcpy:
+      layout.handle_words = {at(offsetof(cudaMemcpy3DParms, srcArray)),
+                             at(offsetof(cudaMemcpy3DParms, dstArray))};
+      layout.address_words = {
+          at(offsetof(cudaMemcpy3DParms, srcPtr) + offsetof(cudaPitchedPtr, ptr)),
+          at(offsetof(cudaMemcpy3DParms, dstPtr) + offsetof(cudaPitchedPtr, ptr))};
+      break;
+    case NodeKind::kMemset:
+      layout.address_words = {at(offsetof(cudaMemsetParams, dst))};
+      break;
+    case NodeKind::kEmpty:
+      break;
+  }
+  return layout;
+}
+
+std::optional<std::string> stored_kernel_name(uint64_t handle, uint32_t at) {
+  CUDA_KERNEL_NODE_PARAMS p{};
+  if (at == offsetof(KernelHeader, func)) {
+    p.func = reinterpret_cast<CUfunction>(handle);
+  } else if (at == offsetof(KernelHeader, kern)) {
+    p.kern = reinterpret_cast<CUkernel>(handle);
+  } else {
+    return std::nullopt;
+  }
+  const DriverApi& d = driver();
+  const char* name = nullptr;
+  const CUresult named = p.func != nullptr
+                             ? (d.cuFuncGetName ? d.cuFuncGetName(&name, p.func)
+                                                : CUDA_ERROR_NOT_SUPPORTED)
+                             : (d.cuKernelGetName ? d.cuKernelGetName(&name, p.kern)
+                                                  : CUDA_ERROR_NOT_SUPPORTED);
+  if (named != CUDA_SUCCESS || name == nullptr) return std::nullopt;
+  // Generated kernels may repeat a name: their parameters' sizes tell more of them apart.
+  std::string stored = name;
+  if (const ParamLayout* layout = layout_of(p)) {
+    stored += "(";
+    for (const auto& [offset, size] : layout->params) stored += std::to_string(size) + ",";
+    stored += ")";
+  }
+  return stored;
+}
+
+bool is_driver_address(uint64_t value) {
+  // Small numbers are sizes and counts, never mapped memory: no driver call for them.
+  if (value < (uint64_t{1} << 16)) return false;
+  const DriverApi& d = driver();
+  if (d.cuPointerGetAttribute == nullptr) return false;
+  unsigned int type = 0;
+  return d.cuPointerGetAttribute(&type, CU_POINTER_ATTRIBUTE_MEMORY_TYPE,
+                                 static_cast<CUdeviceptr>(value)) == CUDA_SUCCESS;
 }
 
 bool may_be_absent(cudaGraphNode_t node, NodeKind kind) {

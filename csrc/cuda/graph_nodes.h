@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "core/graph_relocation.h"
 #include "core/param_codec.h"
 #include "core/topology_union.h"
 
@@ -47,6 +48,18 @@ GraphContents read_graph(cudaGraph_t graph, bool with_params);
 // The kernel (its function or kernel handle) that a kernel node's blob launches; nothing for a
 // blob too short to be one (an absent node's, which is empty).
 std::optional<uint64_t> kernel_in(const core::Blob& blob);
+
+// Where a node's blob holds addresses and driver handles, for storing it (Note [Relocating stored
+// graphs]): a kernel's function (or kernel) handle, its context, and every 8-byte word of its
+// arguments (pointers also sit inside argument structs); a copy's and a memset's pointers.
+core::NodeLayout storable_layout(NodeKind kind, const core::Blob& blob);
+
+// The name a stored graph keeps for the kernel handle at byte `at` of a kernel node's blob: the
+// driver's mangled name and its parameters' sizes; nothing where the driver names none.
+std::optional<std::string> stored_kernel_name(uint64_t handle, uint32_t at);
+
+// Whether `value` is an address the driver knows (device, managed or registered host memory).
+bool is_driver_address(uint64_t value);
 
 // Whether a shape may lack node `node` (of `kind`): a kernel or a one-dimensional memset, run as a
 // no-op in its place (Note [Near topologies]). A copy's no-op would need its memory kinds.

@@ -43,14 +43,14 @@ struct Process {
   StoreContext store_context() const {
     return {lanes(), {{"w", {weight, weight + 4096}}},
             [this](uint64_t v) { return is_device_address(v); },
-            [this](uint64_t h) { return kernel_name(h); }};
+            [this](uint64_t h, uint32_t) { return kernel_name(h); }};
   }
   RestoreContext restore_context() const {
     RestoreContext c;
     c.lanes = lanes();
     c.tensors = {{"w", {weight, weight + 4096}}};
     c.is_device_address = [this](uint64_t v) { return is_device_address(v); };
-    c.kernel_name = [this](uint64_t h) { return kernel_name(h); };
+    c.kernel_name = [this](uint64_t h, uint32_t) { return kernel_name(h); };
     return c;
   }
 };
@@ -245,7 +245,7 @@ TEST(GraphRelocation, TwoKernelsOfOneNameAreNeverOneForTheOther) {
   // Generated kernels (a compiler's, a library's runtime fusion) may share a name.
   Process twin = kStoring;
   twin.softmax = 0xA8;  // another handle the driver names as gemm
-  const auto name_both_gemm = [&](uint64_t h) -> std::optional<std::string> {
+  const auto name_both_gemm = [&](uint64_t h, uint32_t) -> std::optional<std::string> {
     if (h == kStoring.gemm || h == twin.softmax) return "libcublasLt:gemm_128x64";
     return kStoring.kernel_name(h);
   };
@@ -261,7 +261,7 @@ TEST(GraphRelocation, TwoKernelsOfOneNameAreNeverOneForTheOther) {
   const auto a = store({kernel_blob(kStoring.gemm, 0, 0, 0, 1),
                         kernel_blob(kStoring.gemm, 0, 0, 0, 2)}, one);
   RestoreContext later = kLater.restore_context();
-  later.kernel_name = [&](uint64_t h) -> std::optional<std::string> {
+  later.kernel_name = [&](uint64_t h, uint32_t) -> std::optional<std::string> {
     if (h == kLater.gemm || h == 0xE0) return "libcublasLt:gemm_128x64";
     return std::nullopt;
   };
