@@ -157,8 +157,10 @@ core::Blob kernel_blob(const CUDA_KERNEL_NODE_PARAMS& p, size_t argument_bytes) 
   core::Blob blob(sizeof(KernelHeader) + argument_bytes, 0);
   KernelHeader h{};
   h.func = reinterpret_cast<uint64_t>(p.func);
-  h.kern = reinterpret_cast<uint64_t>(p.kern);
-  h.ctx = reinterpret_cast<uint64_t>(p.ctx);
+  // Where a function is set the driver ignores the kernel handle and the context; cleared, they
+  // are not process-specific words a stored graph would have to map.
+  h.kern = p.func != nullptr ? 0 : reinterpret_cast<uint64_t>(p.kern);
+  h.ctx = p.func != nullptr ? 0 : reinterpret_cast<uint64_t>(p.ctx);
   h.grid[0] = p.gridDimX;
   h.grid[1] = p.gridDimY;
   h.grid[2] = p.gridDimZ;
@@ -395,21 +397,40 @@ core::NodeLayout storable_layout(NodeKind kind, const core::Blob& blob) {
   auto at = [](size_t offset) { return static_cast<uint32_t>(offset); };
   switch (kind) {
     case NodeKind::kKernel: {
+      if (blob.size() < sizeof(KernelHeader)) return layout;
       KernelHeader h;
       std::memcpy(&h, blob.data(), sizeof(h));
-      // The handle launched names the kernel; the other one, where both are set, is mapped.
+      // The handle launched names the kernel. The context (and a kernel handle beside a
+      // function) the driver ignores where a function is set, and kernel_blob clears them then.
       layout.kernel_word = at(h.func != 0 ? offsetof(KernelHeader, func)
                                           : offsetof(KernelHeader, kern));
-      layout.handle_words.push_back(at(offsetof(KernelHeader, ctx)));
-      if (h.func != 0 && h.kern != 0) {
-        layout.handle_words.push_back(at(offsetof(KernelHeader, kern)));
-      }
-      std::sort(layout.handle_words.begin(), layout.handle_words.end());
-      // Arguments start 8-aligned (the header's size), and device pointers are 8-aligned in them.
+      if (h.func == 0) layout.handle_words.push_back(at(offsetof(KernelHeader, ctx)));
+      // Arguments start 8-aligned (the header's size), and device pointers are 8-aligned in them:
+      // each 8-byte parameter, and each 8-byte word of a larger one (a struct may hold pointers).
+      // Smaller parameters (an int) are never addresses; with no layout (an argument buffer),
+      // every word may be.
       static_assert(sizeof(KernelHeader) % sizeof(uint64_t) == 0, "arguments must start aligned");
-      for (size_t word = sizeof(KernelHeader); word + sizeof(uint64_t) <= blob.size();
-           word += sizeof(uint64_t)) {
-        layout.address_words.push_back(at(word));
+      CUDA_KERNEL_NODE_PARAMS p{};
+      p.func = reinterpret_cast<CUfunction>(h.func);
+      p.kern = reinterpret_cast<CUkernel>(h.kern);
+      const ParamLayout* params = h.packed == 0 ? layout_of(p) : nullptr;
+      const size_t arguments = blob.size() - sizeof(KernelHeader);
+      auto add_words = [&](size_t begin, size_t end) {
+        for (size_t word = (begin + 7) / 8 * 8; word + sizeof(uint64_t) <= std::min(end, arguments);
+             word += sizeof(uint64_t)) {
+          layout.address_words.push_back(at(sizeof(KernelHeader) + word));
+        }
+      };
+      if (params == nullptr) {
+        add_words(0, arguments);
+      } else {
+        for (const auto& [offset, size] : params->params) {
+          if (size >= sizeof(uint64_t)) add_words(offset, offset + size);
+        }
+        std::sort(layout.address_words.begin(), layout.address_words.end());
+        layout.address_words.erase(
+            std::unique(layout.address_words.begin(), layout.address_words.end()),
+            layout.address_words.end());
       }
       break;
     }

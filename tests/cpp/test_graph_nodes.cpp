@@ -32,15 +32,17 @@ bool has_gpu() {
 
 constexpr size_t kLane = 1 << 20, kWeight = 1 << 16;
 
-// What stands for one process: an arena lane and a weight tensor (filled with a pattern).
+// What stands for one process: an arena lane and a weight tensor, filled with a pattern of its
+// own (`seed`), so that a word left pointing at the other process's weight shows.
 struct Memory {
   uint8_t* lane = nullptr;
   uint8_t* weight = nullptr;
-  explicit Memory(cudaStream_t stream) {
+  int seed;
+  Memory(cudaStream_t stream, int seed) : seed(seed) {
     EXPECT_EQ(cudaMalloc(reinterpret_cast<void**>(&lane), kLane), cudaSuccess);
     EXPECT_EQ(cudaMalloc(reinterpret_cast<void**>(&weight), kWeight), cudaSuccess);
     std::vector<uint8_t> pattern(kWeight);
-    for (size_t i = 0; i < kWeight; ++i) pattern[i] = static_cast<uint8_t>(i * 13 + 5);
+    for (size_t i = 0; i < kWeight; ++i) pattern[i] = static_cast<uint8_t>(i * 13 + seed);
     EXPECT_EQ(cudaMemcpyAsync(weight, pattern.data(), kWeight, cudaMemcpyHostToDevice, stream),
               cudaSuccess);
     EXPECT_EQ(cudaMemsetAsync(lane, 0, kLane, stream), cudaSuccess);
@@ -100,25 +102,33 @@ class GraphNodesOnGpu : public ::testing::Test {
 }  // namespace
 
 TEST_F(GraphNodesOnGpu, AStoredShapeRunsOnAnotherProcesssBuffersAfterALiveCaptureMatched) {
-  Memory storing(stream_);
+  Memory storing(stream_, 5);
   core::StoreContext store{storing.lanes(), storing.tensors(), cuda::is_driver_address,
                            cuda::stored_kernel_name};
   core::StoredNames names;
   std::vector<std::vector<core::StoredNode>> stored;
-  for (size_t n : {1000, 3000}) {
+  for (size_t n : {1000, 3100}) {
     cudaGraph_t graph = capture(storing, n, stream_);
     const cuda::GraphContents g = cuda::read_graph(graph, true);
     cudaGraphDestroy(graph);
     ASSERT_TRUE(g.readable) << g.why_not;
     const core::StoreResult s = core::store_shape(g.blobs, layouts_of(g), store, names);
     ASSERT_EQ(s.why_not, "");
+    // The kernel's words: its output in the lane, its input in the weight, its byte count, and
+    // its function by name (the context is cleared where a function is set).
+    const std::vector<core::WordKind> kernel_words = {
+        core::WordKind::kArena, core::WordKind::kTensor, core::WordKind::kLiteral,
+        core::WordKind::kKernel};
+    ASSERT_EQ(g.kinds[1], cuda::NodeKind::kKernel);
+    EXPECT_EQ(s.nodes[1].kinds, kernel_words);
+    EXPECT_EQ(s.nodes[0].kinds, std::vector<core::WordKind>{core::WordKind::kArena});  // memset
     stored.push_back(s.nodes);
   }
   ASSERT_EQ(names.kernels.size(), 1u);
   EXPECT_EQ(names.tensors, std::vector<std::string>{"w"});
 
   // Another "process": other buffers. Its live capture of shape 1000 matches the stored one.
-  Memory later(stream_);
+  Memory later(stream_, 9);
   core::RestoreContext restore;
   restore.lanes = later.lanes();
   restore.tensors = {{"w", core::make_range(later.weight, kWeight)}};
@@ -126,9 +136,10 @@ TEST_F(GraphNodesOnGpu, AStoredShapeRunsOnAnotherProcesssBuffersAfterALiveCaptur
   restore.kernel_name = cuda::stored_kernel_name;
   cudaGraph_t live = capture(later, 1000, stream_);
   const cuda::GraphContents g = cuda::read_graph(live, true);
+  ASSERT_TRUE(g.readable) << g.why_not;
   ASSERT_EQ(core::match_live_shape(stored[0], names, g.blobs, restore), "");
 
-  // Shape 3000, never captured here, rebuilt from its stored words into the live executable.
+  // Shape 3100, never captured here, rebuilt from its stored words into the live executable.
   const core::RelocateResult shape = core::relocate_shape(stored[1], names, restore);
   ASSERT_EQ(shape.why_not, "");
   cudaGraphExec_t exec = nullptr;
@@ -138,10 +149,10 @@ TEST_F(GraphNodesOnGpu, AStoredShapeRunsOnAnotherProcesssBuffersAfterALiveCaptur
   }
   CUDA_OK(cudaGraphLaunch(exec, stream_));
   CUDA_OK(cudaStreamSynchronize(stream_));
-  const std::vector<uint8_t> filled = later.read(0, 3000), copied = later.read(65536, 3000);
-  for (size_t i = 0; i < 3000; ++i) {
-    ASSERT_EQ(filled[i], 3000 % 200 + 1) << "byte " << i;
-    ASSERT_EQ(copied[i], static_cast<uint8_t>((i + 16) * 13 + 5)) << "byte " << i;
+  const std::vector<uint8_t> filled = later.read(0, 3100), copied = later.read(65536, 3100);
+  for (size_t i = 0; i < 3100; ++i) {
+    ASSERT_EQ(filled[i], 3100 % 200 + 1) << "byte " << i;
+    ASSERT_EQ(copied[i], static_cast<uint8_t>((i + 16) * 13 + later.seed)) << "byte " << i;
   }
   EXPECT_EQ(storing.read(65536, 16), std::vector<uint8_t>(16, 0)) << "the storing buffers moved";
   cudaGraphExecDestroy(exec);
@@ -149,7 +160,7 @@ TEST_F(GraphNodesOnGpu, AStoredShapeRunsOnAnotherProcesssBuffersAfterALiveCaptur
 }
 
 TEST_F(GraphNodesOnGpu, KernelsAreNamedAndOnlyMemoryTheDriverKnowsIsAnAddress) {
-  Memory m(stream_);
+  Memory m(stream_, 5);
   cudaGraph_t graph = capture(m, 64, stream_);
   const cuda::GraphContents g = cuda::read_graph(graph, true);
   cudaGraphDestroy(graph);
