@@ -17,7 +17,7 @@ namespace {
 
 constexpr char kMagic[] = "GRAPECACHE";  // its 10 characters, no terminator
 constexpr size_t kMagicSize = sizeof(kMagic) - 1;
-constexpr uint32_t kFormatVersion = 1;
+constexpr uint32_t kFormatVersion = 2;
 // No node's parameters come near this (a kernel's arguments are at most 32 KiB): a larger
 // length read from a file is damage, refused before anything is allocated for it.
 constexpr uint64_t kMaxBlobBytes = 1 << 20;
@@ -109,8 +109,15 @@ void write_group(Writer& w, const StoredGroup& g) {
   write_names(w, g.names.kernels);
   w.u64(g.shapes.size());
   for (const StoredShape& shape : g.shapes) {
-    w.u64(shape.signature.size());
-    for (uint64_t word : shape.signature) w.u64(word);
+    const StoredSignature& signature = shape.signature;
+    w.u64(signature.words.size());
+    for (int64_t word : signature.words) w.u64(static_cast<uint64_t>(word));
+    w.u64(signature.local_positions.size());
+    for (size_t i = 0; i < signature.local_positions.size(); ++i) {
+      w.u32(signature.local_positions[i]);
+      w.text(signature.local_descriptions[i]);
+    }
+    w.bytes(shape.entry.data(), shape.entry.size());
     w.u64(shape.nodes.size());
     for (size_t i = 0; i < shape.nodes.size(); ++i) {
       const StoredNode& node = shape.nodes[i];
@@ -139,8 +146,24 @@ StoredGroup read_group(Reader& r, uint64_t& decoded) {
   g.names.kernels = read_names(r);
   g.shapes.resize(r.count(2 * sizeof(uint64_t)));
   for (StoredShape& shape : g.shapes) {
-    shape.signature.resize(r.count(sizeof(uint64_t)));
-    for (uint64_t& word : shape.signature) word = r.u64();
+    StoredSignature& signature = shape.signature;
+    signature.words.resize(r.count(sizeof(uint64_t)));
+    for (int64_t& word : signature.words) word = static_cast<int64_t>(r.u64());
+    const uint64_t locals = r.count(sizeof(uint32_t) + sizeof(uint64_t));
+    signature.local_positions.resize(locals);
+    signature.local_descriptions.resize(locals);
+    for (uint64_t i = 0; i < locals; ++i) {
+      signature.local_positions[i] = r.u32();
+      signature.local_descriptions[i] = r.text();
+    }
+    if (!valid_stored_signature(signature)) throw std::invalid_argument("a signature");
+    uint64_t entry_bytes = 0;
+    const uint8_t* entry = r.bytes(entry_bytes);
+    decoded += entry_bytes;
+    if (entry_bytes > kMaxBlobBytes || decoded > kMaxDecodedBytes) {
+      throw std::invalid_argument("a shape's entry too long");
+    }
+    shape.entry.assign(entry, entry + entry_bytes);
     shape.nodes.resize(r.count(4 * sizeof(uint64_t)));
     for (size_t i = 0; i < shape.nodes.size(); ++i) {
       StoredNode& node = shape.nodes[i];

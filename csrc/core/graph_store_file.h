@@ -24,12 +24,16 @@
 
 #include "core/graph_relocation.h"
 #include "core/param_codec.h"
+#include "core/stored_signatures.h"
 
 namespace grape::core {
 
 struct StoredShape {
-  std::vector<uint64_t> signature;  // the call signature's words (Note [Call signatures])
+  StoredSignature signature;  // Note [Signatures of stored graphs]
   std::vector<StoredNode> nodes;
+  // What a replay needs beyond the nodes (where the inputs go, how the outputs are rebuilt), in
+  // the runtime's encoding: bytes to this file.
+  Blob entry;
 };
 
 struct StoredGroup {

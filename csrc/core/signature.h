@@ -44,18 +44,33 @@ class Signature {
  public:
   void clear() {
     words_.clear();
+    local_positions_.clear();
     hash_ = 0;
   }
   void reserve(size_t n) { words_.reserve(n); }
   void push(int64_t word) { words_.push_back(word); }
   void push(Tag tag) { words_.push_back(static_cast<int64_t>(tag)); }
+  // A word that names something by an id of this process (an interned constant's, an object's
+  // identity): another process may number it otherwise (Note [Signatures of stored graphs]).
+  // It follows its tag.
+  void push_local(int64_t id) {
+    local_positions_.push_back(static_cast<uint32_t>(words_.size()));
+    words_.push_back(id);
+  }
   // Drops the words after the first `n` (before finish()).
-  void truncate(size_t n) { words_.resize(n < words_.size() ? n : words_.size()); }
+  void truncate(size_t n) {
+    words_.resize(n < words_.size() ? n : words_.size());
+    while (!local_positions_.empty() && local_positions_.back() >= words_.size()) {
+      local_positions_.pop_back();
+    }
+  }
   // Must be called once all words are pushed; equality and hashing use the cached hash.
   void finish();
 
   uint64_t hash() const { return hash_; }
   const std::vector<int64_t>& words() const { return words_; }
+  // The positions of the words pushed with push_local, ascending.
+  const std::vector<uint32_t>& local_positions() const { return local_positions_; }
   size_t size() const { return words_.size(); }
 
   friend bool operator==(const Signature& a, const Signature& b) {
@@ -65,6 +80,7 @@ class Signature {
 
  private:
   std::vector<int64_t> words_;
+  std::vector<uint32_t> local_positions_;  // not part of equality: the words decide
   uint64_t hash_ = 0;
 };
 

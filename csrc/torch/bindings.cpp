@@ -176,6 +176,13 @@ void bind_trees(py::module_& m) {
         }
         py::dict d;
         d["words"] = flat.signature.words();
+        py::list locals;  // Note [Signatures of stored graphs]: (position, what it stands for)
+        for (uint32_t at : flat.signature.local_positions()) {
+          locals.append(py::make_tuple(
+              at, flattener->describe_local(flat.signature.words()[at - 1],
+                                            flat.signature.words()[at])));
+        }
+        d["locals"] = locals;
         d["hash"] = flat.signature.hash();
         d["tensors"] = tensors;
         d["unsupported"] = flat.unsupported;

@@ -18,6 +18,7 @@ using grape::core::read_whole_file;
 using grape::core::StoredGroup;
 using grape::core::StoredNode;
 using grape::core::StoredShape;
+using grape::core::StoredSignature;
 using grape::core::WordKind;
 using grape::core::write_file_atomically;
 
@@ -47,13 +48,16 @@ std::vector<StoredGroup> groups() {
   a.names.kernels = {"m:gemm", "m:softmax"};
   a.names.tensors = {"model.wte.weight"};
   for (uint32_t n : {3u, 4u, 9u}) {
-    a.shapes.push_back({{1, 2, n}, {node(4096, 8, true), node(4096 * n, n, true)}});
+    // A module by identity (id 0, a local word), then a size; the entry's bytes are the runtime's.
+    StoredSignature signature{{13, 0, 6, n}, {1}, {"identity torch.nn.Linear"}};
+    a.shapes.push_back({signature, {node(4096, 8, true), node(4096 * n, n, true)},
+                        {static_cast<uint8_t>(n), 0xEE}});
   }
   StoredGroup b;
   b.topology = 0x99;
   StoredNode absent = node(0, 0, false);
   absent.words.clear();
-  b.shapes.push_back({{7}, {node(64, 1, false), absent}});
+  b.shapes.push_back({StoredSignature{{7}, {}, {}}, {node(64, 1, false), absent}, {}});
   return {a, b};
 }
 
@@ -65,7 +69,12 @@ void expect_equal(const std::vector<StoredGroup>& got, const std::vector<StoredG
     EXPECT_EQ(got[g].names.tensors, want[g].names.tensors);
     ASSERT_EQ(got[g].shapes.size(), want[g].shapes.size());
     for (size_t s = 0; s < got[g].shapes.size(); ++s) {
-      EXPECT_EQ(got[g].shapes[s].signature, want[g].shapes[s].signature);
+      EXPECT_EQ(got[g].shapes[s].signature.words, want[g].shapes[s].signature.words);
+      EXPECT_EQ(got[g].shapes[s].signature.local_positions,
+                want[g].shapes[s].signature.local_positions);
+      EXPECT_EQ(got[g].shapes[s].signature.local_descriptions,
+                want[g].shapes[s].signature.local_descriptions);
+      EXPECT_EQ(got[g].shapes[s].entry, want[g].shapes[s].entry);
       EXPECT_EQ(got[g].shapes[s].nodes, want[g].shapes[s].nodes) << "group " << g << " shape " << s;
     }
   }
@@ -129,10 +138,10 @@ Blob with_checksum(Blob bytes) {
 TEST(GraphStoreFile, AnotherFormatOrBadLengthsBehindAGoodChecksumAreUnreadable) {
   const Blob bytes = encode_graph_file(kKey, groups());
   Blob version = bytes;
-  version[10] = 2;  // the format version follows the 10-byte magic
+  version[10] = 3;  // the format version follows the 10-byte magic
   DecodedGraphFile read = decode_graph_file(with_checksum(version), kKey);
   EXPECT_EQ(read.status, DecodedGraphFile::Status::kUnreadable);
-  EXPECT_NE(read.why.find("format version 2"), std::string::npos) << read.why;
+  EXPECT_NE(read.why.find("format version 3"), std::string::npos) << read.why;
   // Huge values written at every byte of the payload, one place at a time: each either reads
   // (it hit a literal) or is refused, never allocated or read past the end.
   const size_t payload = 10 + 4 + 8 + kKey.size() + 8;

@@ -147,3 +147,30 @@ def test_a_cpu_scalar_is_part_of_the_signature_by_its_value():
     assert "cpu" in _C.signature(torch.tensor([4]))["unsupported"]  # one element, not 0-dim
     assert "cpu" in _C.signature(torch.tensor(4.0, requires_grad=True))["unsupported"]
     assert "cpu" in _C.signature(torch.tensor(1 + 2j))["unsupported"]
+
+
+def test_local_words_are_marked_with_what_they_stand_for():
+    # Note [Signatures of stored graphs]: ids another process may number otherwise (a module's
+    # identity, an interned dict key, a record's type) are marked, each after its tag, with a
+    # description another process can compare; sizes and numbers are not.
+    class Holder:
+        def __init__(self):
+            self.t = torch.ones(2)
+
+    module = torch.nn.Linear(2, 2)
+    sig = _C.signature(module, {"key": torch.ones(3)}, Holder(), 7)
+    words_, locals_ = sig["words"], sig["locals"]
+    described = dict(locals_)
+    assert all(0 < at < len(words_) for at in described)
+    assert [at for at, _ in locals_] == sorted(at for at, _ in locals_)
+    texts = list(described.values())
+    assert "identity torch.nn.modules.linear.Linear" in texts
+    assert "interned builtins.str 'key'" in texts
+    assert any(t.startswith("interned builtins.type ") and "Holder" in t for t in texts)
+    assert "interned builtins.str 't'" in texts  # the record's attribute name
+    assert len(locals_) == 4  # the module, the key, the record's type and its attribute's name
+    for at, text in locals_:
+        assert text, f"word {at} has no description"
+    # The same call again: the same ids, so the same marks.
+    again = _C.signature(module, {"key": torch.ones(3)}, Holder(), 7)
+    assert again["locals"] == sig["locals"] and again["words"] == sig["words"]

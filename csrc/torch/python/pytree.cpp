@@ -135,9 +135,28 @@ void Flattener::push_interned(py::handle obj, FlatCall& out) {
     if (PyErr_Occurred()) throw py::error_already_set();
     id = static_cast<int64_t>(PyDict_Size(interned_ids_.ptr()));
     interned_ids_[key] = py::int_(id);
+    interned_values_.push_back(py::reinterpret_borrow<py::object>(obj));
   }
   out.signature.push(Tag::kInterned);
-  out.signature.push(id);
+  out.signature.push_local(id);
+}
+
+std::string Flattener::describe_local(int64_t tag, int64_t id) const {
+  // Computed only where a stored signature is learned or written, never per call.
+  auto text = [](const py::object& value) {
+    py::handle type(reinterpret_cast<PyObject*>(Py_TYPE(value.ptr())));
+    return py::str(type.attr("__module__")).cast<std::string>() + "." +
+           py::str(type.attr("__qualname__")).cast<std::string>();
+  };
+  if (tag == static_cast<int64_t>(Tag::kInterned)) {
+    if (id < 0 || static_cast<size_t>(id) >= interned_values_.size()) return {};
+    const py::object& value = interned_values_[static_cast<size_t>(id)];
+    return "interned " + text(value) + " " + py::repr(value).cast<std::string>();
+  }
+  for (const auto& [object, object_id] : identity_ids_) {  // held alive by identity_objects_
+    if (object_id == id) return "identity " + text(py::reinterpret_borrow<py::object>(object));
+  }
+  return {};
 }
 
 void Flattener::visit_tensor(py::handle obj, FlatCall& out, TreeSpec* spec) {
@@ -179,7 +198,7 @@ void Flattener::visit_tensor(py::handle obj, FlatCall& out, TreeSpec* spec) {
     // A parameter passed as an argument: keyed by identity and used in place, like a module's
     // parameters, so that a backward pass inside the function reaches its .grad.
     sig.push(Tag::kStaticTensor);
-    sig.push(identity_id(obj));
+    sig.push_local(identity_id(obj));
     constant_leaf(obj, spec);
     out.static_leaves.push_back(t);
     return;
@@ -343,7 +362,7 @@ void Flattener::visit_object(py::handle obj_h, FlatCall& out, TreeSpec* spec) {
   if (PyObject_IsInstance(obj, torch_types().module) == 1) {
     // A module's parameters and buffers are static state of the graph, checked on every replay.
     sig.push(Tag::kModule);
-    sig.push(identity_id(obj_h));
+    sig.push_local(identity_id(obj_h));
     out.modules.push_back(py::reinterpret_borrow<py::object>(obj));
   } else {
     if (visit_record(obj_h, out, spec)) return;
@@ -352,7 +371,7 @@ void Flattener::visit_object(py::handle obj_h, FlatCall& out, TreeSpec* spec) {
     } else {
       PyErr_Clear();
       sig.push(Tag::kObject);
-      sig.push(identity_id(obj_h));
+      sig.push_local(identity_id(obj_h));
     }
   }
   constant_leaf(obj_h, spec);

@@ -90,6 +90,10 @@ class Flattener {
   void flatten_value(py::handle value, FlatCall& out,
                      const std::vector<py::object>* call_records = nullptr);
   size_t interned_count() const { return interned_ids_.size(); }
+  // What the local word `id` after `tag` (Note [Signatures of stored graphs]) stands for, in
+  // words another process can compare: an interned constant's type and repr, an identity-keyed
+  // object's type; empty for an id this Flattener never gave.
+  std::string describe_local(int64_t tag, int64_t id) const;
 
  private:
   void visit(py::handle obj, FlatCall& out, TreeSpec* spec);
@@ -117,6 +121,7 @@ class Flattener {
   const std::vector<std::pair<std::string, bool>>& dataclass_fields(py::handle type);
 
   py::dict interned_ids_;                     // constant -> id
+  std::vector<py::object> interned_values_;   // id -> constant
   std::vector<py::object> identity_objects_;  // kept alive so their ids stay unique
   std::unordered_map<PyObject*, int64_t> identity_ids_;
   std::unordered_map<PyObject*, std::vector<std::pair<std::string, bool>>> dataclass_fields_;
