@@ -1,5 +1,7 @@
 #include "core/graph_store_file.h"
 
+#include "core/byte_io.h"
+
 #include <unistd.h>
 
 #include <algorithm>
@@ -31,79 +33,18 @@ uint64_t fnv1a(const uint8_t* data, size_t size) {
   return h;
 }
 
-class Writer {
- public:
-  void u8(uint8_t v) { out.push_back(v); }
-  void u32(uint32_t v) { raw(&v, sizeof v); }
-  void u64(uint64_t v) { raw(&v, sizeof v); }
-  void bytes(const uint8_t* data, size_t size) {
-    u64(size);
-    raw(data, size);
-  }
-  void text(const std::string& s) { bytes(reinterpret_cast<const uint8_t*>(s.data()), s.size()); }
-  void raw(const void* data, size_t size) {
-    const auto* p = static_cast<const uint8_t*>(data);
-    out.insert(out.end(), p, p + size);
-  }
-  Blob out;
-};
-
-// Reads what Writer wrote; throws std::invalid_argument where the bytes run out or a length is
-// out of bounds.
-class Reader {
- public:
-  Reader(const uint8_t* data, size_t size) : data_(data), size_(size) {}
-  uint8_t u8() { return take<uint8_t>(); }
-  uint32_t u32() { return take<uint32_t>(); }
-  uint64_t u64() { return take<uint64_t>(); }
-  // A count of items each at least `item_bytes` long: no more than the bytes left could hold.
-  uint64_t count(size_t item_bytes) {
-    const uint64_t n = u64();
-    if (n > left() / std::max<size_t>(1, item_bytes)) {
-      throw std::invalid_argument("a count too large");
-    }
-    return n;
-  }
-  const uint8_t* bytes(uint64_t& size) {
-    size = u64();
-    if (size > left()) throw std::invalid_argument("a length past the end");
-    const uint8_t* at = data_ + pos_;
-    pos_ += size;
-    return at;
-  }
-  std::string text() {
-    uint64_t size = 0;
-    const uint8_t* at = bytes(size);
-    return std::string(reinterpret_cast<const char*>(at), size);
-  }
-  size_t left() const { return size_ - pos_; }
-
- private:
-  template <typename T>
-  T take() {
-    if (left() < sizeof(T)) throw std::invalid_argument("cut short");
-    T v;
-    std::memcpy(&v, data_ + pos_, sizeof v);
-    pos_ += sizeof v;
-    return v;
-  }
-  const uint8_t* data_;
-  size_t size_;
-  size_t pos_ = 0;
-};
-
-void write_names(Writer& w, const std::vector<std::string>& names) {
+void write_names(ByteWriter& w, const std::vector<std::string>& names) {
   w.u64(names.size());
   for (const auto& n : names) w.text(n);
 }
 
-std::vector<std::string> read_names(Reader& r) {
+std::vector<std::string> read_names(ByteReader& r) {
   std::vector<std::string> names(r.count(sizeof(uint64_t)));
   for (auto& n : names) n = r.text();
   return names;
 }
 
-void write_group(Writer& w, const StoredGroup& g) {
+void write_group(ByteWriter& w, const StoredGroup& g) {
   w.u64(g.topology);
   write_names(w, g.names.tensors);
   write_names(w, g.names.kernels);
@@ -139,7 +80,7 @@ void write_group(Writer& w, const StoredGroup& g) {
   }
 }
 
-StoredGroup read_group(Reader& r, uint64_t& decoded) {
+StoredGroup read_group(ByteReader& r, uint64_t& decoded) {
   StoredGroup g;
   g.topology = r.u64();
   g.names.tensors = read_names(r);
@@ -224,10 +165,10 @@ std::string first_difference(const std::string& stored, const std::string& here)
 }  // namespace
 
 Blob encode_graph_file(const std::string& key, const std::vector<StoredGroup>& groups) {
-  Writer payload;
+  ByteWriter payload;
   payload.u64(groups.size());
   for (const StoredGroup& g : groups) write_group(payload, g);
-  Writer file;
+  ByteWriter file;
   file.raw(kMagic, kMagicSize);
   file.u32(kFormatVersion);
   file.text(key);
@@ -251,7 +192,7 @@ DecodedGraphFile decode_graph_file(const Blob& bytes, const std::string& key) {
     return result;
   }
   try {
-    Reader r(bytes.data() + kMagicSize, body - kMagicSize);
+    ByteReader r(bytes.data() + kMagicSize, body - kMagicSize);
     const uint32_t version = r.u32();
     if (version != kFormatVersion) {
       result.why = "format version " + std::to_string(version) + ", not " +
@@ -267,7 +208,7 @@ DecodedGraphFile decode_graph_file(const Blob& bytes, const std::string& key) {
     uint64_t size = 0;
     const uint8_t* payload = r.bytes(size);
     if (r.left() != 0) throw std::invalid_argument("bytes after the payload");
-    Reader p(payload, size);
+    ByteReader p(payload, size);
     result.groups.resize(p.count(4 * sizeof(uint64_t)));
     uint64_t decoded = 0;
     for (StoredGroup& g : result.groups) g = read_group(p, decoded);
