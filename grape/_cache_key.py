@@ -5,10 +5,11 @@ would capture the same graph: the same code on the same structure of modules, wi
 libraries on the same GPU. The key says all of that as text, one ``name=value`` line each, so that
 a miss can name what changed (csrc/core/graph_store_file.h):
 
-- ``grape`` (a digest of its extension and Python files), ``python``, ``torch``, ``cuda``, ``cudnn``, ``driver``, ``gpu`` (name and compute
-  capability), the CUDA libraries' wheels (``lib:nvidia-cublas-cu13``, ...), ``rank`` and
-  ``world`` (torch.distributed, where initialized), and the version of every library that the
-  function's modules come from (``lib:transformers``, ...);
+- ``grape`` (a digest of its extension and Python files), ``python``, ``torch``, ``cuda``,
+  ``cudnn``, ``driver``, ``gpu`` (name and compute capability), the CUDA libraries' wheels
+  (``lib:nvidia-cublas-cu13``, ...), ``rank`` and ``world`` (torch.distributed, where
+  initialized), and the version of every library that the function's modules come from
+  (``lib:transformers``, ...);
 - ``settings``: the process-wide switches that choose kernels or their rounding (TF32, cuDNN's
   benchmark mode, deterministic algorithms, SDPA's backends, the default dtype);
 - ``code``: the code objects of the function and of each function beneath its decorators, with

@@ -37,7 +37,9 @@ void write_value(ByteWriter& w, const StoredValue& v) {
 StoredValue read_value(ByteReader& r) {
   StoredValue v;
   const uint8_t kind = r.u8();
-  if (kind > static_cast<uint8_t>(StoredValue::Kind::kString)) throw std::invalid_argument("a value");
+  if (kind > static_cast<uint8_t>(StoredValue::Kind::kString)) {
+    throw std::invalid_argument("a value");
+  }
   v.kind = static_cast<StoredValue::Kind>(kind);
   switch (v.kind) {
     case StoredValue::Kind::kBool:

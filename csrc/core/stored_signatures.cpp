@@ -19,17 +19,17 @@ bool LocalWordMap::learn(const StoredSignature& stored, const StoredSignature& l
       stored.local_positions != live.local_positions) {
     return false;
   }
-  std::map<Key, int64_t> learned_to_live, learned_to_stored;
-  // A pair contradicts what is known, or what this call pairs elsewhere, where either side is
-  // already paired with something else.
-  auto contradicts = [](const std::map<Key, int64_t>& map, const Key& key, int64_t value) {
-    auto it = map.find(key);
-    return it != map.end() && it->second != value;
+  // Learned into copies, kept only where the whole signature matches.
+  auto to_live = to_live_;
+  auto to_stored = to_stored_;
+  // A pair where either side is paired with something else already breaks the one-to-one map.
+  auto pair = [](std::map<Key, int64_t>& map, const Key& key, int64_t value) {
+    const auto [it, added] = map.emplace(key, value);
+    return added || it->second == value;
   };
   size_t local = 0;
   for (size_t i = 0; i < stored.words.size(); ++i) {
-    const bool is_local = local < stored.local_positions.size() && stored.local_positions[local] == i;
-    if (!is_local) {
+    if (local == stored.local_positions.size() || stored.local_positions[local] != i) {
       if (stored.words[i] != live.words[i]) return false;
       continue;
     }
@@ -37,18 +37,13 @@ bool LocalWordMap::learn(const StoredSignature& stored, const StoredSignature& l
     if (what.empty() || what != live.local_descriptions[local]) return false;
     ++local;
     const int64_t tag = stored.words[i - 1];  // equal in both: a value word checked above
-    const Key from{tag, stored.words[i]};
-    const Key to{tag, live.words[i]};
-    if (contradicts(to_live_, from, to.second) || contradicts(to_stored_, to, from.second) ||
-        contradicts(learned_to_live, from, to.second) ||
-        contradicts(learned_to_stored, to, from.second)) {
+    if (!pair(to_live, {tag, stored.words[i]}, live.words[i]) ||
+        !pair(to_stored, {tag, live.words[i]}, stored.words[i])) {
       return false;
     }
-    learned_to_live.emplace(from, to.second);
-    learned_to_stored.emplace(to, from.second);
   }
-  to_live_.insert(learned_to_live.begin(), learned_to_live.end());
-  to_stored_.insert(learned_to_stored.begin(), learned_to_stored.end());
+  to_live_ = std::move(to_live);
+  to_stored_ = std::move(to_stored);
   return true;
 }
 

@@ -135,7 +135,6 @@ void Flattener::push_interned(py::handle obj, FlatCall& out) {
     if (PyErr_Occurred()) throw py::error_already_set();
     id = static_cast<int64_t>(PyDict_Size(interned_ids_.ptr()));
     interned_ids_[key] = py::int_(id);
-    interned_values_.push_back(py::reinterpret_borrow<py::object>(obj));
   }
   out.signature.push(Tag::kInterned);
   out.signature.push_local(id);
@@ -149,9 +148,15 @@ std::string Flattener::describe_local(int64_t tag, int64_t id) const {
            py::str(type.attr("__qualname__")).cast<std::string>();
   };
   if (tag == static_cast<int64_t>(Tag::kInterned)) {
-    if (id < 0 || static_cast<size_t>(id) >= interned_values_.size()) return {};
-    const py::object& value = interned_values_[static_cast<size_t>(id)];
-    return "interned " + text(value) + " " + py::repr(value).cast<std::string>();
+    for (const auto& [key, key_id] : interned_ids_) {
+      if (key_id.cast<int64_t>() != id) continue;
+      // push_interned's key: a string or bytes itself, else (its type, the value).
+      const py::object value = py::isinstance<py::tuple>(key)
+                                   ? py::object(py::reinterpret_borrow<py::tuple>(key)[1])
+                                   : py::reinterpret_borrow<py::object>(key);
+      return "interned " + text(value) + " " + py::repr(value).cast<std::string>();
+    }
+    return {};
   }
   for (const auto& [object, object_id] : identity_ids_) {  // held alive by identity_objects_
     if (object_id == id) return "identity " + text(py::reinterpret_borrow<py::object>(object));

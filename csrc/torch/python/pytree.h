@@ -121,7 +121,6 @@ class Flattener {
   const std::vector<std::pair<std::string, bool>>& dataclass_fields(py::handle type);
 
   py::dict interned_ids_;                     // constant -> id
-  std::vector<py::object> interned_values_;   // id -> constant
   std::vector<py::object> identity_objects_;  // kept alive so their ids stay unique
   std::unordered_map<PyObject*, int64_t> identity_ids_;
   std::unordered_map<PyObject*, std::vector<std::pair<std::string, bool>>> dataclass_fields_;
