@@ -7,7 +7,11 @@ hidden 2048, intermediate 5632, 32 heads, 4 KV heads, vocab 32000; bf16, batch 1
 (the dynamic cache); static_compile (HF's static cache, which HF's generate compiles with
 torch.compile by itself); grape (grape.compile(model), the dynamic cache); grape_plan_free
 (grape.compile(model, plan_free_attention=True): captures run attention on backends that build no
-per-shape plan). Each mode has a fresh copy of the case's weights.
+per-shape plan); grape_cached and grape_plan_free_cached (--cold only: the same with a graph cache
+directory, filled by a first process of that mode, then measured in a second, fresh one; the
+filling process's graph_cache stats are filling_graph_cache, the measured one's graph_cache).
+--no-alias-prediction compiles every grape mode with alias_prediction=False (the shapes alias
+prediction reads in place are not stored). Each mode has a fresh copy of the case's weights.
 
     python -m benchmarks.time_to_speed                  # the three cases, 128 new tokens
     python -m benchmarks.time_to_speed --quick          # gpt2-b1 only, 16 new tokens
@@ -85,6 +89,7 @@ import copy
 import itertools
 import json
 import operator
+import os
 import statistics
 import subprocess
 import sys
@@ -99,7 +104,9 @@ import torch
 import grape
 from benchmarks import generation, harness
 
-MODES = ["eager", "static_compile", "grape", "grape_plan_free"]
+MODES = ["eager", "static_compile", "grape", "grape_plan_free"]  # the default
+CACHED_MODES = ("grape_cached", "grape_plan_free_cached")  # --cold only, when asked for
+ALL_MODES = MODES + list(CACHED_MODES)
 CASES = {"gpt2-b1": ("gpt2", 1), "gpt2-b8": ("gpt2", 8), "tinyllama-b1": ("tinyllama", 1)}
 QUICK_CASES = "gpt2-b1"
 PROMPT, LONGER_PROMPT, LONGER_CALLS = 8, 32, 2
@@ -113,6 +120,7 @@ MODEL_NAMES = {"gpt2": ("gpt2-small", "gpt2-tiny"),  # (full, --tiny)
 STEADY_CALLS = 3  # steady_ms: the median of the last calls with the prompt
 CAPTURE_FLOOR_REPS = 9
 SIGNATURE_CHARS = 160  # of a signature with chain variants, as recorded
+CACHE_VARIABLE = "GRAPE_CACHE_DIR"  # grape/_graph_cache.py: the cached modes' directory
 NEEDS = ("time_to_speed needs a CUDA device (--device cpu --tiny checks the script itself, "
          "without one)")
 
@@ -284,15 +292,18 @@ def run_mode(mode: str, base, case: dict) -> dict:
         kwargs = dict(kwargs, cache_implementation="static")
         counters = harness.Counters(dynamo_graphs)
     elif mode.startswith("grape"):
-        model = grape.compile(model, plan_free_attention=mode == "grape_plan_free")
+        model = grape.compile(model, plan_free_attention=mode.startswith("grape_plan_free"),
+                              alias_prediction=not case["no_alias_prediction"],
+                              cache_dir=os.environ.get(CACHE_VARIABLE) if mode in CACHED_MODES
+                              else False)
         counters = harness.GrapeCounters(model, COUNTERS + BREAKDOWN)
     ms, outputs, changes = timed_calls(model, case["inputs"], kwargs, counters, mode)
     calls = case["calls"]
     result = {**call_times(ms, calls, kwargs["max_new_tokens"]), "outputs": outputs,
-              "numerics_may_differ": mode == "grape_plan_free"}
+              "numerics_may_differ": mode.startswith("grape_plan_free")}
     if mode.startswith("grape"):
         result.update(**grape_figures(changes, calls),
-                      **harness.grape_stats(model, ("graphs", "fallbacks")))
+                      **harness.grape_stats(model, ("graphs", "fallbacks", "graph_cache")))
         entries = grape.stats(model)["entries"]
         # Which signatures were captured more than once (their signatures, cut short).
         result["signatures_with_variants"] = [
@@ -350,14 +361,15 @@ def capture_floor(model, ids, mask, reps: int = CAPTURE_FLOOR_REPS) -> dict:
 
 def run_case(base, model: str, name: str, batch: int, calls: int, new_tokens: int,
              modes: Sequence[str], device: str, cold: bool = False, rounds: int = 1,
-             warm_up: bool = True) -> dict:
+             warm_up: bool = True, no_alias_prediction: bool = False) -> dict:
     inputs = prompts(base.config.vocab_size, batch, calls, device)
-    case = {"inputs": inputs, "kwargs": generation.generate_kwargs(1, new_tokens), "calls": calls}
+    case = {"inputs": inputs, "kwargs": generation.generate_kwargs(1, new_tokens), "calls": calls,
+            "no_alias_prediction": no_alias_prediction}
     warmup = {}
     for path in (["eager"] + (["grape"] if "grape" in modes else []) if warm_up else []):
         throwaway = copy.deepcopy(base)
         if path == "grape":
-            grape.compile(throwaway)
+            grape.compile(throwaway, cache_dir=False)
         # grape's throwaway calls the prompt twice: its second call captures the prompt's
         # signature (the first warms up), which needs cuDNN plans of its own.
         first_use = [inputs[0]] * (2 if path == "grape" else 1) + [inputs[-1]]
@@ -432,13 +444,28 @@ def cold_processes(argv: Sequence[str], modes: Sequence[str], out: Path) -> list
     with eager's as in one process (their tokens travel in the files)."""
     runs = []
     for mode in modes:
-        folder = out / mode
-        command = [sys.executable, "-m", "benchmarks.time_to_speed", *argv, "--modes", mode,
-                   "--out", str(folder)]
-        print(f"cold process for {mode}: {' '.join(command[1:])}", flush=True)
-        subprocess.run(command, check=True, cwd=Path(__file__).resolve().parent.parent)
+        env = dict(os.environ)
+        env.pop(CACHE_VARIABLE, None)
+        passes = ["measured"]
+        if mode in CACHED_MODES:
+            # A first process of the mode fills the cache directory; the second is measured.
+            env[CACHE_VARIABLE] = str(out / f"{mode}-cache")
+            passes = ["filling", "measured"]
+        for kind in passes:
+            folder = out / mode / kind
+            command = [sys.executable, "-m", "benchmarks.time_to_speed", *argv, "--modes", mode,
+                       "--out", str(folder)]
+            print(f"cold process for {mode} ({kind}): {' '.join(command[1:])}", flush=True)
+            subprocess.run(command, check=True, cwd=Path(__file__).resolve().parent.parent,
+                           env=env)
         written, = folder.glob("time_to_speed*.json")
-        runs.append(json.loads(written.read_text())["cases"])
+        cases = json.loads(written.read_text())["cases"]
+        if mode in CACHED_MODES:
+            filled, = (out / mode / "filling").glob("time_to_speed*.json")
+            for case, filling in zip(cases, json.loads(filled.read_text())["cases"]):
+                case["modes"][mode]["filling_graph_cache"] = (
+                    filling["modes"][mode].get("graph_cache"))
+        runs.append(cases)
     cases = []
     for per_mode in zip(*runs):
         case = dict(per_mode[0], modes={})
@@ -533,7 +560,12 @@ def main(argv=None):
                              "over the rounds (module docstring)")
     parser.add_argument("--device", choices=("cuda", "cpu"), default="cuda",
                         help="cpu: a check of the script itself, with --tiny")
-    args, modes = harness.parse(parser, argv, MODES, None)
+    parser.add_argument("--no-alias-prediction", action="store_true",
+                        help="grape modes compiled with alias_prediction=False")
+    args, modes = harness.parse(parser, argv, ALL_MODES, None)
+    if set(modes) & set(CACHED_MODES) and not args.cold and not os.environ.get(CACHE_VARIABLE):
+        parser.error(f"{', '.join(CACHED_MODES)} run with --cold (a process fills the cache, a "
+                     "fresh one is measured)")
     if args.device == "cuda" and not torch.cuda.is_available():
         raise SystemExit(NEEDS)
     if args.reps < 2:
@@ -554,7 +586,7 @@ def main(argv=None):
         path = harness.write_results(name, cases, args.out, device=args.device)
         harness.write_table_and_plot(
             path, markdown(cases),
-            lambda png: plot(cases, png, MODES, "HF generate, one process per mode"))
+            lambda png: plot(cases, png, ALL_MODES, "HF generate, one process per mode"))
         return cases
     cases, family, base = [], None, None
     with torch.no_grad():
@@ -567,7 +599,8 @@ def main(argv=None):
             cases.append(run_case(base, MODEL_NAMES[family][args.tiny], case_name,
                                   CASES[case_name][1], args.reps, new_tokens, modes, args.device,
                                   args.cold, args.rounds,
-                                  warm_up=not (args.cold or args.no_warmup)))
+                                  warm_up=not (args.cold or args.no_warmup),
+                                  no_alias_prediction=args.no_alias_prediction))
             print(markdown(cases[-1:]), flush=True)
             path = harness.write_results(name, cases, args.out, device=args.device)
     harness.write_table_and_plot(

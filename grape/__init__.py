@@ -7,10 +7,12 @@
     grape.while_loop(cond_fn, body_fn, carried)  # a loop the GPU ends, inside one graph
 """
 
-from grape._compile import CompiledFunction, FallbackWarning, compile, set_memory_budget, stats
+from grape._compile import (CompiledFunction, FallbackWarning, compile, save_graph_cache,
+                            set_memory_budget, stats)
 from grape._predicate import Predicate, PredicateError, while_loop
 from grape._rewrite import RewriteError, rewritten_source
 
 __all__ = ["CompiledFunction", "FallbackWarning", "Predicate", "PredicateError", "RewriteError",
-           "compile", "rewritten_source", "set_memory_budget", "stats", "while_loop"]
+           "compile", "rewritten_source", "save_graph_cache", "set_memory_budget", "stats",
+           "while_loop"]
 __version__ = "0.1.0"

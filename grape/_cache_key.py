@@ -44,7 +44,7 @@ from typing import Any, Callable, Iterable, Optional
 
 import torch
 
-__all__ = ["cache_key", "environment_facts"]
+__all__ = ["cache_key", "environment_facts", "file_of", "functions", "reached"]
 
 _PLAIN = (bool, int, float, str, type(None))
 
@@ -100,16 +100,16 @@ def cache_key(fn: Callable, facts: Optional[dict[str, str]] = None) -> str:
     """The key of what ``fn`` captures (Note [Graph cache keys]); ``facts``: the environment's
     lines (``environment_facts()`` where not given; tests pass their own)."""
     facts = environment_facts() if facts is None else facts
-    modules, values = _reached(fn)
-    codes = [f.__code__ for f in _functions(fn) if hasattr(f, "__code__")]
+    modules, values = reached(fn)
+    codes = [f.__code__ for f in functions(fn) if hasattr(f, "__code__")]
     lines = [f"{name}={value}" for name, value in facts.items()]
     lines.append(f"settings={';'.join(_torch_settings())}")
     for library in sorted(_libraries(modules)):
         lines.append(f"lib:{library}={_library_version(library)}")
     words = [w for code in codes for w in _code_words(code)] if codes else [repr(fn)]
     lines.append(f"code={_digest(words)}")
-    files = {_file_of(code) for code in codes}
-    files |= {_file_of(type(sub)) for _, m in modules for sub in m.modules()}
+    files = {file_of(code) for code in codes}
+    files |= {file_of(type(sub)) for _, m in modules for sub in m.modules()}
     for path in sorted(f for f in files if f):
         lines.append(f"source:{path}={_file_digest(path)}")
     for name, value in values:
@@ -119,7 +119,7 @@ def cache_key(fn: Callable, facts: Optional[dict[str, str]] = None) -> str:
     return "".join(line.replace("\n", " ") + "\n" for line in lines)
 
 
-def _functions(fn: Callable) -> list[Callable]:
+def functions(fn: Callable) -> list[Callable]:
     """The functions ``fn`` runs: its own (a module's forward, a bound method's function) and each
     beneath its decorators."""
     f = type(fn).forward if isinstance(fn, torch.nn.Module) else fn
@@ -140,7 +140,7 @@ def _names_in(code: types.CodeType) -> set[str]:
     return names
 
 
-def _reached(fn: Callable) -> tuple[list[tuple[str, torch.nn.Module]], list[tuple[str, str]]]:
+def reached(fn: Callable) -> tuple[list[tuple[str, torch.nn.Module]], list[tuple[str, str]]]:
     """What ``fn`` can read besides its arguments: the modules (by a name that says where they
     were found: ``self``, ``closure.x``, ``global.x``), and the plain values of its closures and of
     the globals its code names (a threshold a branch compares a shape with)."""
@@ -158,7 +158,7 @@ def _reached(fn: Callable) -> tuple[list[tuple[str, torch.nn.Module]], list[tupl
 
     add("self", fn)
     add("self", getattr(fn, "__self__", None))
-    for f in _functions(fn):
+    for f in functions(fn):
         code = getattr(f, "__code__", None)
         if code is None:
             continue
@@ -258,7 +258,7 @@ def _library_version(name: str) -> str:
     return str(getattr(sys.modules.get(name), "__version__", "unknown"))
 
 
-def _file_of(obj: Any) -> Optional[str]:
+def file_of(obj: Any) -> Optional[str]:
     """The source file of a class or code object; nothing for one defined in C or typed in."""
     try:
         return inspect.getsourcefile(obj)

@@ -11,10 +11,10 @@ from typing import Any, Callable, Optional, Union
 
 import torch
 
-from grape import _C, _hooks, _rewrite, _stats
+from grape import _C, _graph_cache, _hooks, _rewrite, _stats
 from grape._hooks import FallbackWarning
 
-__all__ = ["CompiledFunction", "FallbackWarning", "compile", "stats"]
+__all__ = ["CompiledFunction", "FallbackWarning", "compile", "save_graph_cache", "stats"]
 
 
 # Device memory a function's executables beyond one per topology may take (Note [Executable
@@ -36,7 +36,8 @@ class CompiledFunction(_C.Runtime):
                  name: Optional[str] = None, alias_prediction: bool = True, rewrite: bool = True,
                  on_unsupported: str = "error", share_executables: Union[bool, str] = True,
                  executable_cache: Optional[int] = DEFAULT_EXECUTABLE_CACHE,
-                 memory_budget: Optional[int] = None, plan_free_attention: bool = False):
+                 memory_budget: Optional[int] = None, plan_free_attention: bool = False,
+                 cache_dir: Any = None):
         run, why = _rewrite.rewrite(fn, on_unsupported) if rewrite else (fn, "rewrite=False")
         sharing = {False: "none", True: "near"}.get(share_executables, share_executables)
         name = name or getattr(fn, "__name__", type(fn).__name__)
@@ -52,6 +53,11 @@ class CompiledFunction(_C.Runtime):
         self.__name__ = name
         self.__qualname__ = qualname
         self.__doc__ = getattr(fn, "__doc__", None)
+        directory = _graph_cache.cache_directory(cache_dir)
+        if directory is not None:
+            self._hooks.cache_file = _graph_cache.CacheFile(
+                fn, directory, qualname, {"plan_free_attention": plan_free_attention})
+            _graph_cache.register(self)
 
     def __repr__(self) -> str:
         return f"<grape.CompiledFunction {self.__qualname__}>"
@@ -61,6 +67,12 @@ class CompiledFunction(_C.Runtime):
         if instance is None:
             return self
         return functools.partial(self, instance)
+
+    def save_graph_cache(self) -> str:
+        """Writes what this function captured to its graph cache file now (it is also written
+        when the process exits); returns what was done. Without a cache directory, does
+        nothing and returns "". See docs/semantics.md, "The graph cache"."""
+        return self._save_graph_cache()
 
     def stats(self) -> _stats.Stats:
         """Counters of this function; see :func:`grape.stats`."""
@@ -100,7 +112,7 @@ def compile(fn: Any = _UNSET, *, warmup: int = 1, warmup_each_signature: bool = 
             rewrite: bool = True, on_unsupported: str = "error",
             share_executables: Union[bool, str] = True,
             executable_cache: Optional[int] = DEFAULT_EXECUTABLE_CACHE, memory_budget: Any = _UNSET,
-            plan_free_attention: bool = False):
+            plan_free_attention: bool = False, cache_dir: Any = None):
     """Compiles ``fn`` (a function or an ``nn.Module``) into CUDA graphs, one per call signature.
 
     * ``grape.compile(fn)`` and ``@grape.compile`` return a :class:`CompiledFunction`;
@@ -157,6 +169,15 @@ def compile(fn: Any = _UNSET, *, warmup: int = 1, warmup_each_signature: bool = 
     such as each decode length of a Hugging Face ``generate``, pays no library planning. The
     captured calls may then run another attention kernel than eager, with other rounding; off by
     default. See docs/semantics.md, "Attention without plans".
+
+    ``cache_dir``: a directory where the function keeps what it captured (default: the
+    ``GRAPE_CACHE_DIR`` environment variable, else none), written at exit and by
+    :func:`grape.save_graph_cache`; a later process restores from it instead of capturing every
+    shape again (one live capture per group of shapes validates the rest); False: no cache,
+    whatever the environment says. The key covers the
+    code, the modules' structure and the library versions; a file of another key or a damaged
+    one is ignored with a warning. Trust the directory as you would a model file. See
+    docs/semantics.md, "The graph cache".
     """
     if isinstance(warmup, bool) or not isinstance(warmup, int):
         raise TypeError(f"grape.compile: warmup must be an int, got {type(warmup).__name__}")
@@ -185,7 +206,9 @@ def compile(fn: Any = _UNSET, *, warmup: int = 1, warmup_each_signature: bool = 
                    on_unsupported=on_unsupported, share_executables=share_executables,
                    executable_cache=_check_bytes("executable_cache", executable_cache),
                    memory_budget=_check_bytes("memory_budget", memory_budget),
-                   plan_free_attention=plan_free_attention)
+                   plan_free_attention=plan_free_attention,
+                   cache_dir=cache_dir)
+    _graph_cache.cache_directory(cache_dir)  # a wrong type raises here, before anything is built
     if fn is _UNSET:  # @grape.compile(...) with options; an explicit None is a mistake, below
         return functools.partial(compile, **options)
     if isinstance(fn, CompiledFunction):
@@ -214,6 +237,16 @@ def stats(fn: Any) -> dict:
     if not isinstance(target, CompiledFunction):
         raise TypeError(f"grape.stats expects a compiled function or module, got {type(fn).__name__}")
     return target.stats()
+
+
+def save_graph_cache(fn: Any) -> str:
+    """Writes a compiled function's (or compiled module's) graph cache now; see
+    :meth:`CompiledFunction.save_graph_cache`."""
+    target = fn.__dict__.get("forward") if isinstance(fn, torch.nn.Module) else fn
+    if not isinstance(target, CompiledFunction):
+        raise TypeError("grape.save_graph_cache expects a compiled function or module, got "
+                        f"{type(fn).__name__}")
+    return target.save_graph_cache()
 
 
 if stats.__doc__:  # None under python -OO

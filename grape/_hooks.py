@@ -110,6 +110,8 @@ class RuntimeHooks:
         self.name = name
         self.fallbacks: list[dict] = []
         self.plan_free_attention = plan_free_attention
+        # grape._graph_cache.CacheFile of a function compiled with a cache directory, else None.
+        self.cache_file = None
 
     # --- fallbacks --------------------------------------------------------------------------------
     def report_fallback(self, signature: str, kind: str, reason: str,
@@ -159,6 +161,12 @@ class RuntimeHooks:
         build no per-shape plan where the function asked (Note [Attention without plans under
         capture])."""
         return _capture_settings(self.plan_free_attention)
+
+    # --- the graph cache (Note [The graph cache in the runtime]) ----------------------------------
+    def graph_cache_file(self):
+        """(path, key, [(name, tensor)]) of the function's graph cache, computed now; None where
+        it has none."""
+        return None if self.cache_file is None else self.cache_file.describe()
 
     # --- training steps (Note [Gradients of a captured step]) -------------------------------------
     def training_seen(self) -> _training.Seen:

@@ -136,6 +136,8 @@ TABLE: list[tuple[tuple[str, ...], str]] = [
      "the function's qualified name (`Linear.forward` for a module)"),
     (('fallbacks',),
      'list of `{"signature", "kind", "reason", "call_site"}`, one per reported fallback; `kind` names the reason\'s kind (`host_sync`, `pageable_copy`, `legacy_stream`, `cpu_tensor`, `out_of_memory`, `unsupported_argument`, `results`, `capture_error`, `instantiation`, `replay_refused`, `no_cuda`, `forked`)'),
+    (('graph_cache',),
+     'the graph cache (docs/semantics.md, "The graph cache"), `None` without a cache directory: `{"file", "status": "read" | "no file" | "miss: <the key line that differs>" | "unreadable: <why>", "stored_groups", "stored_shapes" (in the file read), "validated_groups" (groups a live capture matched), "restored_shapes" (shapes replaying without a capture), "dropped_groups" (why each group a live capture did not match was dropped), "unrestored" (shapes of validated groups not restored, by reason), "cache_load_seconds", "restore_seconds" (validating and restoring), "saved_shapes" (at the last save that wrote, else -1), "unstored" (shapes not stored at the last save, by reason), "store_seconds"}`'),
     (('entries',),
      'per signature: `{"signature", "state": "warmup" | "graph" | "eager" | "deferred", "kind", "reason", "replays", "chain_variants", "nodes", "seconds"}` (`deferred`: its capture ran out of memory, and it runs eagerly until it is captured again; `chain_variants`: the signature\'s variants held; `nodes`: of its graph); `seconds` is what the signature cost on its way to replays: `warmup`, `capture` (every try, failed ones and chain variants included), and of it `read`, `join`, `instantiate` and `variants`'),
 ]

@@ -184,7 +184,11 @@ StoreResult store_shape(const std::vector<Blob>& blobs, const std::vector<NodeLa
         write_word(stored.words, at, index);
         continue;
       }
-      const ClassifiedWord c = classifier.classify(value);
+      ClassifiedWord c = classifier.classify(value);
+      if (c.kind == WordKind::kLiteral && context.is_host_address &&
+          context.is_host_address(value)) {
+        c.kind = WordKind::kHost;
+      }
       const std::optional<uint64_t> word = stored_word(
           c, c.kind == WordKind::kTensor ? names.intern_tensor(context.tensors[c.index].first)
                                          : c.index);
@@ -246,6 +250,10 @@ std::string match_live_shape(const std::vector<StoredNode>& stored, const Stored
         write_word(rewritten, at, kept);
         continue;
       }
+      if (s.kinds[i] == WordKind::kHost) {  // bytes no code set: whatever the live capture holds
+        write_word(rewritten, at, kept);
+        continue;
+      }
       const ClassifiedWord c =
           is_handle_word(s.layout, i)
               ? ClassifiedWord{value != 0 ? WordKind::kForeign : WordKind::kLiteral, 0, value}
@@ -296,6 +304,7 @@ RelocateResult relocate_shape(const std::vector<StoredNode>& stored, const Store
       const uint64_t index = word >> kOffsetBits, offset = word & kOffsetMask;
       switch (s.kinds[i]) {
         case WordKind::kLiteral:
+        case WordKind::kHost:
           break;
         case WordKind::kArena: {
           if (index >= context.lanes.size() || offset >= context.lanes[index].bytes()) {
@@ -326,13 +335,23 @@ RelocateResult relocate_shape(const std::vector<StoredNode>& stored, const Store
           break;
         }
         case WordKind::kKernel: {
-          const auto found = word < names.kernels.size() ? context.kernels.find(names.kernels[word])
-                                                         : context.kernels.end();
-          if (found == context.kernels.end()) {
-            result.why_not = where + ": a kernel no live capture ran";
+          if (word >= names.kernels.size()) {
+            result.why_not = where + ": a damaged kernel name";
             return result;
           }
-          write_word(blob, at, found->second);
+          const std::string& name = names.kernels[word];
+          const auto known = context.kernels.find(name);
+          std::optional<uint64_t> handle;
+          if (known != context.kernels.end()) {
+            handle = known->second;
+          } else if (context.find_kernel) {
+            handle = context.find_kernel(name, at);
+          }
+          if (!handle) {
+            result.why_not = where + ": a kernel no live capture ran nor is found: " + name;
+            return result;
+          }
+          write_word(blob, at, *handle);
           break;
         }
       }

@@ -12,8 +12,14 @@
 //     of the group, which must hold a word of that value at a place where the live graph holds
 //     the same kind of address: this process's value then replaces it wherever it occurs;
 //   - a kernel handle: the kernel's name (its module's and mangled name, from the driver), looked
-//     up among the kernels that the later process's live captures ran;
+//     up among the kernels that the later process's live captures ran, and else by the caller
+//     (RestoreContext::find_kernel: cuBLAS runs another GEMM at another length, from a library
+//     whose other kernels the live capture showed);
 //   - another driver handle (a kernel's context): kept, and mapped as a foreign address is;
+//   - a readable host address (kHost): kernel arguments carry bytes no code set (struct padding,
+//     unused slots copied from the launching code's stack or heap), which hold host addresses
+//     that differ from process to process and capture to capture. No kernel can read pageable
+//     host memory through one, so it is kept as it was and never compared;
 //   - anything else: a literal (sizes, strides, scalars, grid and block), kept as it was.
 // Which words may hold an address is the node's layout (the caller's: csrc/cuda knows where a
 // kernel's arguments are); a word of a layout that holds none of the above is a literal, and a
@@ -53,7 +59,7 @@ struct NodeLayout {
 // in a blob of `blob_bytes` (an empty blob: a node the shape lacks, which has none).
 bool valid_layout(const NodeLayout& layout, size_t blob_bytes);
 
-enum class WordKind : uint8_t { kLiteral, kArena, kTensor, kForeign, kKernel };
+enum class WordKind : uint8_t { kLiteral, kArena, kTensor, kForeign, kKernel, kHost };
 
 // What the storing process knows about its memory and kernels.
 struct StoreContext {
@@ -62,6 +68,7 @@ struct StoreContext {
   std::function<bool(uint64_t)> is_device_address;      // any other memory a graph may read
   // The name of the kernel handle `handle` found at byte `at` of a node's blob.
   std::function<std::optional<std::string>(uint64_t handle, uint32_t at)> kernel_name;
+  std::function<bool(uint64_t)> is_host_address;  // readable host memory (may be empty: none)
 };
 
 // A node's blob in the stored form: the blob with each layout word replaced by its stored word,
@@ -109,6 +116,9 @@ struct RestoreContext {
   std::unordered_map<uint64_t, uint64_t> foreign;
   std::function<bool(uint64_t)> is_device_address;
   std::function<std::optional<std::string>(uint64_t handle, uint32_t at)> kernel_name;
+  // A kernel no live capture ran, by its stored name and the byte of the blob its handle sits
+  // at; nothing where there is none (may be empty).
+  std::function<std::optional<uint64_t>(const std::string& name, uint32_t at)> find_kernel;
 };
 
 // Matches a live capture's blobs against the stored form of the same shape: empty where they

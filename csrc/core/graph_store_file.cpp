@@ -19,7 +19,7 @@ namespace {
 
 constexpr char kMagic[] = "GRAPECACHE";  // its 10 characters, no terminator
 constexpr size_t kMagicSize = sizeof(kMagic) - 1;
-constexpr uint32_t kFormatVersion = 2;
+constexpr uint32_t kFormatVersion = 3;
 // No node's parameters come near this (a kernel's arguments are at most 32 KiB): a larger
 // length read from a file is damage, refused before anything is allocated for it.
 constexpr uint64_t kMaxBlobBytes = 1 << 20;
@@ -118,7 +118,7 @@ StoredGroup read_group(ByteReader& r, uint64_t& decoded) {
       node.kinds.resize(r.count(1));
       for (WordKind& k : node.kinds) {
         const uint8_t v = r.u8();
-        if (v > static_cast<uint8_t>(WordKind::kKernel)) throw std::invalid_argument("a word kind");
+        if (v > static_cast<uint8_t>(WordKind::kHost)) throw std::invalid_argument("a word kind");
         k = static_cast<WordKind>(v);
       }
       const bool whole = r.u8() != 0;

@@ -118,6 +118,15 @@ std::string inconsistency(const StoredEntry& e) {
       if (size < 0) return "an output tensor's size";
     }
   }
+  for (const auto& effect : e.effects) {
+    if (effect.record < 0 || effect.attribute.empty()) return "an effect";
+  }
+  // With effects, the root is (the result, the effects' values).
+  if (!e.effects.empty() && (e.output_tree.empty() ||
+                             e.output_tree.front().kind != StoredTreeNode::Kind::kTuple ||
+                             e.output_tree.front().children != 2)) {
+    return "a tree without the effects' values";
+  }
   // A preorder tree: one root, each node's children after it, nothing left over.
   size_t open = 1;
   for (const StoredTreeNode& n : e.output_tree) {
@@ -173,8 +182,15 @@ Blob encode_entry(const StoredEntry& e) {
   }
   w.u64(e.output_tree.size());
   for (const auto& n : e.output_tree) write_node(w, n);
+  w.u64(e.effects.size());
+  for (const auto& effect : e.effects) {
+    w.u32(static_cast<uint32_t>(effect.record));
+    w.text(effect.attribute);
+  }
   w.u64(e.static_tensors.size());
   for (const auto& name : e.static_tensors) w.text(name);
+  w.u64(e.lane_extents.size());
+  for (uint64_t extent : e.lane_extents) w.u64(extent);
   return std::move(w.out);
 }
 
@@ -208,8 +224,15 @@ std::optional<StoredEntry> decode_entry(const Blob& bytes, std::string& why) {
     }
     e.output_tree.resize(r.count(38));
     for (auto& n : e.output_tree) n = read_node(r);
+    e.effects.resize(r.count(4 + sizeof(uint64_t)));
+    for (auto& effect : e.effects) {
+      effect.record = static_cast<int32_t>(r.u32());
+      effect.attribute = r.text();
+    }
     e.static_tensors.resize(r.count(sizeof(uint64_t)));
     for (auto& name : e.static_tensors) name = r.text();
+    e.lane_extents.resize(r.count(sizeof(uint64_t)));
+    for (auto& extent : e.lane_extents) extent = r.u64();
     if (r.left() != 0) throw std::invalid_argument("bytes after the entry");
   } catch (const std::exception& ex) {
     why = std::string("unreadable: ") + ex.what();

@@ -6,7 +6,7 @@
 // placeholder, an arena span), how the function's result is rebuilt (each output tensor's storage
 // and view, and the result's tree: containers, their types by qualified name, constant leaves by
 // value), and the module tensors it reads as static state, by name. A shape whose capture recorded
-// anything else (a predicted input used in place, effects on argument objects, gradients, an
+// anything else (a predicted input used in place, gradients it replaces, an
 // optimizer's settings, pinned host constants, a leaf the tree cannot name) is not stored: the
 // runtime says why, before it builds one of these.
 // Addresses are (lane, offset) in the arena, which a later process relocates with its own lanes.
@@ -97,7 +97,21 @@ struct StoredEntry {
   std::vector<OutputStorage> output_storages;
   std::vector<OutputTensor> output_tensors;
   std::vector<StoredTreeNode> output_tree;  // preorder; the root first
+  // Note [Argument objects]: attributes of the call's argument objects it rebinds, by the
+  // object's place among the call's records and the attribute's name; the tree's root is then
+  // (the result, the effects' values).
+  struct Effect {
+    int32_t record = -1;
+    std::string attribute;
+    friend bool operator==(const Effect& a, const Effect& b) {
+      return a.record == b.record && a.attribute == b.attribute;
+    }
+  };
+  std::vector<Effect> effects;
   std::vector<std::string> static_tensors;  // module tensors it reads, by name
+  // Per arena lane, the bytes mapped when it was stored: a later process maps at least as much
+  // before it replays the shape, which reads and writes its lanes up to there.
+  std::vector<uint64_t> lane_extents;
 };
 
 Blob encode_entry(const StoredEntry& entry);

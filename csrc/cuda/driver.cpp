@@ -39,6 +39,10 @@ const DriverApi& driver() {
     load("cuKernelGetName", 12030, d.cuKernelGetName);
     load("cuGetErrorString", 12000, d.cuGetErrorString);
     load("cuPointerGetAttribute", 12000, d.cuPointerGetAttribute);
+    load("cuFuncGetModule", 12000, d.cuFuncGetModule);
+    load("cuModuleGetFunction", 12000, d.cuModuleGetFunction);
+    load("cuKernelGetLibrary", 12050, d.cuKernelGetLibrary);
+    load("cuLibraryGetKernel", 12000, d.cuLibraryGetKernel);
     // CUDA 13.2; asked only of a driver that new (an older one refuses the version as invalid).
     int version = 0;
     if (cudaDriverGetVersion(&version) == cudaSuccess && version >= 13020) {

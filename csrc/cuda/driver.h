@@ -32,6 +32,11 @@ struct DriverApi {
   GRAPE_DRIVER_MEMBER(cuGetErrorString)
   // Storing graphs (the graph cache): which words are addresses the driver knows.
   GRAPE_DRIVER_MEMBER(cuPointerGetAttribute)
+  // Restoring graphs: a kernel no live capture ran, found by name beside one that did.
+  GRAPE_DRIVER_MEMBER(cuFuncGetModule)
+  GRAPE_DRIVER_MEMBER(cuModuleGetFunction)
+  GRAPE_DRIVER_MEMBER(cuKernelGetLibrary)
+  GRAPE_DRIVER_MEMBER(cuLibraryGetKernel)
 #undef GRAPE_DRIVER_MEMBER
   // CUDA 13.2, newer than the toolkits we build with, hence spelled out: a kernel's parameter
   // count, so that reading its layout need not probe past the last parameter.

@@ -477,6 +477,36 @@ std::optional<std::string> stored_kernel_name(uint64_t handle, uint32_t at) {
   return stored;
 }
 
+std::optional<uint64_t> kernel_beside(uint64_t beside, uint32_t at, const std::string& name) {
+  const std::string mangled = name.substr(0, name.find('('));
+  const DriverApi& d = driver();
+  uint64_t found = 0;
+  if (at == offsetof(KernelHeader, func)) {
+    CUmodule module = nullptr;
+    CUfunction function = nullptr;
+    if (!d.cuFuncGetModule || !d.cuModuleGetFunction ||
+        d.cuFuncGetModule(&module, reinterpret_cast<CUfunction>(beside)) != CUDA_SUCCESS ||
+        d.cuModuleGetFunction(&function, module, mangled.c_str()) != CUDA_SUCCESS) {
+      return std::nullopt;
+    }
+    found = reinterpret_cast<uint64_t>(function);
+  } else if (at == offsetof(KernelHeader, kern)) {
+    CUlibrary library = nullptr;
+    CUkernel kernel = nullptr;
+    if (!d.cuKernelGetLibrary || !d.cuLibraryGetKernel ||
+        d.cuKernelGetLibrary(&library, reinterpret_cast<CUkernel>(beside)) != CUDA_SUCCESS ||
+        d.cuLibraryGetKernel(&kernel, library, mangled.c_str()) != CUDA_SUCCESS) {
+      return std::nullopt;
+    }
+    found = reinterpret_cast<uint64_t>(kernel);
+  } else {
+    return std::nullopt;
+  }
+  // The parameters' sizes must agree too: a name alone may stand for other code.
+  if (stored_kernel_name(found, at) != name) return std::nullopt;
+  return found;
+}
+
 bool is_driver_address(uint64_t value) {
   // Small numbers are sizes and counts, never mapped memory: no driver call for them.
   if (value < (uint64_t{1} << 16)) return false;

@@ -58,6 +58,12 @@ core::NodeLayout storable_layout(NodeKind kind, const core::Blob& blob);
 // driver's mangled name and its parameters' sizes; nothing where the driver names none.
 std::optional<std::string> stored_kernel_name(uint64_t handle, uint32_t at);
 
+// A kernel named `name` (as stored_kernel_name names it) in the module or library of `beside`, a
+// kernel handle of this process held at byte `at` of a kernel node's blob: how a restored graph
+// finds a kernel that no live capture ran (cuBLAS runs another GEMM at another length, from the
+// same library). Nothing where there is none of that name and parameter sizes.
+std::optional<uint64_t> kernel_beside(uint64_t beside, uint32_t at, const std::string& name);
+
 // Whether `value` is an address the driver knows (device, managed or registered host memory).
 bool is_driver_address(uint64_t value);
 

@@ -52,6 +52,7 @@ namespace grape::cuda {
 struct GraphContents;    // a graph as read node by node (cuda/graph_nodes.h)
 struct GraphOwner;       // a cudaGraph_t destroyed with it unless released (cuda/graph_nodes.h)
 struct ExecutableGroup;  // a topology group (cuda/executable_group.h)
+enum class NodeKind : uint8_t;  // cuda/graph_nodes.h
 
 class SharedExecutables {
  public:
@@ -89,6 +90,20 @@ class SharedExecutables {
   // executable that serves it is resident afterwards (`stream` receives its upload). Throws
   // std::runtime_error (the graph destroyed) when it cannot be instantiated.
   Member add(cudaGraph_t graph, cudaStream_t stream);
+  // A member's parameters as a stored graph needs them (the graph cache, Note [Relocating stored
+  // graphs]): its group's topology and node kinds, and its blobs in node order; nothing where its
+  // group cannot take a shape by blobs alone (unshareable, or a union whose node order is no
+  // captured graph's).
+  struct MemberParams {
+    uint64_t topology = 0;
+    std::vector<NodeKind> kinds;
+    std::vector<core::Blob> blobs;
+  };
+  std::optional<MemberParams> params_of(Member member);
+  // A new member of `like`'s group with parameters `blobs` (a shape restored from the graph
+  // cache, never captured here), patched in as a join is, so the driver says now whether it
+  // takes them. Throws std::runtime_error where it does not, or where `like` cannot take one.
+  Member add_shape(Member like, const std::vector<core::Blob>& blobs, cudaStream_t stream);
   // Releases a member; a group left without members frees its executable and base graph.
   void remove(Member member);
   // The executable holding `member`'s parameters, instantiated (`stream` receives its upload) and

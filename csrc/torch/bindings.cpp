@@ -62,6 +62,7 @@ void bind_runtime(py::module_& m) {
       .def("__call__", &Runtime::call)
       .def("_runtime_stats", &Runtime::stats)
       .def("_entries", &Runtime::entries)
+      .def("_save_graph_cache", &Runtime::save_graph_cache)
       .def("reset", &Runtime::reset, "Drops every captured graph; the next calls warm up again.");
 
   py::class_<CallLockContext>(m, "_CallLock",

@@ -27,6 +27,7 @@
 
 namespace grape {
 
+class GraphCache;
 class GraphPool;
 class InputSites;
 namespace cuda {
@@ -36,6 +37,7 @@ struct CapturedGraph;
 struct CaptureContext;
 struct CaptureOutcome;
 struct InputBuffer;
+struct NamedTensors;
 
 // One call signature of a compiled function.
 struct Entry {
@@ -66,6 +68,10 @@ struct Entry {
   bool pin_host_constants = false;
   int64_t replays = 0;
   bool reported_refusal = false;
+  // The graph cache's stored shape for this signature (Note [The graph cache in the runtime]),
+  // its group and index; -1: none.
+  int32_t stored_group = -1;
+  int32_t stored_shape = -1;
   Entry();
   ~Entry();
 };
@@ -93,6 +99,9 @@ class Runtime {
 
   py::object call(py::args args, py::kwargs kwargs);
   py::dict stats();  // runtime_stats.cpp
+  // Writes the function's graphs to its graph cache file (Note [The graph cache in the runtime]);
+  // returns what it did ("" where the function has no cache directory).
+  std::string save_graph_cache();
   py::list entries() const;
   void reset();
 
@@ -157,6 +166,18 @@ class Runtime {
   bool drop_if_state_changed(Entry& entry);
   FlatCall& scratch();
 
+  // The graph cache (runtime_graph_cache.cpp; runtime_without_cuda.cpp has none). Opens it once,
+  // at the first call that may capture.
+  void open_graph_cache();
+  // Looks `entry` (new, of the call `flat`) up among the stored shapes.
+  void find_in_graph_cache(Entry& entry, const FlatCall& flat);
+  // Gives `entry` a graph restored from the cache, where its group was validated; returns whether.
+  bool restore_from_graph_cache(Entry& entry);
+  // After `entry`'s live capture: validates its stored group, or drops it.
+  void validate_graph_cache(Entry& entry);
+  // What grape.stats reports of the graph cache (None where the function has none).
+  py::object graph_cache_stats() const;
+
   // Where a build with CUDA and one without differ: runtime_graphs.cpp defines these, or
   // runtime_without_cuda.cpp.
   // The executables and the site predictor, made at construction.
@@ -204,6 +225,10 @@ class Runtime {
   std::vector<std::unique_ptr<CapturedGraph>> retired_;
   std::shared_ptr<GraphPool> pool_;
   std::shared_ptr<cuda::SharedExecutables> executables_;  // outlives the graphs it serves
+  // shared_ptr: a deleter of its own, so builds without CUDA never see the type.
+  std::shared_ptr<GraphCache> graph_cache_;  // null: no cache directory, or not opened yet
+  bool graph_cache_opened_ = false;
+  std::shared_ptr<NamedTensors> named_tensors_;  // the modules' tensors, when it was opened
   std::unique_ptr<InputSites> sites_;  // null when alias prediction is off
   // Whether the last thing this function did was a replay (not a capture, warm-up or eager run):
   // only then does an idle stream at a launch mean that the GPU waits for launches (Note

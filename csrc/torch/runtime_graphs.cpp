@@ -98,10 +98,12 @@ py::object Runtime::call_with_graphs(const py::args& args, const py::kwargs& kwa
   } depth_guard{depth_};
   flattener_.flatten_call(args, kwargs, flat, /*with_spec=*/false, /*with_paths=*/false);
 
+  open_graph_cache();
   auto it = cache_.find(flat.signature);
   if (it == cache_.end()) {
     auto entry = std::make_unique<Entry>();
     entry->description = describe(flat);
+    find_in_graph_cache(*entry, flat);
     it = cache_.emplace(flat.signature, std::move(entry)).first;
   }
   Entry& entry = *it->second;
@@ -127,10 +129,15 @@ py::object Runtime::call_with_graphs(const py::args& args, const py::kwargs& kwa
     ++stats_.eager_calls;
     return run_eager(args, kwargs);
   }
+  // A shape of a validated group of the graph cache replays without a capture.
+  if (restore_from_graph_cache(entry)) {
+    return replay_or_run_eagerly(entry, *entry.graph, flat, args, kwargs);
+  }
   if (warming_up(entry) || training_.defers_capture()) return warm_up(entry, args, kwargs);
   // Capture with the spec of the arguments, so placeholders can stand in for the tensors.
   flattener_.flatten_call(args, kwargs, flat, /*with_spec=*/true, /*with_paths=*/false);
   if (auto eager = capture_entry(entry, flat, args, kwargs)) return *eager;
+  validate_graph_cache(entry);
   return replay_or_run_eagerly(entry, *entry.graph, flat, args, kwargs);
 }
 

@@ -69,6 +69,7 @@ py::dict Runtime::stats() {
   d["warmup_each_signature"] = warmup_.each_signature;
   d["first_sight_failures"] = warmup_.first_sight_failures;
   d["memory_budget"] = none_if_empty(budget_.bytes());
+  d["graph_cache"] = graph_cache_stats();
   const GraphFigures figures = graph_figures();
   const cuda::ExecutableStats& ex = figures.executables;
   const std::string& unshareable_reason = figures.unshareable_reason;

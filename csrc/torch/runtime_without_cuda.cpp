@@ -24,4 +24,12 @@ void Runtime::restart_site_learning() {}
 
 Runtime::GraphFigures Runtime::graph_figures() { return {}; }
 
+// No graphs, so no graph cache: nothing is read, restored or written.
+void Runtime::open_graph_cache() {}
+void Runtime::find_in_graph_cache(Entry&, const FlatCall&) {}
+bool Runtime::restore_from_graph_cache(Entry&) { return false; }
+void Runtime::validate_graph_cache(Entry&) {}
+std::string Runtime::save_graph_cache() { return ""; }
+py::object Runtime::graph_cache_stats() const { return py::none(); }
+
 }  // namespace grape

@@ -299,3 +299,64 @@ TEST(GraphRelocation, LayoutsWhoseWordsOverlapOrOverrunAreRefused) {
   a[1].layout.address_words = {8, 12, 24};
   EXPECT_NE(relocate_shape(a, names, later).why_not, "");
 }
+
+TEST(GraphRelocation, AHostAddressIsKeptAndNeverCompared) {
+  // Bytes no code set: a word of a kernel's arguments holding a heap address of the launching
+  // code, another at every capture.
+  const uint64_t heap = 0x2831'f170, other_heap = 0x2a7c'7350;
+  StoreContext context = kStoring.store_context();
+  context.is_device_address = [](uint64_t v) { return v >= 0x5000'0000 && v < 0x8000'0000'0000; };
+  context.is_host_address = [](uint64_t v) { return v >= 0x2000'0000 && v < 0x3000'0000; };
+  auto blobs = shape_blobs(kStoring, 3);
+  put(blobs[1], 16, heap);  // the softmax's literal n, as a leftover instead
+  StoredNames names;
+  const auto result = store_shape(blobs, kLayouts, context, names);
+  ASSERT_EQ(result.why_not, "");
+  ASSERT_EQ(result.nodes[1].kinds[1], grape::core::WordKind::kHost);
+  auto live = shape_blobs(kLater, 3);
+  put(live[1], 16, other_heap);
+  RestoreContext later = kLater.restore_context();
+  ASSERT_EQ(match_live_shape(result.nodes, names, live, later), "");
+  const auto relocated = relocate_shape(result.nodes, names, later);
+  ASSERT_EQ(relocated.why_not, "");
+  uint64_t kept = 0;
+  std::memcpy(&kept, relocated.blobs[1].data() + 16, sizeof kept);
+  EXPECT_EQ(kept, heap) << "the stored value stays: no kernel reads it";
+}
+
+TEST(GraphRelocation, AnArenaOrTensorAddressIsNeverAHostOne) {
+  StoreContext context = kStoring.store_context();
+  context.is_host_address = [](uint64_t) { return true; };  // as if every word were readable
+  StoredNames names;
+  const auto result = store_shape(shape_blobs(kStoring, 3), kLayouts, context, names);
+  ASSERT_EQ(result.why_not, "");
+  using grape::core::WordKind;
+  EXPECT_EQ(result.nodes[0].kinds[0], WordKind::kTensor);
+  EXPECT_EQ(result.nodes[0].kinds[1], WordKind::kArena);
+  EXPECT_EQ(result.nodes[1].kinds[2], WordKind::kForeign);
+  EXPECT_EQ(result.nodes[1].kinds[1], WordKind::kHost) << "the literal n, here read as one";
+}
+
+TEST(GraphRelocation, AKernelNoLiveCaptureRanIsLookedUpByName) {
+  StoredNames names;
+  const auto a = store(shape_blobs(kStoring, 3), names);
+  RestoreContext later = kLater.restore_context();
+  ASSERT_EQ(match_live_shape(a, names, shape_blobs(kLater, 3), later), "");
+  later.kernels.erase("libcublasLt:gemm_128x64");
+  std::string asked;
+  uint32_t asked_at = 99;
+  later.find_kernel = [&](const std::string& name, uint32_t at) -> std::optional<uint64_t> {
+    asked = name;
+    asked_at = at;
+    return kLater.gemm;
+  };
+  const auto b = store(shape_blobs(kStoring, 7), names);
+  const auto found = relocate_shape(b, names, later);
+  ASSERT_EQ(found.why_not, "");
+  EXPECT_EQ(found.blobs, shape_blobs(kLater, 7));
+  EXPECT_EQ(asked, "libcublasLt:gemm_128x64");
+  EXPECT_EQ(asked_at, 0u);
+  later.find_kernel = [](const std::string&, uint32_t) { return std::optional<uint64_t>(); };
+  EXPECT_NE(relocate_shape(b, names, later).why_not.find("nor is found: libcublasLt:gemm_128x64"),
+            std::string::npos);
+}

@@ -61,6 +61,8 @@ StoredEntry model_step() {
   StoredTreeNode step{Kind::kConstant, "", {}, {}, three, -1, -1, 0};
   e.output_tree = {tuple, output, logits, cache, none, dict, scale, step};
   e.static_tensors = {"transformer.wte.weight", "lm_head.weight"};
+  e.lane_extents = {64 << 20, 2 << 20, 0, 0, 2 << 20};
+  e.effects = {{0, "keys"}, {0, "values"}};
   return e;
 }
 
@@ -70,6 +72,8 @@ void expect_equal(const StoredEntry& a, const StoredEntry& b) {
   EXPECT_EQ(a.output_tensors, b.output_tensors);
   EXPECT_EQ(a.output_tree, b.output_tree);
   EXPECT_EQ(a.static_tensors, b.static_tensors);
+  EXPECT_EQ(a.lane_extents, b.lane_extents);
+  EXPECT_EQ(a.effects, b.effects);
 }
 
 TEST(StoredEntry, WhatIsWrittenIsReadBack) {
@@ -145,3 +149,15 @@ TEST(StoredEntry, IndicesThatDoNotHoldTogetherAreRefused) {
 }
 
 }  // namespace
+
+TEST(StoredEntry, EffectsNeedARecordAndTheirValuesInTheTree) {
+  std::string why;
+  StoredEntry no_record = model_step();
+  no_record.effects[1].record = -1;
+  EXPECT_FALSE(decode_entry(encode_entry(no_record), why));
+  EXPECT_EQ(why, "an effect");
+  StoredEntry flat_tree = model_step();
+  flat_tree.output_tree = {flat_tree.output_tree[2]};  // a lone tensor: no effects' values
+  EXPECT_FALSE(decode_entry(encode_entry(flat_tree), why));
+  EXPECT_EQ(why, "a tree without the effects' values");
+}

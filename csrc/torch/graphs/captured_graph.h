@@ -58,7 +58,7 @@ struct CapturedGraph {
   CapturedGraph& operator=(const CapturedGraph&) = delete;
 
   std::shared_ptr<GraphPool> pool;  // outlives the graph
-  std::unique_ptr<ReplayGraph> graph;
+  std::unique_ptr<ReplayGraph> graph;  // null for a shape restored from the graph cache
   size_t nodes = 0;  // of the captured graph (core::CaptureCost)
   // The executable that replays it, shared with the graphs of its topology.
   std::shared_ptr<cuda::SharedExecutables> executables;

@@ -135,7 +135,13 @@ void feed_placeholders(const CapturedGraph& g, const FlatCall& flat, const CallM
 void launch(const CapturedGraph& g, cudaGraphExec_t exec, const FlatCall& flat,
             const core::ReplayPlan& plan, cudaStream_t stream, RuntimeCounters& stats) {
   const auto launch_start = core::Clock::now();
-  g.graph->launch(exec);
+  if (g.graph) {
+    g.graph->launch(exec);
+  } else {
+    // A shape restored from the graph cache: never captured here, and it draws no random
+    // numbers, so it has no generator offsets to advance.
+    C10_CUDA_CHECK(cudaGraphLaunch(exec, stream));
+  }
   stats.launch_ns += elapsed_ns(launch_start);
   std::vector<cuda::CopySegment> segments;
   for (size_t i = 0; i < flat.tensors.size(); ++i) {

@@ -307,6 +307,13 @@ bool GraphArena::contains(const void* ptr) const {
   return false;
 }
 
+void GraphArena::map_at_least(ArenaLane lane, size_t bytes) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  TORCH_CHECK(bytes <= lanes_[static_cast<size_t>(lane)].reserved,
+              "grape: a restored graph needs more of an arena lane than is reserved");
+  map_up_to(static_cast<int>(lane), bytes);
+}
+
 core::AddressRange GraphArena::lane_range(ArenaLane which) const {
   const Lane& lane = lanes_[static_cast<size_t>(which)];
   return {lane.base, lane.base + lane.reserved};

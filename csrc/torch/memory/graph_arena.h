@@ -86,6 +86,11 @@ class GraphArena : public std::enable_shared_from_this<GraphArena> {
   // Whether some allocation of the last capture did not take its planned offset.
   bool plan_diverged() const;
 
+  // Maps `lane` from its start up to `bytes` at least, allocating nothing: the memory a shape
+  // restored from the graph cache reads and writes at its stored offsets. Throws
+  // c10::OutOfMemoryError as allocate() does.
+  void map_at_least(ArenaLane lane, size_t bytes);
+
   bool contains(const void* ptr) const;
   core::AddressRange lane_range(ArenaLane lane) const;
   // Device memory mapped by each lane, and in all.

@@ -231,6 +231,13 @@ void ReplayGraph::abandon_capture() {
   for (auto& entry : captured_generator_states_) end_capture_mode(*entry.first);
 }
 
+bool ReplayGraph::draws_random_numbers() const {
+  for (const auto& [state, increment] : captured_generator_states_) {
+    if (increment != 0) return true;
+  }
+  return false;
+}
+
 size_t ReplayGraph::node_count() const {
   size_t nodes = 0;
   if (has_graph_) C10_CUDA_CHECK(cudaGraphGetNodes(graph_, nullptr, &nodes));

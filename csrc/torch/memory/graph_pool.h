@@ -47,6 +47,9 @@ class ReplayGraph : public at::cuda::CUDAGraph {
   void register_generators(c10::DeviceIndex device);
   // After a capture that did not reach its end: takes the generators out of capture mode.
   void abandon_capture();
+  // Whether the captured graph draws random numbers (a generator's offset advances with each
+  // replay, which PyTorch's replay does and a graph restored in another process could not).
+  bool draws_random_numbers() const;
   // The captured graph's node count (after capture_end).
   size_t node_count() const;
   // The captured graph; the caller owns it from here on.

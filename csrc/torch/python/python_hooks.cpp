@@ -31,6 +31,11 @@ py::object PythonHooks::pinned_host_constants() const {
 
 py::object PythonHooks::capture_settings() const { return hooks_.attr("capture_settings")(); }
 
+py::object PythonHooks::graph_cache_file() const {
+  if (hooks_.is_none()) return py::none();
+  return hooks_.attr("graph_cache_file")();
+}
+
 py::object PythonHooks::kept_host_constants(const py::object& mode) { return mode.attr("kept"); }
 
 bool PythonHooks::seen_training(const py::object& seen) {

@@ -35,6 +35,9 @@ class PythonHooks {
   // capture]), or None.
   py::object capture_settings() const;
   static py::object kept_host_constants(const py::object& mode);
+  // The function's graph cache file (Note [The graph cache in the runtime]), computed now: None
+  // where it has none, else (path, key, [(name, tensor)]) with its modules' tensors by name.
+  py::object graph_cache_file() const;
 
   // Training steps (Note [Gradients of a captured step]).
   py::object training_seen() const;  // a grape._training.Seen

@@ -1,0 +1,274 @@
+#include "torch/graphs/graph_cache.h"
+
+#include <c10/cuda/CUDAStream.h>
+#include <c10/util/Exception.h>
+
+#include <map>
+#include <utility>
+
+#include "core/clock.h"
+#include "core/host_memory.h"
+#include "cuda/graph_nodes.h"
+
+namespace grape {
+
+namespace {
+
+// `signature` as a stored signature: its words, and what each local word stands for here.
+core::StoredSignature stored_signature(const core::Signature& signature,
+                                       const Flattener& flattener) {
+  core::StoredSignature stored;
+  stored.words = signature.words();
+  stored.local_positions = signature.local_positions();
+  for (uint32_t at : stored.local_positions) {
+    stored.local_descriptions.push_back(
+        at == 0 ? std::string() : flattener.describe_local(stored.words[at - 1], stored.words[at]));
+  }
+  return stored;
+}
+
+// The arena's lanes as far as they are mapped: an address beyond is no block's.
+std::vector<core::AddressRange> mapped_lanes(const GraphArena& arena) {
+  std::vector<core::AddressRange> lanes;
+  for (int lane = 0; lane < GraphArena::kLanes; ++lane) {
+    const core::AddressRange range = arena.lane_range(static_cast<ArenaLane>(lane));
+    lanes.push_back({range.begin, range.begin + arena.mapped_bytes(static_cast<ArenaLane>(lane))});
+  }
+  return lanes;
+}
+
+std::vector<core::NodeLayout> layouts_of(const cuda::SharedExecutables::MemberParams& params) {
+  std::vector<core::NodeLayout> layouts;
+  for (size_t node = 0; node < params.blobs.size(); ++node) {
+    layouts.push_back(cuda::storable_layout(params.kinds[node], params.blobs[node]));
+  }
+  return layouts;
+}
+
+// The named tensors' storages, each once, under the first of its names: tied weights share one
+// storage (a language model's head and embedding), and the name an address is stored under must
+// not depend on which of them a lookup meets first.
+std::vector<std::pair<std::string, core::AddressRange>> storage_ranges(const NamedTensors& named) {
+  std::vector<std::pair<std::string, core::AddressRange>> ranges;
+  core::AddressRangeSet seen;
+  for (const auto& [name, tensor] : named.tensors) {
+    const core::AddressRange range =
+        core::make_range(tensor.storage().data(), tensor.storage().nbytes());
+    if (range.empty() || seen.overlaps(range)) continue;
+    seen.add(range);
+    ranges.emplace_back(name, range);
+  }
+  return ranges;
+}
+
+constexpr const char* kUnionOrUnshareable =
+    "its executable group cannot be stored (a union of near topologies, or unshareable)";
+
+}  // namespace
+
+GraphCache::GraphCache(std::string path, std::string key) : path_(std::move(path)) {
+  const auto start = core::Clock::now();
+  std::string error;
+  const core::Blob bytes = core::read_whole_file(path_, error);
+  if (!error.empty()) {
+    figures_.status = "unreadable: " + error;
+  } else if (bytes.empty()) {
+    figures_.status = "no file";
+  } else {
+    core::DecodedGraphFile file = core::decode_graph_file(bytes, key);
+    switch (file.status) {
+      case core::DecodedGraphFile::Status::kRead: figures_.status = "read"; break;
+      case core::DecodedGraphFile::Status::kMiss: figures_.status = "miss: " + file.why; break;
+      case core::DecodedGraphFile::Status::kUnreadable:
+        figures_.status = "unreadable: " + file.why;
+        break;
+    }
+    groups_ = std::move(file.groups);
+  }
+  restores_.resize(groups_.size());
+  for (size_t g = 0; g < groups_.size(); ++g) {
+    restores_[g].restored.assign(groups_[g].shapes.size(), false);
+    figures_.stored_shapes += static_cast<int64_t>(groups_[g].shapes.size());
+  }
+  figures_.stored_groups = static_cast<int64_t>(groups_.size());
+  figures_.load_ns = core::elapsed_ns(start);
+}
+
+std::optional<GraphCache::Found> GraphCache::find(const core::Signature& signature,
+                                                  const Flattener& flattener) {
+  if (groups_.empty()) return std::nullopt;
+  const core::StoredSignature live = stored_signature(signature, flattener);
+  for (uint32_t g = 0; g < groups_.size(); ++g) {
+    if (restores_[g].state == GroupState::kDropped) continue;
+    for (uint32_t s = 0; s < groups_[g].shapes.size(); ++s) {
+      if (!restores_[g].restored[s] && local_words_.learn(groups_[g].shapes[s].signature, live)) {
+        return Found{g, s};
+      }
+    }
+  }
+  return std::nullopt;
+}
+
+bool GraphCache::validated(const Found& found) const {
+  return restores_.at(found.group).state == GroupState::kValidated;
+}
+
+void GraphCache::drop(GroupRestore& group, uint32_t index, std::string why) {
+  group.state = GroupState::kDropped;
+  figures_.dropped_groups.push_back("group " + std::to_string(index) + ": " + why);
+}
+
+void GraphCache::validate(const Found& found, const CapturedGraph& graph,
+                          cuda::SharedExecutables& executables, const NamedTensors& named) {
+  GroupRestore& group = restores_.at(found.group);
+  if (group.state != GroupState::kUnseen) return;
+  const auto start = core::Clock::now();
+  const core::StoredGroup& stored = groups_[found.group];
+  const std::optional<cuda::SharedExecutables::MemberParams> live =
+      executables.params_of(graph.member);
+  std::string why;
+  if (!live) {
+    why = std::string("the live capture's ") + kUnionOrUnshareable;
+  } else if (live->topology != stored.topology) {
+    why = "the live capture has another topology (" + std::to_string(live->blobs.size()) +
+          " nodes)";
+  } else {
+    core::RestoreContext& context = group.context;
+    context.lanes = mapped_lanes(graph.pool->arena());
+    for (const auto& [name, range] : storage_ranges(named)) context.tensors.emplace(name, range);
+    context.is_device_address = cuda::is_driver_address;
+    context.kernel_name = cuda::stored_kernel_name;
+    // A kernel no live capture ran is looked for beside the ones that did: the same library.
+    context.find_kernel = [&kernels = context.kernels](const std::string& name, uint32_t at) {
+      std::optional<uint64_t> found;
+      for (const auto& [known, handle] : kernels) {
+        if ((found = cuda::kernel_beside(handle, at, name))) break;
+      }
+      return found;
+    };
+    why = core::match_live_shape(stored.shapes[found.shape].nodes, stored.names, live->blobs,
+                                 context);
+  }
+  if (why.empty()) {
+    group.state = GroupState::kValidated;
+    group.live = graph.member;
+    group.restored[found.shape] = true;
+    ++figures_.validated_groups;
+    from_file_.insert(&graph);
+  } else {
+    drop(group, found.group, why);
+  }
+  figures_.restore_ns += core::elapsed_ns(start);
+}
+
+std::unique_ptr<CapturedGraph> GraphCache::restore(
+    const Found& found, const std::shared_ptr<GraphPool>& pool,
+    const std::shared_ptr<cuda::SharedExecutables>& executables, const NamedTensors& named) {
+  GroupRestore& group = restores_.at(found.group);
+  const core::StoredGroup& stored = groups_[found.group];
+  const core::StoredShape& shape = stored.shapes[found.shape];
+  const auto start = core::Clock::now();
+  struct Charge {
+    Figures& figures;
+    core::Clock::time_point start;
+    ~Charge() { figures.restore_ns += core::elapsed_ns(start); }
+  } charge{figures_, start};
+  group.restored[found.shape] = true;  // tried once: a shape that fails captures from now on
+  std::string why;
+  std::optional<core::StoredEntry> entry = core::decode_entry(shape.entry, why);
+  std::unique_ptr<CapturedGraph> graph;
+  core::RelocateResult blobs;
+  if (entry) {
+    try {
+      for (size_t lane = 0; lane < entry->lane_extents.size() && lane < GraphArena::kLanes;
+           ++lane) {
+        pool->arena().map_at_least(static_cast<ArenaLane>(lane), entry->lane_extents[lane]);
+      }
+    } catch (const c10::Error& e) {
+      why = std::string("mapping its arena lanes: ") + e.what_without_backtrace();
+    }
+  }
+  if (entry && why.empty()) {
+    group.context.lanes = mapped_lanes(pool->arena());
+    blobs = core::relocate_shape(shape.nodes, stored.names, group.context);
+    why = blobs.why_not;
+  }
+  if (entry && why.empty()) {
+    graph = restore_entry(*entry, pool, executables, {}, shape.nodes.size(), named, why);
+  }
+  if (graph) {
+    try {
+      const cudaStream_t stream = at::cuda::getCurrentCUDAStream(pool->device()).stream();
+      graph->member = executables->add_shape(group.live, blobs.blobs, stream);
+    } catch (const std::exception& e) {
+      why = std::string("the driver refused its parameters: ") + e.what();
+      graph.reset();
+    }
+  }
+  if (!graph) {
+    ++figures_.unrestored[why];
+    return nullptr;
+  }
+  ++figures_.restored_shapes;
+  from_file_.insert(graph.get());
+  return graph;
+}
+
+std::string GraphCache::save(const std::vector<ShapeToStore>& shapes, const std::string& key,
+                             cuda::SharedExecutables& executables, const GraphArena& arena,
+                             const NamedTensors& named, const Flattener& flattener) {
+  const auto start = core::Clock::now();
+  core::StoreContext context;
+  context.lanes = mapped_lanes(arena);
+  context.tensors = storage_ranges(named);
+  context.is_device_address = cuda::is_driver_address;
+  context.kernel_name = cuda::stored_kernel_name;
+  const core::AddressRangeSet host = core::readable_host_memory();
+  context.is_host_address = [&host](uint64_t value) {
+    return host.contains({static_cast<uintptr_t>(value), static_cast<uintptr_t>(value) + 8});
+  };
+  std::map<uint32_t, core::StoredGroup> groups;  // by executable group
+  std::map<std::string, int64_t> unstored;
+  int64_t stored = 0;
+  bool anything_new = figures_.status != "read";
+  for (const ShapeToStore& item : shapes) {
+    const std::optional<cuda::SharedExecutables::MemberParams> params =
+        executables.params_of(item.graph->member);
+    if (!params) {
+      ++unstored[kUnionOrUnshareable];
+      continue;
+    }
+    std::string why;
+    std::optional<core::StoredEntry> entry = store_entry(*item.graph, arena, named, why);
+    if (!entry) {
+      ++unstored[why];
+      continue;
+    }
+    core::StoredGroup& group = groups[item.graph->member.group];
+    group.topology = params->topology;
+    core::StoreResult result = core::store_shape(params->blobs, layouts_of(*params), context,
+                                                 group.names);
+    if (!result.why_not.empty()) {
+      ++unstored[result.why_not];
+      continue;
+    }
+    group.shapes.push_back({stored_signature(*item.signature, flattener), std::move(result.nodes),
+                            core::encode_entry(*entry)});
+    ++stored;
+    anything_new = anything_new || from_file_.count(item.graph) == 0;
+  }
+  figures_.unstored = std::move(unstored);
+  std::string error;
+  if (anything_new && stored > 0) {
+    std::vector<core::StoredGroup> list;
+    for (auto& [index, group] : groups) {
+      if (!group.shapes.empty()) list.push_back(std::move(group));
+    }
+    error = core::write_file_atomically(path_, core::encode_graph_file(key, list));
+    if (error.empty()) figures_.saved_shapes = stored;
+  }
+  figures_.store_ns += core::elapsed_ns(start);
+  return error;
+}
+
+}  // namespace grape

@@ -1,0 +1,113 @@
+#pragma once
+// Note [The graph cache in the runtime]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// A function compiled with a cache directory (grape.compile(cache_dir=...)) keeps what it
+// captured in one file (Note [Graph cache files]) and a later process restores from it
+// (docs/design.md, "The graph cache"):
+//   - Reading: at the function's first call that may capture, under the key Python computes
+//     (grape/_graph_cache.py). A miss or an unreadable file is reported once; nothing is restored.
+//   - A new call signature is looked up among the stored shapes (Note [Signatures of stored
+//     graphs]). Where its group has had no live capture yet, the call captures as ever, and the
+//     capture is matched against the stored shape (Note [Relocating stored graphs]): equal, and
+//     the group is validated, this process's kernels and foreign addresses learned from it;
+//     different, and the group is dropped with the reason, its shapes captured as they come.
+//     Where its group is validated, the stored shape is relocated, joins the live capture's
+//     executable group as a new shape, and replays from this call on, never captured.
+//   - Storing (save: grape.save_graph_cache(), and at exit): every storable shape the function
+//     holds, grouped as its executables are, with what replays need besides the nodes (Note
+//     [Stored entries]). A shape that cannot be stored is counted by its reason. A process that
+//     holds nothing the file lacks does not write it.
+// Restoring is lazy, at the call that needs the shape: a stored signature names this process's
+// interned constants and objects only once a call has shown them.
+
+#include <chrono>
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <unordered_set>
+#include <vector>
+
+#include "core/graph_relocation.h"
+#include "core/graph_store_file.h"
+#include "core/signature.h"
+#include "core/stored_signatures.h"
+#include "cuda/shared_executables.h"
+#include "torch/graphs/stored_graph.h"
+#include "torch/python/pytree.h"
+
+namespace grape {
+
+class GraphCache {
+ public:
+  // Reads `path` under `key`: a file of another key is a miss, a damaged one unreadable
+  // (status() says which, and why).
+  GraphCache(std::string path, std::string key);
+
+  struct Found {
+    uint32_t group = 0;
+    uint32_t shape = 0;
+  };
+  // The stored shape that serves calls of `signature` (this process's, described by
+  // `flattener`), if any; learns what its local words stand for here.
+  std::optional<Found> find(const core::Signature& signature, const Flattener& flattener);
+  // Whether `found`'s group was validated by a live capture, and can restore its shapes.
+  bool validated(const Found& found) const;
+  // After a live capture of `found` (`graph`, in `executables`): validates its group, or drops
+  // it with the reason.
+  void validate(const Found& found, const CapturedGraph& graph,
+                cuda::SharedExecutables& executables, const NamedTensors& named);
+  // `found`'s shape, relocated into this process (its group validated): a graph that replays
+  // without a capture, or null where it cannot be restored (counted by the reason).
+  std::unique_ptr<CapturedGraph> restore(const Found& found,
+                                         const std::shared_ptr<GraphPool>& pool,
+                                         const std::shared_ptr<cuda::SharedExecutables>& executables,
+                                         const NamedTensors& named);
+
+  struct ShapeToStore {
+    const core::Signature* signature;
+    const CapturedGraph* graph;
+  };
+  // Writes `shapes` (the function's graphs now) to the file under `key`, unless every one came
+  // from the file. Returns what failed, or "".
+  std::string save(const std::vector<ShapeToStore>& shapes, const std::string& key,
+                   cuda::SharedExecutables& executables, const GraphArena& arena,
+                   const NamedTensors& named, const Flattener& flattener);
+
+  struct Figures {
+    std::string status;  // "read", "no file", "miss: ...", "unreadable: ..."
+    int64_t stored_groups = 0;  // in the file read
+    int64_t stored_shapes = 0;
+    int64_t restored_shapes = 0;
+    int64_t validated_groups = 0;
+    std::vector<std::string> dropped_groups;       // why each was dropped
+    std::map<std::string, int64_t> unrestored;     // shapes of validated groups not restored
+    int64_t load_ns = 0;     // reading the file
+    int64_t restore_ns = 0;  // validating groups and restoring shapes
+    int64_t saved_shapes = -1;                  // at the last save that wrote; -1: none
+    std::map<std::string, int64_t> unstored;  // at the last save, by reason
+    int64_t store_ns = 0;
+  };
+  const Figures& figures() const { return figures_; }
+  const std::string& path() const { return path_; }
+
+ private:
+  enum class GroupState { kUnseen, kValidated, kDropped };
+  struct GroupRestore {
+    GroupState state = GroupState::kUnseen;
+    core::RestoreContext context;                // kValidated: what the live capture taught
+    cuda::SharedExecutables::Member live;        // kValidated: the shapes join its group
+    std::vector<bool> restored;                  // per stored shape
+  };
+  void drop(GroupRestore& group, uint32_t index, std::string why);
+
+  std::string path_;
+  std::vector<core::StoredGroup> groups_;  // from the file
+  std::vector<GroupRestore> restores_;     // per stored group
+  core::LocalWordMap local_words_;
+  // Graphs that came from the file (restored, or the live captures that validated a group).
+  std::unordered_set<const CapturedGraph*> from_file_;
+  Figures figures_;
+};
+
+}  // namespace grape

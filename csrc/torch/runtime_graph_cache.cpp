@@ -1,0 +1,131 @@
+// The Runtime's graph cache (Note [The graph cache in the runtime]): opening it, restoring a new
+// signature's shape instead of capturing it, validating a group by its live capture, and saving.
+#include <torch/csrc/autograd/python_variable.h>
+
+#include "core/clock.h"
+#include "torch/graphs/captured_graph.h"
+#include "torch/graphs/graph_cache.h"
+#include "torch/runtime.h"
+
+namespace grape {
+
+namespace {
+
+// The (path, key, [(name, tensor)]) the hooks give, or nothing.
+struct CacheFile {
+  std::string path;
+  std::string key;
+  std::shared_ptr<NamedTensors> named;
+};
+
+std::optional<CacheFile> cache_file(const PythonHooks& hooks) {
+  py::object file = hooks.graph_cache_file();
+  if (file.is_none()) return std::nullopt;
+  auto tuple = py::reinterpret_borrow<py::tuple>(file);
+  CacheFile out{py::cast<std::string>(tuple[0]), py::cast<std::string>(tuple[1]),
+                std::make_shared<NamedTensors>()};
+  for (py::handle item : py::reinterpret_borrow<py::list>(tuple[2])) {
+    auto pair = py::reinterpret_borrow<py::tuple>(item);
+    // Unpacked as the Python variables they are: pybind's generic caster refuses a Parameter.
+    out.named->tensors.emplace_back(py::cast<std::string>(pair[0]),
+                                    THPVariable_Unpack(pair[1].ptr()));
+  }
+  return out;
+}
+
+py::dict counts(const std::map<std::string, int64_t>& by_reason) {
+  py::dict d;
+  for (const auto& [reason, count] : by_reason) d[py::str(reason)] = count;
+  return d;
+}
+
+}  // namespace
+
+void Runtime::open_graph_cache() {
+  if (graph_cache_opened_) return;
+  graph_cache_opened_ = true;
+  std::optional<CacheFile> file = cache_file(hooks_);
+  if (!file) return;
+  named_tensors_ = file->named;
+  graph_cache_ = std::make_shared<GraphCache>(file->path, file->key);
+  const std::string& status = graph_cache_->figures().status;
+  if (status.rfind("miss", 0) == 0 || status.rfind("unreadable", 0) == 0) {
+    const std::string message = "grape: the graph cache " + file->path + " is not used (" +
+                                status + "); its graphs are captured again";
+    if (PyErr_WarnEx(PyExc_UserWarning, message.c_str(), 1) != 0) throw py::error_already_set();
+  }
+}
+
+void Runtime::find_in_graph_cache(Entry& entry, const FlatCall& flat) {
+  if (!graph_cache_) return;
+  if (std::optional<GraphCache::Found> found = graph_cache_->find(flat.signature, flattener_)) {
+    entry.stored_group = static_cast<int32_t>(found->group);
+    entry.stored_shape = static_cast<int32_t>(found->shape);
+  }
+}
+
+bool Runtime::restore_from_graph_cache(Entry& entry) {
+  if (!graph_cache_ || entry.stored_group < 0 || !pool_) return false;
+  const GraphCache::Found found{static_cast<uint32_t>(entry.stored_group),
+                                static_cast<uint32_t>(entry.stored_shape)};
+  if (!graph_cache_->validated(found)) return false;
+  entry.stored_group = -1;  // tried once
+  std::unique_ptr<CapturedGraph> graph =
+      graph_cache_->restore(found, pool_, executables_, *named_tensors_);
+  if (!graph) return false;
+  entry.graph = std::move(graph);
+  return true;
+}
+
+void Runtime::validate_graph_cache(Entry& entry) {
+  if (!graph_cache_ || entry.stored_group < 0 || !entry.graph) return;
+  const GraphCache::Found found{static_cast<uint32_t>(entry.stored_group),
+                                static_cast<uint32_t>(entry.stored_shape)};
+  entry.stored_group = -1;
+  graph_cache_->validate(found, *entry.graph, *executables_, *named_tensors_);
+}
+
+std::string Runtime::save_graph_cache() {
+  std::optional<CacheFile> file = cache_file(hooks_);
+  if (!file) return "";
+  if (!graph_cache_) graph_cache_ = std::make_shared<GraphCache>(file->path, file->key);
+  if (!pool_) return "nothing to store: no graph was captured";
+  std::vector<GraphCache::ShapeToStore> shapes;
+  for (auto& [signature, entry] : cache_) {
+    if (!entry->graph || !entry->fallback.empty()) continue;
+    std::string changed;
+    // A graph whose static state moved is captured again at its next call, not stored.
+    if (entry->graph->static_state_change(changed) != CapturedGraph::StateChange::kNone) continue;
+    shapes.push_back({&signature, entry->graph.get()});
+  }
+  const std::string error = graph_cache_->save(shapes, file->key, *executables_, pool_->arena(),
+                                                *file->named, flattener_);
+  if (!error.empty()) return "not written: " + error;
+  const GraphCache::Figures& f = graph_cache_->figures();
+  return f.saved_shapes < 0 ? "nothing new to write"
+                            : std::to_string(f.saved_shapes) + " shapes written to " + file->path;
+}
+
+py::object Runtime::graph_cache_stats() const {
+  if (!graph_cache_) return py::none();
+  const GraphCache::Figures& f = graph_cache_->figures();
+  py::list dropped;
+  for (const auto& why : f.dropped_groups) dropped.append(why);
+  py::dict d;
+  d["file"] = graph_cache_->path();
+  d["status"] = f.status;
+  d["stored_groups"] = f.stored_groups;
+  d["stored_shapes"] = f.stored_shapes;
+  d["validated_groups"] = f.validated_groups;
+  d["restored_shapes"] = f.restored_shapes;
+  d["dropped_groups"] = dropped;
+  d["unrestored"] = counts(f.unrestored);
+  d["cache_load_seconds"] = core::seconds(f.load_ns);
+  d["restore_seconds"] = core::seconds(f.restore_ns);
+  d["saved_shapes"] = f.saved_shapes;
+  d["unstored"] = counts(f.unstored);
+  d["store_seconds"] = core::seconds(f.store_ns);
+  return d;
+}
+
+}  // namespace grape

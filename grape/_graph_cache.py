@@ -1,0 +1,106 @@
+"""Where a compiled function's graph cache lives, and what it is keyed by (Note [The graph cache
+in the runtime], csrc/torch/graphs/graph_cache.h; docs/semantics.md, "The graph cache").
+
+One file per compiled function in the cache directory, named by the function's qualified name
+and where its code is, so that two functions never share one and the same function in a later
+process finds its own. The key (grape/_cache_key.py) is computed each time the runtime asks, at
+its first call and when it saves, so a model changed in between is a miss, never a wrong replay.
+The runtime reads tensors by the names given here: the compiled module's and those of every
+module the function's code reaches, prefixed by where they were found.
+"""
+
+from __future__ import annotations
+
+import atexit
+import hashlib
+import os
+import re
+import warnings
+import weakref
+from typing import Any, Callable, Optional
+
+import torch
+
+from grape import _cache_key
+
+__all__ = ["CacheFile", "cache_directory", "save_all"]
+
+ENVIRONMENT_VARIABLE = "GRAPE_CACHE_DIR"
+
+
+def cache_directory(cache_dir: Any) -> Optional[str]:
+    """The directory a function compiled with ``cache_dir`` stores its graphs in: ``cache_dir``,
+    else $GRAPE_CACHE_DIR, else None (no cache); False: None, whatever the environment says."""
+    if cache_dir is False:
+        return None
+    if cache_dir is None:
+        cache_dir = os.environ.get(ENVIRONMENT_VARIABLE) or None
+    if cache_dir is None:
+        return None
+    if isinstance(cache_dir, bool) or not isinstance(cache_dir, (str, os.PathLike)):
+        raise TypeError("grape.compile: cache_dir must be a path (str or os.PathLike) or None, "
+                        f"got {type(cache_dir).__name__}")
+    return os.path.abspath(os.fspath(cache_dir))
+
+
+class CacheFile:
+    """A compiled function's cache file: its path, its key now, and its modules' tensors by
+    name."""
+
+    def __init__(self, fn: Callable, directory: str, qualname: str, options: dict[str, Any]):
+        self.fn = fn
+        self.directory = directory
+        self.options = options
+        where = _source_file(fn) or repr(type(fn))
+        digest = hashlib.sha256(f"{where}\n{qualname}".encode()).hexdigest()[:16]
+        safe = re.sub(r"[^A-Za-z0-9_.-]", "_", qualname)[:80]
+        self.path = os.path.join(directory, f"{safe}-{digest}.grape")
+
+    def key(self) -> str:
+        lines = [f"option:{name}={value!r}\n" for name, value in sorted(self.options.items())]
+        return _cache_key.cache_key(self.fn) + "".join(lines)
+
+    def named_tensors(self) -> list[tuple[str, torch.Tensor]]:
+        modules, _ = _cache_key.reached(self.fn)
+        named: list[tuple[str, torch.Tensor]] = []
+        for prefix, module in modules:
+            for name, tensor in module.named_parameters(remove_duplicate=False):
+                named.append((f"{prefix}.{name}", tensor))
+            for name, tensor in module.named_buffers(remove_duplicate=False):
+                named.append((f"{prefix}.{name}", tensor))
+        return named
+
+    def describe(self) -> Optional[tuple[str, str, list]]:
+        """What the runtime asks for: (path, key, named tensors); None where the directory
+        cannot be made (with a warning: the function then runs without a cache)."""
+        try:
+            os.makedirs(self.directory, exist_ok=True)
+        except OSError as e:
+            warnings.warn(f"grape: the graph cache directory {self.directory} cannot be made "
+                          f"({e}); graphs are not cached", stacklevel=3)
+            return None
+        return self.path, self.key(), self.named_tensors()
+
+
+def _source_file(fn: Callable) -> Optional[str]:
+    functions = _cache_key.functions(fn)
+    return _cache_key.file_of(functions[-1].__code__) if functions and hasattr(
+        functions[-1], "__code__") else None
+
+
+# Compiled functions with a cache, saved when the process exits.
+_with_cache: "weakref.WeakSet[Any]" = weakref.WeakSet()
+
+
+def register(compiled: Any) -> None:
+    _with_cache.add(compiled)
+
+
+@atexit.register
+def save_all() -> None:
+    """Saves every live compiled function's graph cache (at exit; a failure warns)."""
+    for compiled in list(_with_cache):
+        try:
+            compiled.save_graph_cache()
+        except Exception as e:  # noqa: BLE001 - at exit, one function's failure stops no other
+            warnings.warn(f"grape: saving the graph cache of {compiled!r} failed: {e}")

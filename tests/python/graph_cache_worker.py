@@ -1,0 +1,76 @@
+"""One process of a graph cache test (tests/python/test_graph_cache_gpu.py): compiles a block with
+a cache directory, calls it at the lengths given (twice each, so each length captures or restores,
+then replays), compares every output with eager on the same weights, saves the cache and prints
+one JSON line: the compiled function's stats, the largest difference from eager and what saving
+did.
+
+    python graph_cache_worker.py CACHE_DIR [--width N] [--dtype float32] [--lengths 3,5,9]
+        [--variant plain|scaled|dropout] [--fake-torch-version V]
+"""
+
+import argparse
+import json
+import sys
+
+import torch
+
+
+class Block(torch.nn.Module):
+    def __init__(self, width: int, dropout: float):
+        super().__init__()
+        self.norm = torch.nn.LayerNorm(width)
+        self.up = torch.nn.Linear(width, 4 * width)
+        self.down = torch.nn.Linear(4 * width, width)
+        self.dropout = torch.nn.Dropout(dropout)
+
+    def forward(self, x):
+        return x + self.dropout(self.down(torch.nn.functional.gelu(self.up(self.norm(x)))))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("cache_dir")
+    parser.add_argument("--width", type=int, default=32)
+    parser.add_argument("--dtype", default="float32")
+    parser.add_argument("--lengths", default="3,5,9")
+    parser.add_argument("--variant", default="plain", choices=["plain", "scaled", "dropout"])
+    parser.add_argument("--fake-torch-version")
+    args = parser.parse_args()
+    if args.fake_torch_version:
+        torch.__version__ = args.fake_torch_version  # another torch, as the key sees it
+    import grape
+
+    torch.manual_seed(0)
+    dtype = getattr(torch, args.dtype)
+    model = Block(args.width, 0.5 if args.variant == "dropout" else 0.0).cuda().to(dtype)
+    if args.variant != "dropout":
+        model.eval()
+
+    if args.variant == "scaled":
+        def step(x):
+            return model(x) * 1.0  # another code line than plain's
+    else:
+        def step(x):
+            return model(x)
+
+    compiled = grape.compile(step, cache_dir=args.cache_dir)
+    error = 0.0
+    generator = torch.Generator(device="cuda").manual_seed(1)
+    with torch.no_grad():
+        for length in [int(n) for n in args.lengths.split(",")]:
+            for _ in range(2):
+                x = torch.randn(length, args.width, device="cuda", dtype=dtype,
+                                generator=generator)
+                out = compiled(x)
+                if args.variant != "dropout":
+                    error = max(error, (out - model(x)).abs().max().item())
+    saved = compiled.save_graph_cache()
+    stats = dict(grape.stats(compiled))
+    print(json.dumps({"stats": {k: stats[k] for k in ("captures", "replays", "calls",
+                                                       "graph_cache", "fallbacks")},
+                      "error": error, "saved": saved}))
+    sys.stdout.flush()
+
+
+if __name__ == "__main__":
+    main()

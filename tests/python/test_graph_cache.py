@@ -1,0 +1,101 @@
+"""The graph cache's Python side, without a GPU: where the file lives, what its key and the
+named tensors are, and the API's checks (docs/semantics.md, "The graph cache"). The restore
+itself runs in tests/python/test_graph_cache_gpu.py."""
+
+import os
+
+import pytest
+import torch
+
+import grape
+from grape import _graph_cache
+
+
+class Tiny(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = torch.nn.Linear(4, 4)
+        self.register_buffer("scale", torch.ones(4))
+
+    def forward(self, x):
+        return self.lin(x) * self.scale
+
+
+def test_the_directory_is_the_option_else_the_environment(tmp_path, monkeypatch):
+    monkeypatch.delenv(_graph_cache.ENVIRONMENT_VARIABLE, raising=False)
+    assert _graph_cache.cache_directory(None) is None
+    monkeypatch.setenv(_graph_cache.ENVIRONMENT_VARIABLE, str(tmp_path / "env"))
+    assert _graph_cache.cache_directory(None) == str(tmp_path / "env")
+    assert _graph_cache.cache_directory(tmp_path / "given") == str(tmp_path / "given")
+    assert _graph_cache.cache_directory(False) is None
+
+
+def test_a_cache_dir_of_another_type_is_refused():
+    with pytest.raises(TypeError, match="cache_dir"):
+        grape.compile(lambda x: x, cache_dir=3)
+    with pytest.raises(TypeError, match="cache_dir"):
+        grape.compile(cache_dir=True)
+    assert grape.compile(lambda x: x, cache_dir=False)._hooks.cache_file is None
+
+
+def test_each_function_has_a_file_of_its_own_and_keeps_it(tmp_path):
+    model = Tiny()
+
+    def first(x):
+        return model(x)
+
+    def second(x):
+        return model(x)
+
+    a = _graph_cache.CacheFile(first, str(tmp_path), first.__qualname__, {})
+    again = _graph_cache.CacheFile(first, str(tmp_path), first.__qualname__, {})
+    b = _graph_cache.CacheFile(second, str(tmp_path), second.__qualname__, {})
+    assert a.path == again.path and a.path != b.path
+    assert os.path.dirname(a.path) == str(tmp_path) and a.path.endswith(".grape")
+
+
+def test_the_key_holds_the_options_and_the_tensors_are_named_where_found(tmp_path):
+    model = Tiny()
+
+    def step(x):
+        return model(x)
+
+    plain = _graph_cache.CacheFile(step, str(tmp_path), "step", {"plan_free_attention": False})
+    planless = _graph_cache.CacheFile(step, str(tmp_path), "step", {"plan_free_attention": True})
+    assert "option:plan_free_attention=False\n" in plain.key()
+    assert plain.key() != planless.key()
+    names = [name for name, _ in plain.named_tensors()]
+    assert names == ["closure.model.lin.weight", "closure.model.lin.bias", "closure.model.scale"]
+    path, key, named = plain.describe()
+    assert path == plain.path and key == plain.key() and len(named) == 3
+    assert os.path.isdir(tmp_path)
+
+
+def test_a_compiled_module_names_its_own_tensors(tmp_path):
+    model = grape.compile(Tiny(), cache_dir=tmp_path)
+    cache_file = model.forward._hooks.cache_file
+    assert [n for n, _ in cache_file.named_tensors()] == ["self.lin.weight", "self.lin.bias",
+                                                          "self.scale"]
+
+
+@pytest.mark.usefixtures("quiet_fallbacks")
+def test_without_a_gpu_nothing_is_written_and_calls_run_eagerly(tmp_path):
+    model = Tiny()
+    step = grape.compile(lambda x: model(x), cache_dir=tmp_path)
+    x = torch.randn(2, 4)
+    assert torch.equal(step(x), model(x))
+    said = grape.save_graph_cache(step)
+    assert isinstance(said, str) and "written" not in said
+    assert [f for f in os.listdir(tmp_path) if f.endswith(".grape")] == []
+
+
+def test_no_cache_directory_means_no_graph_cache(monkeypatch):
+    monkeypatch.delenv(_graph_cache.ENVIRONMENT_VARIABLE, raising=False)
+    step = grape.compile(lambda x: x + 1)
+    assert step.save_graph_cache() == ""
+    assert grape.stats(step)["graph_cache"] is None
+
+
+def test_save_graph_cache_wants_a_compiled_function():
+    with pytest.raises(TypeError, match="compiled function"):
+        grape.save_graph_cache(lambda x: x)

@@ -1,0 +1,128 @@
+"""The graph cache across processes (docs/semantics.md, "The graph cache"): one process fills a
+cache directory, a later one restores from it, and anything that makes a stored graph wrong for
+the later process is a miss or a drop, never a wrong result. Every process is a fresh one
+(tests/python/graph_cache_worker.py), which compares each output with eager on the same weights."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+pytestmark = [pytest.mark.gpu]
+
+WORKER = os.path.join(os.path.dirname(__file__), "graph_cache_worker.py")
+
+
+def run(cache_dir, *options, background=False):
+    command = [sys.executable, WORKER, str(cache_dir), *options]
+    if background:
+        return subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    done = subprocess.run(command, capture_output=True, text=True, timeout=300)
+    return report(done.returncode, done.stdout, done.stderr)
+
+
+def report(returncode, stdout, stderr):
+    assert returncode == 0, stderr[-4000:]
+    result = json.loads(stdout.strip().splitlines()[-1])
+    result["stderr"] = stderr
+    return result
+
+
+def cache_files(cache_dir):
+    return [os.path.join(cache_dir, f) for f in os.listdir(cache_dir) if f.endswith(".grape")]
+
+
+def test_a_later_process_restores_the_shapes_one_live_capture_validates(tmp_path):
+    first = run(tmp_path)
+    assert first["error"] < 1e-5
+    assert first["stats"]["captures"] == 3
+    cache = first["stats"]["graph_cache"]
+    assert cache["status"] == "no file" and cache["saved_shapes"] == 3, cache
+    assert len(cache_files(tmp_path)) == 1
+
+    later = run(tmp_path)
+    cache = later["stats"]["graph_cache"]
+    assert cache["status"] == "read" and cache["stored_shapes"] == 3, cache
+    assert cache["validated_groups"] == 1 and cache["dropped_groups"] == [], cache
+    assert cache["restored_shapes"] == 2, cache
+    # One live capture (length 3, after its warm-up); 5 and 9 replay from their first call.
+    assert later["stats"]["captures"] == 1
+    assert later["stats"]["replays"] == 5
+    assert later["error"] < 1e-5
+    assert later["saved"] == "nothing new to write"
+
+
+def test_another_width_is_a_miss(tmp_path):
+    run(tmp_path, "--width", "32")
+    later = run(tmp_path, "--width", "48")
+    cache = later["stats"]["graph_cache"]
+    assert cache["status"].startswith("miss: ") and "module:closure.model" in cache["status"]
+    assert cache["restored_shapes"] == 0 and later["stats"]["captures"] == 3
+    assert "is not used" in later["stderr"]
+    assert later["error"] < 1e-5
+
+
+def test_another_dtype_is_a_miss(tmp_path):
+    run(tmp_path, "--dtype", "float32")
+    later = run(tmp_path, "--dtype", "float16")
+    cache = later["stats"]["graph_cache"]
+    assert cache["status"].startswith("miss: "), cache
+    assert cache["restored_shapes"] == 0 and later["stats"]["captures"] == 3
+    assert later["error"] < 1e-2
+
+
+def test_a_changed_code_line_is_a_miss(tmp_path):
+    run(tmp_path, "--variant", "plain")
+    later = run(tmp_path, "--variant", "scaled")
+    cache = later["stats"]["graph_cache"]
+    # The function's qualified name and file are the same, so it finds the file: its key differs.
+    assert cache["status"].startswith("miss: code="), cache
+    assert cache["restored_shapes"] == 0 and later["stats"]["captures"] == 3
+
+
+def test_another_torch_version_is_a_miss(tmp_path):
+    run(tmp_path)
+    later = run(tmp_path, "--fake-torch-version", "0.0.0+faked")
+    cache = later["stats"]["graph_cache"]
+    assert cache["status"].startswith("miss: torch="), cache
+    assert cache["restored_shapes"] == 0 and later["stats"]["captures"] == 3
+
+
+def test_a_truncated_file_is_ignored_with_a_warning(tmp_path):
+    run(tmp_path)
+    (path,) = cache_files(tmp_path)
+    with open(path, "rb") as f:
+        data = f.read()
+    with open(path, "wb") as f:
+        f.write(data[: len(data) // 2])
+    later = run(tmp_path)
+    cache = later["stats"]["graph_cache"]
+    assert cache["status"].startswith("unreadable: "), cache
+    assert "is not used" in later["stderr"]
+    assert cache["restored_shapes"] == 0 and later["stats"]["captures"] == 3
+    assert later["error"] < 1e-5
+    # It wrote a whole file again, which the next process restores from.
+    assert run(tmp_path)["stats"]["graph_cache"]["restored_shapes"] == 2
+
+
+def test_two_processes_writing_at_once_leave_a_whole_file(tmp_path):
+    writers = [run(tmp_path, background=True) for _ in range(2)]
+    for writer in writers:
+        out, err = writer.communicate(timeout=300)
+        assert report(writer.returncode, out, err)["stats"]["graph_cache"]["saved_shapes"] == 3
+    assert len(cache_files(tmp_path)) == 1
+    later = run(tmp_path)
+    cache = later["stats"]["graph_cache"]
+    assert cache["status"] == "read" and cache["restored_shapes"] == 2, cache
+
+
+def test_random_numbers_are_not_stored(tmp_path):
+    first = run(tmp_path, "--variant", "dropout")
+    cache = first["stats"]["graph_cache"]
+    assert cache["unstored"] == {"it draws random numbers": 3}, cache
+    assert cache["saved_shapes"] == -1 and cache_files(tmp_path) == []
+    later = run(tmp_path, "--variant", "dropout")
+    assert later["stats"]["captures"] == 3
+    assert later["stats"]["graph_cache"]["status"] == "no file"
