@@ -1,6 +1,7 @@
 #include "core/graph_relocation.h"
 
 #include <algorithm>
+#include <cstdio>
 #include <cstring>
 #include <unordered_set>
 
@@ -114,6 +115,12 @@ std::optional<std::string> name_kernel(
   return kernel_name ? kernel_name(handle, at) : std::nullopt;
 }
 
+std::string hex(uint64_t value) {
+  char text[24];
+  std::snprintf(text, sizeof text, "0x%llx", static_cast<unsigned long long>(value));
+  return text;
+}
+
 uint32_t intern(std::vector<std::string>& table, const std::string& name) {
   const auto found = std::find(table.begin(), table.end(), name);
   if (found != table.end()) return static_cast<uint32_t>(found - table.begin());
@@ -135,6 +142,18 @@ bool valid_layout(const NodeLayout& layout, size_t blob_bytes) {
     if (i > 0 && words[i] - words[i - 1] < sizeof(uint64_t)) return false;
   }
   return std::is_sorted(layout.address_words.begin(), layout.address_words.end());
+}
+
+const char* word_kind_name(WordKind kind) {
+  switch (kind) {
+    case WordKind::kLiteral: return "literal";
+    case WordKind::kArena: return "arena";
+    case WordKind::kTensor: return "tensor";
+    case WordKind::kForeign: return "foreign";
+    case WordKind::kKernel: return "kernel";
+    case WordKind::kLeftover: return "leftover";
+  }
+  return "unknown";
 }
 
 StoreResult store_shape(const std::vector<Blob>& blobs, const std::vector<NodeLayout>& layouts,
@@ -185,10 +204,7 @@ StoreResult store_shape(const std::vector<Blob>& blobs, const std::vector<NodeLa
         continue;
       }
       ClassifiedWord c = classifier.classify(value);
-      if (c.kind == WordKind::kLiteral && context.is_host_address &&
-          context.is_host_address(value)) {
-        c.kind = WordKind::kHost;
-      }
+      if (context.is_leftover && context.is_leftover(value)) c = {WordKind::kLeftover, 0, value};
       const std::optional<uint64_t> word = stored_word(
           c, c.kind == WordKind::kTensor ? names.intern_tensor(context.tensors[c.index].first)
                                          : c.index);
@@ -250,7 +266,7 @@ std::string match_live_shape(const std::vector<StoredNode>& stored, const Stored
         write_word(rewritten, at, kept);
         continue;
       }
-      if (s.kinds[i] == WordKind::kHost) {  // bytes no code set: whatever the live capture holds
+      if (s.kinds[i] == WordKind::kLeftover) {  // no code set it: whatever the live capture holds
         write_word(rewritten, at, kept);
         continue;
       }
@@ -258,7 +274,11 @@ std::string match_live_shape(const std::vector<StoredNode>& stored, const Stored
           is_handle_word(s.layout, i)
               ? ClassifiedWord{value != 0 ? WordKind::kForeign : WordKind::kLiteral, 0, value}
               : classifier.classify(value);
-      if (c.kind != s.kinds[i]) return where + ": another kind of address";
+      if (c.kind != s.kinds[i]) {
+        return where + ": the word at byte " + std::to_string(at) + " is " +
+               word_kind_name(c.kind) + " " + hex(value) + ", stored " +
+               word_kind_name(s.kinds[i]) + " " + hex(kept);
+      }
       if (c.kind == WordKind::kForeign) {
         const auto [it, inserted] = foreign.emplace(kept, value);
         if (!inserted && it->second != value) return where + ": a foreign address maps twice";
@@ -271,10 +291,27 @@ std::string match_live_shape(const std::vector<StoredNode>& stored, const Stored
       }
       const std::optional<uint64_t> word =
           stored_word(c, c.kind == WordKind::kTensor ? stored_index[c.index] : c.index);
-      if (word != kept) return where + ": another address or literal";
+      if (word != kept) {
+        return where + ": the " + word_kind_name(c.kind) + " word at byte " +
+               std::to_string(at) + " is " + (word ? hex(*word) : "too large") + ", stored " +
+               hex(kept);
+      }
       write_word(rewritten, at, *word);
     }
-    if (rewritten != s.words) return where + ": other parameters";
+    if (rewritten != s.words) {
+      const size_t at = static_cast<size_t>(
+          std::mismatch(rewritten.begin(), rewritten.end(), s.words.begin()).first -
+          rewritten.begin());
+      std::string words;
+      if (rewritten.size() >= 8) {  // the 8 bytes around it, live and stored
+        const auto word_at =
+            static_cast<uint32_t>(std::min(at & ~size_t{7}, rewritten.size() - 8));
+        words = " (word at " + std::to_string(word_at) + ": " +
+                hex(read_word(rewritten, word_at)) + ", stored " +
+                hex(read_word(s.words, word_at)) + ")";
+      }
+      return where + ": other parameters from byte " + std::to_string(at) + words;
+    }
   }
   context.kernels = std::move(kernels);
   context.foreign = std::move(foreign);
@@ -304,7 +341,7 @@ RelocateResult relocate_shape(const std::vector<StoredNode>& stored, const Store
       const uint64_t index = word >> kOffsetBits, offset = word & kOffsetMask;
       switch (s.kinds[i]) {
         case WordKind::kLiteral:
-        case WordKind::kHost:
+        case WordKind::kLeftover:
           break;
         case WordKind::kArena: {
           if (index >= context.lanes.size() || offset >= context.lanes[index].bytes()) {

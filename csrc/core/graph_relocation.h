@@ -16,10 +16,11 @@
 //     (RestoreContext::find_kernel: cuBLAS runs another GEMM at another length, from a library
 //     whose other kernels the live capture showed);
 //   - another driver handle (a kernel's context): kept, and mapped as a foreign address is;
-//   - a readable host address (kHost): kernel arguments carry bytes no code set (struct padding,
-//     unused slots copied from the launching code's stack or heap), which hold host addresses
-//     that differ from process to process and capture to capture. No kernel can read pageable
-//     host memory through one, so it is kept as it was and never compared;
+//   - a leftover (kLeftover): kernel arguments carry bytes no code set (struct padding, unused
+//     slots copied from the launching code's stack or heap), which differ from process to
+//     process and capture to capture. Where such a word is one no kernel can read through (the
+//     caller says which: a pageable host address, an address in the arena beyond what it maps),
+//     it is kept as it was and never compared;
 //   - anything else: a literal (sizes, strides, scalars, grid and block), kept as it was.
 // Which words may hold an address is the node's layout (the caller's: csrc/cuda knows where a
 // kernel's arguments are); a word of a layout that holds none of the above is a literal, and a
@@ -59,7 +60,8 @@ struct NodeLayout {
 // in a blob of `blob_bytes` (an empty blob: a node the shape lacks, which has none).
 bool valid_layout(const NodeLayout& layout, size_t blob_bytes);
 
-enum class WordKind : uint8_t { kLiteral, kArena, kTensor, kForeign, kKernel, kHost };
+enum class WordKind : uint8_t { kLiteral, kArena, kTensor, kForeign, kKernel, kLeftover };
+const char* word_kind_name(WordKind kind);  // for messages
 
 // What the storing process knows about its memory and kernels.
 struct StoreContext {
@@ -68,7 +70,8 @@ struct StoreContext {
   std::function<bool(uint64_t)> is_device_address;      // any other memory a graph may read
   // The name of the kernel handle `handle` found at byte `at` of a node's blob.
   std::function<std::optional<std::string>(uint64_t handle, uint32_t at)> kernel_name;
-  std::function<bool(uint64_t)> is_host_address;  // readable host memory (may be empty: none)
+  // Whether an address word's value is one no kernel reads through (may be empty: none).
+  std::function<bool(uint64_t)> is_leftover;
 };
 
 // A node's blob in the stored form: the blob with each layout word replaced by its stored word,

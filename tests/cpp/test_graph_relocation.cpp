@@ -300,19 +300,19 @@ TEST(GraphRelocation, LayoutsWhoseWordsOverlapOrOverrunAreRefused) {
   EXPECT_NE(relocate_shape(a, names, later).why_not, "");
 }
 
-TEST(GraphRelocation, AHostAddressIsKeptAndNeverCompared) {
+TEST(GraphRelocation, ALeftoverIsKeptAndNeverCompared) {
   // Bytes no code set: a word of a kernel's arguments holding a heap address of the launching
-  // code, another at every capture.
+  // code, another at every capture, which the caller calls a leftover.
   const uint64_t heap = 0x2831'f170, other_heap = 0x2a7c'7350;
   StoreContext context = kStoring.store_context();
-  context.is_device_address = [](uint64_t v) { return v >= 0x5000'0000 && v < 0x8000'0000'0000; };
-  context.is_host_address = [](uint64_t v) { return v >= 0x2000'0000 && v < 0x3000'0000; };
+  context.is_leftover = [](uint64_t v) { return v >= 0x2000'0000 && v < 0x3000'0000; };
   auto blobs = shape_blobs(kStoring, 3);
   put(blobs[1], 16, heap);  // the softmax's literal n, as a leftover instead
   StoredNames names;
   const auto result = store_shape(blobs, kLayouts, context, names);
   ASSERT_EQ(result.why_not, "");
-  ASSERT_EQ(result.nodes[1].kinds[1], grape::core::WordKind::kHost);
+  ASSERT_EQ(result.nodes[1].kinds[1], grape::core::WordKind::kLeftover);
+  ASSERT_EQ(result.nodes[1].kinds[0], grape::core::WordKind::kArena) << "the others as ever";
   auto live = shape_blobs(kLater, 3);
   put(live[1], 16, other_heap);
   RestoreContext later = kLater.restore_context();
@@ -322,19 +322,11 @@ TEST(GraphRelocation, AHostAddressIsKeptAndNeverCompared) {
   uint64_t kept = 0;
   std::memcpy(&kept, relocated.blobs[1].data() + 16, sizeof kept);
   EXPECT_EQ(kept, heap) << "the stored value stays: no kernel reads it";
-}
-
-TEST(GraphRelocation, AnArenaOrTensorAddressIsNeverAHostOne) {
-  StoreContext context = kStoring.store_context();
-  context.is_host_address = [](uint64_t) { return true; };  // as if every word were readable
-  StoredNames names;
-  const auto result = store_shape(shape_blobs(kStoring, 3), kLayouts, context, names);
-  ASSERT_EQ(result.why_not, "");
-  using grape::core::WordKind;
-  EXPECT_EQ(result.nodes[0].kinds[0], WordKind::kTensor);
-  EXPECT_EQ(result.nodes[0].kinds[1], WordKind::kArena);
-  EXPECT_EQ(result.nodes[1].kinds[2], WordKind::kForeign);
-  EXPECT_EQ(result.nodes[1].kinds[1], WordKind::kHost) << "the literal n, here read as one";
+  // Where the live capture holds a leftover at a word stored as another kind, it differs.
+  auto stale = shape_blobs(kLater, 3);
+  put(stale[0], 16, other_heap);
+  RestoreContext again = kLater.restore_context();
+  EXPECT_NE(match_live_shape(result.nodes, names, stale, again), "");
 }
 
 TEST(GraphRelocation, AKernelNoLiveCaptureRanIsLookedUpByName) {

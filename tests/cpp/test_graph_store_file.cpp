@@ -34,7 +34,7 @@ StoredNode node(uint64_t arena_word, uint32_t grid, bool kernel) {
   n.words.assign(32, 0);
   std::memcpy(n.words.data() + 8, &arena_word, sizeof arena_word);
   std::memcpy(n.words.data() + 16, &grid, sizeof grid);
-  n.kinds = {kernel ? WordKind::kArena : WordKind::kHost};  // kHost: a word no code set
+  n.kinds = {kernel ? WordKind::kArena : WordKind::kLeftover};  // a word no code set
   if (kernel) n.kinds.push_back(WordKind::kForeign);
   if (kernel) n.kinds.push_back(WordKind::kKernel);
   return n;

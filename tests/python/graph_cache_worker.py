@@ -5,12 +5,17 @@ one JSON line: the compiled function's stats, the largest difference from eager 
 did.
 
     python graph_cache_worker.py CACHE_DIR [--width N] [--dtype float32] [--lengths 3,5,9]
-        [--variant plain|scaled|dropout] [--fake-torch-version V]
+        [--variant plain|scaled|dropout] [--fake-torch-version V] [--barrier DIR]
+
+--barrier DIR: before its first call and again before saving, waits until every process given
+the same DIR (two) is there, so that none reads a file another wrote and their writes overlap.
 """
 
 import argparse
 import json
+import os
 import sys
+import time
 
 import torch
 
@@ -27,6 +32,16 @@ class Block(torch.nn.Module):
         return x + self.dropout(self.down(torch.nn.functional.gelu(self.up(self.norm(x)))))
 
 
+def barrier(folder: str, stage: str, processes: int = 2) -> None:
+    os.makedirs(folder, exist_ok=True)
+    open(os.path.join(folder, f"{stage}.{os.getpid()}"), "w").close()
+    deadline = time.monotonic() + 120
+    while sum(f.startswith(stage + ".") for f in os.listdir(folder)) < processes:
+        if time.monotonic() > deadline:
+            raise SystemExit(f"barrier {stage}: the other process never came")
+        time.sleep(0.01)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("cache_dir")
@@ -35,6 +50,7 @@ def main() -> None:
     parser.add_argument("--lengths", default="3,5,9")
     parser.add_argument("--variant", default="plain", choices=["plain", "scaled", "dropout"])
     parser.add_argument("--fake-torch-version")
+    parser.add_argument("--barrier")
     args = parser.parse_args()
     if args.fake_torch_version:
         torch.__version__ = args.fake_torch_version  # another torch, as the key sees it
@@ -53,7 +69,10 @@ def main() -> None:
         def step(x):
             return model(x)
 
-    compiled = grape.compile(step, cache_dir=args.cache_dir)
+    # Shapes whose inputs alias prediction reads in place are not stored: off here.
+    compiled = grape.compile(step, cache_dir=args.cache_dir, alias_prediction=False)
+    if args.barrier:
+        barrier(args.barrier, "start")
     error = 0.0
     generator = torch.Generator(device="cuda").manual_seed(1)
     with torch.no_grad():
@@ -64,11 +83,11 @@ def main() -> None:
                 out = compiled(x)
                 if args.variant != "dropout":
                     error = max(error, (out - model(x)).abs().max().item())
+    if args.barrier:
+        barrier(args.barrier, "save")
     saved = compiled.save_graph_cache()
     stats = dict(grape.stats(compiled))
-    print(json.dumps({"stats": {k: stats[k] for k in ("captures", "replays", "calls",
-                                                       "graph_cache", "fallbacks")},
-                      "error": error, "saved": saved}))
+    print(json.dumps({"stats": stats, "error": error, "saved": saved}, default=str))
     sys.stdout.flush()
 
 

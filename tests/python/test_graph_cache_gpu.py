@@ -78,7 +78,7 @@ def test_a_changed_code_line_is_a_miss(tmp_path):
     later = run(tmp_path, "--variant", "scaled")
     cache = later["stats"]["graph_cache"]
     # The function's qualified name and file are the same, so it finds the file: its key differs.
-    assert cache["status"].startswith("miss: code="), cache
+    assert cache["status"].startswith("miss: stored with 'code="), cache
     assert cache["restored_shapes"] == 0 and later["stats"]["captures"] == 3
 
 
@@ -86,7 +86,8 @@ def test_another_torch_version_is_a_miss(tmp_path):
     run(tmp_path)
     later = run(tmp_path, "--fake-torch-version", "0.0.0+faked")
     cache = later["stats"]["graph_cache"]
-    assert cache["status"].startswith("miss: torch="), cache
+    assert cache["status"].startswith("miss: stored with 'torch="), cache
+    assert "here 'torch=0.0.0+faked'" in cache["status"]
     assert cache["restored_shapes"] == 0 and later["stats"]["captures"] == 3
 
 
@@ -108,12 +109,14 @@ def test_a_truncated_file_is_ignored_with_a_warning(tmp_path):
 
 
 def test_two_processes_writing_at_once_leave_a_whole_file(tmp_path):
-    writers = [run(tmp_path, background=True) for _ in range(2)]
+    cache_dir = tmp_path / "cache"
+    writers = [run(cache_dir, "--barrier", str(tmp_path / "barrier"), background=True)
+               for _ in range(2)]
     for writer in writers:
         out, err = writer.communicate(timeout=300)
         assert report(writer.returncode, out, err)["stats"]["graph_cache"]["saved_shapes"] == 3
-    assert len(cache_files(tmp_path)) == 1
-    later = run(tmp_path)
+    assert len(cache_files(cache_dir)) == 1 and len(os.listdir(cache_dir)) == 1, "no leftovers"
+    later = run(cache_dir)
     cache = later["stats"]["graph_cache"]
     assert cache["status"] == "read" and cache["restored_shapes"] == 2, cache
 

@@ -27,12 +27,14 @@ core::StoredSignature stored_signature(const core::Signature& signature,
   return stored;
 }
 
-// The arena's lanes as far as they are mapped: an address beyond is no block's.
-std::vector<core::AddressRange> mapped_lanes(const GraphArena& arena) {
+// The arena's lanes, their whole reserved ranges: an address beyond what a lane maps is no
+// block's, but kernels carry such stale words (an end pointer, a slot no code set), which move
+// with the lane's base like any other; a restored shape maps what it needs first
+// (StoredEntry::lane_extents).
+std::vector<core::AddressRange> arena_lanes(const GraphArena& arena) {
   std::vector<core::AddressRange> lanes;
   for (int lane = 0; lane < GraphArena::kLanes; ++lane) {
-    const core::AddressRange range = arena.lane_range(static_cast<ArenaLane>(lane));
-    lanes.push_back({range.begin, range.begin + arena.mapped_bytes(static_cast<ArenaLane>(lane))});
+    lanes.push_back(arena.lane_range(static_cast<ArenaLane>(lane)));
   }
   return lanes;
 }
@@ -134,7 +136,7 @@ void GraphCache::validate(const Found& found, const CapturedGraph& graph,
           " nodes)";
   } else {
     core::RestoreContext& context = group.context;
-    context.lanes = mapped_lanes(graph.pool->arena());
+    context.lanes = arena_lanes(graph.pool->arena());
     for (const auto& [name, range] : storage_ranges(named)) context.tensors.emplace(name, range);
     context.is_device_address = cuda::is_driver_address;
     context.kernel_name = cuda::stored_kernel_name;
@@ -189,7 +191,7 @@ std::unique_ptr<CapturedGraph> GraphCache::restore(
     }
   }
   if (entry && why.empty()) {
-    group.context.lanes = mapped_lanes(pool->arena());
+    group.context.lanes = arena_lanes(pool->arena());
     blobs = core::relocate_shape(shape.nodes, stored.names, group.context);
     why = blobs.why_not;
   }
@@ -219,13 +221,22 @@ std::string GraphCache::save(const std::vector<ShapeToStore>& shapes, const std:
                              const NamedTensors& named, const Flattener& flattener) {
   const auto start = core::Clock::now();
   core::StoreContext context;
-  context.lanes = mapped_lanes(arena);
+  context.lanes = arena_lanes(arena);
   context.tensors = storage_ranges(named);
   context.is_device_address = cuda::is_driver_address;
   context.kernel_name = cuda::stored_kernel_name;
+  // Words no kernel reads through: pageable host memory, and the arena beyond what it maps
+  // (Note [Relocating stored graphs], kLeftover).
   const core::AddressRangeSet host = core::readable_host_memory();
-  context.is_host_address = [&host](uint64_t value) {
-    return host.contains({static_cast<uintptr_t>(value), static_cast<uintptr_t>(value) + 8});
+  core::AddressRangeSet unmapped;
+  for (int lane = 0; lane < GraphArena::kLanes; ++lane) {
+    const core::AddressRange range = arena.lane_range(static_cast<ArenaLane>(lane));
+    unmapped.add({range.begin + arena.mapped_bytes(static_cast<ArenaLane>(lane)), range.end});
+  }
+  context.is_leftover = [&host, &unmapped](uint64_t value) {
+    const core::AddressRange word{static_cast<uintptr_t>(value),
+                                  static_cast<uintptr_t>(value) + 1};
+    return host.contains(word) || unmapped.contains(word);
   };
   std::map<uint32_t, core::StoredGroup> groups;  // by executable group
   std::map<std::string, int64_t> unstored;
