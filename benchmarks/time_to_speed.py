@@ -298,6 +298,8 @@ def run_mode(mode: str, base, case: dict) -> dict:
                               else False)
         counters = harness.GrapeCounters(model, COUNTERS + BREAKDOWN)
     ms, outputs, changes = timed_calls(model, case["inputs"], kwargs, counters, mode)
+    if mode in CACHED_MODES:
+        grape.save_graph_cache(model)  # now, so that its figures are in this run's JSON
     calls = case["calls"]
     result = {**call_times(ms, calls, kwargs["max_new_tokens"]), "outputs": outputs,
               "numerics_may_differ": mode.startswith("grape_plan_free")}

@@ -68,6 +68,11 @@ class CompiledFunction(_C.Runtime):
             return self
         return functools.partial(self, instance)
 
+    def __del__(self):
+        # A function that goes away before the process exits keeps its graphs too.
+        if getattr(self, "_hooks", None) is not None and self._hooks.cache_file is not None:
+            _graph_cache.save_quietly(self)
+
     def save_graph_cache(self) -> str:
         """Writes what this function captured to its graph cache file now (it is also written
         when the process exits); returns what was done. Without a cache directory, does

@@ -23,7 +23,7 @@ import torch
 
 from grape import _cache_key
 
-__all__ = ["CacheFile", "cache_directory", "save_all"]
+__all__ = ["CacheFile", "cache_directory", "save_all", "save_quietly"]
 
 ENVIRONMENT_VARIABLE = "GRAPE_CACHE_DIR"
 
@@ -96,11 +96,17 @@ def register(compiled: Any) -> None:
     _with_cache.add(compiled)
 
 
+def save_quietly(compiled: Any) -> None:
+    """Saves `compiled`'s graph cache where nobody asked (at exit, or as it goes away): a failure
+    warns instead of raising."""
+    try:
+        compiled.save_graph_cache()
+    except Exception as e:  # noqa: BLE001 - one function's failure stops no other
+        warnings.warn(f"grape: saving the graph cache of {compiled!r} failed: {e}")
+
+
 @atexit.register
 def save_all() -> None:
-    """Saves every live compiled function's graph cache (at exit; a failure warns)."""
+    """Saves every live compiled function's graph cache, at exit."""
     for compiled in list(_with_cache):
-        try:
-            compiled.save_graph_cache()
-        except Exception as e:  # noqa: BLE001 - at exit, one function's failure stops no other
-            warnings.warn(f"grape: saving the graph cache of {compiled!r} failed: {e}")
+        save_quietly(compiled)

@@ -241,7 +241,8 @@ std::string GraphCache::save(const std::vector<ShapeToStore>& shapes, const std:
   std::map<uint32_t, core::StoredGroup> groups;  // by executable group
   std::map<std::string, int64_t> unstored;
   int64_t stored = 0;
-  bool anything_new = figures_.status != "read";
+  // A file read, or written by this process, is rewritten only for graphs it lacks.
+  bool anything_new = figures_.status != "read" && figures_.saved_shapes < 0;
   for (const ShapeToStore& item : shapes) {
     const std::optional<cuda::SharedExecutables::MemberParams> params =
         executables.params_of(item.graph->member);
@@ -276,7 +277,10 @@ std::string GraphCache::save(const std::vector<ShapeToStore>& shapes, const std:
       if (!group.shapes.empty()) list.push_back(std::move(group));
     }
     error = core::write_file_atomically(path_, core::encode_graph_file(key, list));
-    if (error.empty()) figures_.saved_shapes = stored;
+    if (error.empty()) {
+      figures_.saved_shapes = stored;
+      for (const ShapeToStore& item : shapes) from_file_.insert(item.graph);
+    }
   }
   figures_.store_ns += core::elapsed_ns(start);
   return error;

@@ -105,7 +105,7 @@ class GraphCache {
   std::vector<core::StoredGroup> groups_;  // from the file
   std::vector<GroupRestore> restores_;     // per stored group
   core::LocalWordMap local_words_;
-  // Graphs that came from the file (restored, or the live captures that validated a group).
+  // Graphs the file holds: restored, the live captures that validated a group, or written.
   std::unordered_set<const CapturedGraph*> from_file_;
   Figures figures_;
 };
