@@ -118,7 +118,11 @@ def test_two_processes_writing_at_once_leave_a_whole_file(tmp_path):
     assert len(cache_files(cache_dir)) == 1 and len(os.listdir(cache_dir)) == 1, "no leftovers"
     later = run(cache_dir)
     cache = later["stats"]["graph_cache"]
-    assert cache["status"] == "read" and cache["restored_shapes"] == 2, cache
+    # A whole file, one writer's: read, and its group validated by the live capture or dropped
+    # with the reason (processes sharing the GPU at capture time may record other parameters).
+    assert cache["status"] == "read" and cache["stored_shapes"] == 3, json.dumps(cache)
+    assert cache["restored_shapes"] == 2 or len(cache["dropped_groups"]) == 1, json.dumps(cache)
+    assert later["error"] < 1e-5
 
 
 def test_random_numbers_are_not_stored(tmp_path):
