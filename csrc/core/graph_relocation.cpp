@@ -144,6 +144,37 @@ bool valid_layout(const NodeLayout& layout, size_t blob_bytes) {
   return std::is_sorted(layout.address_words.begin(), layout.address_words.end());
 }
 
+namespace {
+
+// Appends node `node`'s runs of bytes where `live` and `stored` differ to `out`, each with the
+// 8-byte word it starts in, live and stored; at most a few runs in all.
+void describe_differences(size_t node, const Blob& live, const Blob& stored, std::string& out) {
+  constexpr size_t kMostRuns = 12;
+  size_t runs = static_cast<size_t>(std::count(out.begin(), out.end(), ';'));
+  for (size_t at = 0; at < live.size() && runs < kMostRuns;) {
+    if (live[at] == stored[at]) {
+      ++at;
+      continue;
+    }
+    size_t end = at;
+    while (end < live.size() && live[end] != stored[end]) ++end;
+    const auto word_at = static_cast<uint32_t>(live.size() >= 8 ? std::min(at & ~size_t{7},
+                                                                           live.size() - 8)
+                                                                : 0);
+    out += "node " + std::to_string(node) + " bytes " + std::to_string(at) + "-" +
+           std::to_string(end - 1);
+    if (live.size() >= 8) {
+      out += " (word at " + std::to_string(word_at) + ": " + hex(read_word(live, word_at)) +
+             ", stored " + hex(read_word(stored, word_at)) + ")";
+    }
+    out += "; ";
+    ++runs;
+    at = end;
+  }
+}
+
+}  // namespace
+
 const char* word_kind_name(WordKind kind) {
   switch (kind) {
     case WordKind::kLiteral: return "literal";
@@ -241,6 +272,7 @@ std::string match_live_shape(const std::vector<StoredNode>& stored, const Stored
         std::find(names.tensors.begin(), names.tensors.end(), name) - names.tensors.begin()));
   }
   const AddressClassifier classifier(context.lanes, std::move(tensors), context.is_device_address);
+  std::string differences;
   for (size_t node = 0; node < stored.size(); ++node) {
     const StoredNode& s = stored[node];
     const std::string where = "node " + std::to_string(node);
@@ -291,6 +323,7 @@ std::string match_live_shape(const std::vector<StoredNode>& stored, const Stored
       }
       const std::optional<uint64_t> word =
           stored_word(c, c.kind == WordKind::kTensor ? stored_index[c.index] : c.index);
+      if (c.kind == WordKind::kLiteral) continue;  // compared with the bytes outside the layout
       if (word != kept) {
         return where + ": the " + word_kind_name(c.kind) + " word at byte " +
                std::to_string(at) + " is " + (word ? hex(*word) : "too large") + ", stored " +
@@ -298,21 +331,11 @@ std::string match_live_shape(const std::vector<StoredNode>& stored, const Stored
       }
       write_word(rewritten, at, *word);
     }
-    if (rewritten != s.words) {
-      const size_t at = static_cast<size_t>(
-          std::mismatch(rewritten.begin(), rewritten.end(), s.words.begin()).first -
-          rewritten.begin());
-      std::string words;
-      if (rewritten.size() >= 8) {  // the 8 bytes around it, live and stored
-        const auto word_at =
-            static_cast<uint32_t>(std::min(at & ~size_t{7}, rewritten.size() - 8));
-        words = " (word at " + std::to_string(word_at) + ": " +
-                hex(read_word(rewritten, word_at)) + ", stored " +
-                hex(read_word(s.words, word_at)) + ")";
-      }
-      return where + ": other parameters from byte " + std::to_string(at) + words;
-    }
+    // Literal bytes that differ are gathered over every node, so that the reason says all of
+    // them (what a mask of bytes no code set would have to cover).
+    if (rewritten != s.words) describe_differences(node, rewritten, s.words, differences);
   }
+  if (!differences.empty()) return "other parameters: " + differences;
   context.kernels = std::move(kernels);
   context.foreign = std::move(foreign);
   return {};
