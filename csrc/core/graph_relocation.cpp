@@ -146,6 +146,26 @@ bool valid_layout(const NodeLayout& layout, size_t blob_bytes) {
 
 namespace {
 
+// Takes the stored bytes of each 4-byte unit where `live` differs from `stored` and both hold the
+// same half of a host address of their process (Note [Relocating stored graphs]); returns how
+// many.
+size_t take_leftover_halves(Blob& live, const Blob& stored, const HostAddresses& stored_host,
+                            const HostAddresses& live_host) {
+  size_t taken = 0;
+  for (size_t at = 0; at + 4 <= live.size(); at += 4) {
+    uint32_t l = 0, s = 0;
+    std::memcpy(&l, live.data() + at, 4);
+    std::memcpy(&s, stored.data() + at, 4);
+    if (l == s) continue;
+    const bool high = stored_host.is_high_half(s) && live_host.is_high_half(l);
+    const bool low = stored_host.is_stack_low_half(s) && live_host.is_stack_low_half(l);
+    if (!high && !low) continue;
+    std::memcpy(live.data() + at, &s, 4);
+    ++taken;
+  }
+  return taken;
+}
+
 // Appends node `node`'s runs of bytes where `live` and `stored` differ to `out`, each with the
 // 8-byte word it starts in, live and stored; at most a few runs in all.
 void describe_differences(size_t node, const Blob& live, const Blob& stored, std::string& out) {
@@ -273,6 +293,7 @@ std::string match_live_shape(const std::vector<StoredNode>& stored, const Stored
   }
   const AddressClassifier classifier(context.lanes, std::move(tensors), context.is_device_address);
   std::string differences;
+  size_t halves = 0;
   for (size_t node = 0; node < stored.size(); ++node) {
     const StoredNode& s = stored[node];
     const std::string where = "node " + std::to_string(node);
@@ -333,9 +354,13 @@ std::string match_live_shape(const std::vector<StoredNode>& stored, const Stored
     }
     // Literal bytes that differ are gathered over every node, so that the reason says all of
     // them (what a mask of bytes no code set would have to cover).
+    if (rewritten != s.words && context.stored_host && context.live_host) {
+      halves += take_leftover_halves(rewritten, s.words, *context.stored_host, *context.live_host);
+    }
     if (rewritten != s.words) describe_differences(node, rewritten, s.words, differences);
   }
   if (!differences.empty()) return "other parameters: " + differences;
+  context.leftover_halves = halves;
   context.kernels = std::move(kernels);
   context.foreign = std::move(foreign);
   return {};

@@ -20,7 +20,10 @@
 //     slots copied from the launching code's stack or heap), which differ from process to
 //     process and capture to capture. Where such a word is one no kernel can read through (the
 //     caller says which: a pageable host address, an address in the arena beyond what it maps),
-//     it is kept as it was and never compared;
+//     it is kept as it was and never compared. Halves of host addresses in 4-byte fields
+//     (HostAddresses) are found where a live capture differs: a 4-byte unit that is the same
+//     half of a host address in the storing process's bytes and in the live ones is not a
+//     difference (the storing process's HostAddresses are stored with the group);
 //   - anything else: a literal (sizes, strides, scalars, grid and block), kept as it was.
 // Which words may hold an address is the node's layout (the caller's: csrc/cuda knows where a
 // kernel's arguments are); a word of a layout that holds none of the above is a literal, and a
@@ -42,6 +45,7 @@
 #include <vector>
 
 #include "core/address_ranges.h"
+#include "core/host_memory.h"
 #include "core/param_codec.h"
 
 namespace grape::core {
@@ -122,6 +126,11 @@ struct RestoreContext {
   // A kernel no live capture ran, by its stored name and the byte of the blob its handle sits
   // at; nothing where there is none (may be empty).
   std::function<std::optional<uint64_t>(const std::string& name, uint32_t at)> find_kernel;
+  // The storing process's host addresses and this one's (both null: none are looked for), and
+  // how many 4-byte units the last match took for halves of them.
+  const HostAddresses* stored_host = nullptr;
+  const HostAddresses* live_host = nullptr;
+  size_t leftover_halves = 0;
 };
 
 // Matches a live capture's blobs against the stored form of the same shape: empty where they

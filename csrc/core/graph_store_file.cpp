@@ -19,7 +19,7 @@ namespace {
 
 constexpr char kMagic[] = "GRAPECACHE";  // its 10 characters, no terminator
 constexpr size_t kMagicSize = sizeof(kMagic) - 1;
-constexpr uint32_t kFormatVersion = 3;
+constexpr uint32_t kFormatVersion = 4;
 // No node's parameters come near this (a kernel's arguments are at most 32 KiB): a larger
 // length read from a file is damage, refused before anything is allocated for it.
 constexpr uint64_t kMaxBlobBytes = 1 << 20;
@@ -48,6 +48,10 @@ void write_group(ByteWriter& w, const StoredGroup& g) {
   w.u64(g.topology);
   write_names(w, g.names.tensors);
   write_names(w, g.names.kernels);
+  w.u64(g.host.stack.begin);
+  w.u64(g.host.stack.end);
+  w.u64(g.host.high_halves.size());
+  for (uint32_t high : g.host.high_halves) w.u32(high);
   w.u64(g.shapes.size());
   for (const StoredShape& shape : g.shapes) {
     const StoredSignature& signature = shape.signature;
@@ -85,6 +89,13 @@ StoredGroup read_group(ByteReader& r, uint64_t& decoded) {
   g.topology = r.u64();
   g.names.tensors = read_names(r);
   g.names.kernels = read_names(r);
+  g.host.stack.begin = static_cast<uintptr_t>(r.u64());
+  g.host.stack.end = static_cast<uintptr_t>(r.u64());
+  g.host.high_halves.resize(r.count(sizeof(uint32_t)));
+  for (uint32_t& high : g.host.high_halves) high = r.u32();
+  if (!std::is_sorted(g.host.high_halves.begin(), g.host.high_halves.end())) {
+    throw std::invalid_argument("the host's high halves");
+  }
   g.shapes.resize(r.count(2 * sizeof(uint64_t)));
   for (StoredShape& shape : g.shapes) {
     StoredSignature& signature = shape.signature;

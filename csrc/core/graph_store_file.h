@@ -40,6 +40,7 @@ struct StoredGroup {
   uint64_t topology = 0;  // the live capture's must be equal
   StoredNames names;
   std::vector<StoredShape> shapes;  // the first is every other's patch base
+  HostAddresses host;  // the storing process's: halves of them in its bytes are leftovers
 };
 
 // The file's bytes for `groups` under `key`.

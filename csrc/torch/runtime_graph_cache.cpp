@@ -117,6 +117,7 @@ py::object Runtime::graph_cache_stats() const {
   d["stored_groups"] = f.stored_groups;
   d["stored_shapes"] = f.stored_shapes;
   d["validated_groups"] = f.validated_groups;
+  d["leftover_halves"] = f.leftover_halves;
   d["restored_shapes"] = f.restored_shapes;
   d["dropped_groups"] = dropped;
   d["unrestored"] = counts(f.unrestored);

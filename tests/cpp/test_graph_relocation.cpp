@@ -352,3 +352,38 @@ TEST(GraphRelocation, AKernelNoLiveCaptureRanIsLookedUpByName) {
   EXPECT_NE(relocate_shape(b, names, later).why_not.find("nor is found: libcublasLt:gemm_128x64"),
             std::string::npos);
 }
+
+TEST(GraphRelocation, HalvesOfHostAddressesInFourByteFieldsAreLeftovers) {
+  // A struct of 4-byte fields whose padding holds halves of stack addresses: the low half of one
+  // at bytes 36-39 (beside the grid at 32), the high half at bytes 48-51.
+  grape::core::HostAddresses storing, later;
+  storing.stack = {0x7fff'dd7a'0000, 0x7fff'dd7c'0000};
+  storing.high_halves = {0x7fff};
+  later.stack = {0x7ffd'2236'0000, 0x7ffd'2238'1000};
+  later.high_halves = {0x7ffd};
+  auto with_halves = [](std::vector<Blob> blobs, uint32_t low, uint32_t high) {
+    std::memcpy(blobs[1].data() + 36, &low, 4);
+    std::memcpy(blobs[1].data() + 48, &high, 4);
+    return blobs;
+  };
+  StoredNames names;
+  const auto stored = store(with_halves(shape_blobs(kStoring, 3), 0xdd7a'bfe8, 0x7fff), names);
+  const auto live = with_halves(shape_blobs(kLater, 3), 0x2237'f5e8, 0x7ffd);
+  RestoreContext without = kLater.restore_context();
+  const std::string why = match_live_shape(stored, names, live, without);
+  EXPECT_NE(why.find("node 1 bytes 37-"), std::string::npos) << why;
+  RestoreContext with = kLater.restore_context();
+  with.stored_host = &storing;
+  with.live_host = &later;
+  ASSERT_EQ(match_live_shape(stored, names, live, with), "");
+  EXPECT_EQ(with.leftover_halves, 2u);
+  // A half of one process's kind and not the other's is a difference: a low half that is no
+  // stack address here, or a number where the storing process had a high half.
+  for (const auto& other : {with_halves(shape_blobs(kLater, 3), 0x1234'5678, 0x7ffd),
+                            with_halves(shape_blobs(kLater, 3), 0x2237'f5e8, 0x0001)}) {
+    RestoreContext again = kLater.restore_context();
+    again.stored_host = &storing;
+    again.live_host = &later;
+    EXPECT_NE(match_live_shape(stored, names, other, again), "");
+  }
+}

@@ -47,6 +47,8 @@ std::vector<StoredGroup> groups() {
   a.topology = 0x1234;
   a.names.kernels = {"m:gemm", "m:softmax"};
   a.names.tensors = {"model.wte.weight"};
+  a.host.stack = {0x7ffd'2236'0000, 0x7ffd'2238'1000};
+  a.host.high_halves = {0x55d2, 0x7f3a, 0x7ffd};
   for (uint32_t n : {3u, 4u, 9u}) {
     // A module by identity (id 0, a local word), then a size; the entry's bytes are the runtime's.
     StoredSignature signature{{13, 0, 6, n}, {1}, {"identity torch.nn.Linear"}};
@@ -65,6 +67,7 @@ void expect_equal(const std::vector<StoredGroup>& got, const std::vector<StoredG
   ASSERT_EQ(got.size(), want.size());
   for (size_t g = 0; g < got.size(); ++g) {
     EXPECT_EQ(got[g].topology, want[g].topology);
+    EXPECT_EQ(got[g].host, want[g].host);
     EXPECT_EQ(got[g].names.kernels, want[g].names.kernels);
     EXPECT_EQ(got[g].names.tensors, want[g].names.tensors);
     ASSERT_EQ(got[g].shapes.size(), want[g].shapes.size());

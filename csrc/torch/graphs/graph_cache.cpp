@@ -140,6 +140,9 @@ void GraphCache::validate(const Found& found, const CapturedGraph& graph,
     for (const auto& [name, range] : storage_ranges(named)) context.tensors.emplace(name, range);
     context.is_device_address = cuda::is_driver_address;
     context.kernel_name = cuda::stored_kernel_name;
+    group.live_host = core::this_process_host_addresses();
+    context.stored_host = &stored.host;
+    context.live_host = &group.live_host;
     // A kernel no live capture ran is looked for beside the ones that did: the same library.
     context.find_kernel = [&kernels = context.kernels](const std::string& name, uint32_t at) {
       std::optional<uint64_t> found;
@@ -156,6 +159,7 @@ void GraphCache::validate(const Found& found, const CapturedGraph& graph,
     group.live = graph.member;
     group.restored[found.shape] = true;
     ++figures_.validated_groups;
+    figures_.leftover_halves += static_cast<int64_t>(group.context.leftover_halves);
     from_file_.insert(&graph);
   } else {
     drop(group, found.group, why);
@@ -227,7 +231,9 @@ std::string GraphCache::save(const std::vector<ShapeToStore>& shapes, const std:
   context.kernel_name = cuda::stored_kernel_name;
   // Words no kernel reads through: pageable host memory, and the arena beyond what it maps
   // (Note [Relocating stored graphs], kLeftover).
-  const core::AddressRangeSet host = core::readable_host_memory();
+  const std::string maps = core::this_process_maps();
+  const core::AddressRangeSet host = core::readable_ranges(maps);
+  const core::HostAddresses host_addresses = core::host_addresses(maps);
   core::AddressRangeSet unmapped;
   for (int lane = 0; lane < GraphArena::kLanes; ++lane) {
     const core::AddressRange range = arena.lane_range(static_cast<ArenaLane>(lane));
@@ -258,6 +264,7 @@ std::string GraphCache::save(const std::vector<ShapeToStore>& shapes, const std:
     }
     core::StoredGroup& group = groups[item.graph->member.group];
     group.topology = params->topology;
+    group.host = host_addresses;
     core::StoreResult result = core::store_shape(params->blobs, layouts_of(*params), context,
                                                  group.names);
     if (!result.why_not.empty()) {

@@ -80,6 +80,7 @@ class GraphCache {
     int64_t stored_shapes = 0;
     int64_t restored_shapes = 0;
     int64_t validated_groups = 0;
+    int64_t leftover_halves = 0;  // 4-byte units validation took for halves of host addresses
     std::vector<std::string> dropped_groups;       // why each was dropped
     std::map<std::string, int64_t> unrestored;     // shapes of validated groups not restored
     int64_t load_ns = 0;     // reading the file
@@ -96,6 +97,7 @@ class GraphCache {
   struct GroupRestore {
     GroupState state = GroupState::kUnseen;
     core::RestoreContext context;                // kValidated: what the live capture taught
+    core::HostAddresses live_host;               // this process's, when its live capture came
     cuda::SharedExecutables::Member live;        // kValidated: the shapes join its group
     std::vector<bool> restored;                  // per stored shape
   };
