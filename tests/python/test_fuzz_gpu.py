@@ -29,6 +29,10 @@ no tolerance is needed anywhere.
 
     GRAPE_FUZZ_CALLS=10000 python3 -m pytest tests/python/test_fuzz_gpu.py -q   # as gpu_check.sh
     GRAPE_FUZZ_SEED=7 ...                                                      # another sequence
+
+With a graph cache (test_fuzz_with_a_cache_filled_by_an_earlier_process): an earlier process runs
+the same fuzz with a cache directory and writes it at exit; this one runs it again over that
+directory, restoring what validates, and must match eager as ever.
 """
 
 from __future__ import annotations
@@ -36,6 +40,8 @@ from __future__ import annotations
 import dataclasses
 import os
 import random
+import subprocess
+import sys
 import warnings
 from collections import Counter, deque
 from typing import Any, Callable, Optional
@@ -656,3 +662,23 @@ def test_fuzz_with_compile_options(options):
     calls = max(400, CALLS // 4)
     _, summary = run_fuzz(calls, options, spec_list)
     print(summary)
+
+
+def test_fuzz_with_a_cache_filled_by_an_earlier_process(tmp_path):
+    # Alias prediction off: the shapes whose inputs it reads in place are not stored.
+    options = dict(alias_prediction=False, cache_dir=str(tmp_path))
+    calls = max(400, CALLS // 4)
+    fill = (f"from tests.python import test_fuzz_gpu as f; "
+            f"f.run_fuzz({calls}, {options!r}, f.specs())")
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    done = subprocess.run([sys.executable, "-c", fill], cwd=root, capture_output=True, text=True,
+                          env=dict(os.environ, PYTHONPATH=root), timeout=600)
+    assert done.returncode == 0, done.stderr[-4000:]
+    assert any(f.endswith(".grape") for f in os.listdir(tmp_path)), "the first process wrote none"
+    fz, summary = run_fuzz(calls, options, specs())
+    caches = {name: grape.stats(fn)["graph_cache"] for name, fn in fz.compiled.items()}
+    read = {name: c for name, c in caches.items() if c["status"] == "read"}
+    # The cache was used: files found, and groups validated (shapes restored) or dropped.
+    assert read, caches
+    assert sum(c["validated_groups"] + len(c["dropped_groups"]) for c in read.values()) > 0, caches
+    print(summary, {name: (c["restored_shapes"], c["dropped_groups"]) for name, c in read.items()})
