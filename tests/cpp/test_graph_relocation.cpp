@@ -329,6 +329,32 @@ TEST(GraphRelocation, ALeftoverIsKeptAndNeverCompared) {
   EXPECT_NE(match_live_shape(result.nodes, names, stale, again), "");
 }
 
+TEST(GraphRelocation, ALeftoverInALaneIsOneAndTheRestOfTheLaneIsArena) {
+  // The caller's leftovers come first: a lane's tail beyond what it maps is in the lane's range,
+  // yet no kernel reads through a word there (graph_cache.cpp's is_leftover).
+  constexpr uint64_t mapped = uint64_t{256} << 20;
+  StoreContext context = kStoring.store_context();
+  context.is_leftover = [](uint64_t v) {
+    return v >= kStoring.lane1 + mapped && v < kStoring.lane1 + kGiB;
+  };
+  auto blobs = shape_blobs(kStoring, 3);
+  put(blobs[0], 24, kStoring.lane1 + mapped + 0x40);
+  StoredNames names;
+  const auto result = store_shape(blobs, kLayouts, context, names);
+  ASSERT_EQ(result.why_not, "");
+  EXPECT_EQ(result.nodes[0].kinds[2], grape::core::WordKind::kLeftover);
+  EXPECT_EQ(result.nodes[0].kinds[1], grape::core::WordKind::kArena) << "the mapped part";
+  auto live = shape_blobs(kLater, 3);
+  put(live[0], 24, kLater.lane1 + mapped + 0x9c0);
+  RestoreContext later = kLater.restore_context();
+  ASSERT_EQ(match_live_shape(result.nodes, names, live, later), "");
+  const auto relocated = relocate_shape(result.nodes, names, later);
+  ASSERT_EQ(relocated.why_not, "");
+  uint64_t kept = 0;
+  std::memcpy(&kept, relocated.blobs[0].data() + 24, sizeof kept);
+  EXPECT_EQ(kept, kStoring.lane1 + mapped + 0x40) << "kept, not moved with the lane";
+}
+
 TEST(GraphRelocation, AKernelNoLiveCaptureRanIsLookedUpByName) {
   StoredNames names;
   const auto a = store(shape_blobs(kStoring, 3), names);
