@@ -77,6 +77,8 @@ class CompiledFunction(_C.Runtime):
         """Writes what this function captured to its graph cache file now (it is also written
         when the process exits); returns what was done. Without a cache directory, does
         nothing and returns "". See docs/semantics.md, "The graph cache"."""
+        if self._hooks.cache_file is None:
+            return ""
         return self._save_graph_cache()
 
     def stats(self) -> _stats.Stats:

@@ -68,7 +68,8 @@ class CacheFile:
                 named.append((f"{prefix}.{name}", tensor))
             for name, tensor in module.named_buffers(remove_duplicate=False):
                 named.append((f"{prefix}.{name}", tensor))
-        return named
+        # Dense tensors only: a graph reads a sparse or opaque one through tensors of its own.
+        return [(name, t) for name, t in named if t is not None and t.layout == torch.strided]
 
     def describe(self) -> Optional[tuple[str, str, list]]:
         """What the runtime asks for: (path, key, named tensors); None where the directory

@@ -168,6 +168,10 @@ class RuntimeHooks:
         it has none."""
         return None if self.cache_file is None else self.cache_file.describe()
 
+    def graph_cache_tensors(self) -> list:
+        """The function's modules' tensors by name, as they are now."""
+        return [] if self.cache_file is None else self.cache_file.named_tensors()
+
     # --- training steps (Note [Gradients of a captured step]) -------------------------------------
     def training_seen(self) -> _training.Seen:
         return _training.Seen()

@@ -255,7 +255,12 @@ StoreResult store_shape(const std::vector<Blob>& blobs, const std::vector<NodeLa
         continue;
       }
       ClassifiedWord c = classifier.classify(value);
-      if (context.is_leftover && context.is_leftover(value)) c = {WordKind::kLeftover, 0, value};
+      // Only where nothing else names the word: a pinned buffer or a named tensor stays what it
+      // is, even where host memory can read it.
+      if ((c.kind == WordKind::kLiteral || c.kind == WordKind::kArena) && context.is_leftover &&
+          context.is_leftover(value)) {
+        c = {WordKind::kLeftover, 0, value};
+      }
       const std::optional<uint64_t> word = stored_word(
           c, c.kind == WordKind::kTensor ? names.intern_tensor(context.tensors[c.index].first)
                                          : c.index);

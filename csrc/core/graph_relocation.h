@@ -74,7 +74,8 @@ struct StoreContext {
   std::function<bool(uint64_t)> is_device_address;      // any other memory a graph may read
   // The name of the kernel handle `handle` found at byte `at` of a node's blob.
   std::function<std::optional<std::string>(uint64_t handle, uint32_t at)> kernel_name;
-  // Whether an address word's value is one no kernel reads through (may be empty: none).
+  // Whether an address word's value is one no kernel reads through (may be empty: none); asked
+  // of words the lanes and tensors do not name otherwise, and of arena words.
   std::function<bool(uint64_t)> is_leftover;
 };
 

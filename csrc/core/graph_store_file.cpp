@@ -129,7 +129,9 @@ StoredGroup read_group(ByteReader& r, uint64_t& decoded) {
       node.kinds.resize(r.count(1));
       for (WordKind& k : node.kinds) {
         const uint8_t v = r.u8();
-        if (v > static_cast<uint8_t>(WordKind::kLeftover)) throw std::invalid_argument("a word kind");
+        if (v > static_cast<uint8_t>(WordKind::kLeftover)) {
+          throw std::invalid_argument("a word kind");
+        }
         k = static_cast<WordKind>(v);
       }
       const bool whole = r.u8() != 0;

@@ -158,6 +158,12 @@ std::string inconsistency(const StoredEntry& e) {
 
 }  // namespace
 
+bool same_replay(const StoredEntry& a, const StoredEntry& b) {
+  return a.placeholders == b.placeholders && a.output_storages == b.output_storages &&
+         a.output_tensors == b.output_tensors && a.output_tree == b.output_tree &&
+         a.effects == b.effects && a.static_tensors == b.static_tensors;
+}
+
 Blob encode_entry(const StoredEntry& e) {
   ByteWriter w;
   w.u64(e.placeholders.size());

@@ -114,6 +114,9 @@ struct StoredEntry {
   std::vector<uint64_t> lane_extents;
 };
 
+// Whether two entries replay alike: everything but the lanes' extents equal.
+bool same_replay(const StoredEntry& a, const StoredEntry& b);
+
 Blob encode_entry(const StoredEntry& entry);
 // The entry in `bytes`, or nothing with `why` set: bytes cut short or left over, a length or an
 // index out of range (an output tensor's storage, a storage's input, a tree that does not close).

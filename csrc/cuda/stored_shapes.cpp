@@ -35,7 +35,8 @@ SharedExecutables::Member SharedExecutables::add_shape(Member like,
     throw std::runtime_error("grape: the group to restore a shape into has ended");
   }
   Group& group = *groups_[like.group];
-  if (!group.params || group.start != nullptr || blobs.size() != group.nodes.size()) {
+  if (!group.params || group.start != nullptr || group.topologies.size() != 1 ||
+      blobs.size() != group.nodes.size()) {
     throw std::runtime_error("grape: a restored shape's nodes do not fit its group");
   }
   const uint32_t shape = join_as_is(like.group, blobs, stream);

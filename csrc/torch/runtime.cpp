@@ -143,6 +143,9 @@ void Runtime::reset() {
     for (auto& variant : kv.second->chain_variants) retire(std::move(variant));
   }
   cache_.clear();
+  // The graph cache is read again at the next call: its groups' live captures are gone.
+  graph_cache_.reset();
+  graph_cache_opened_ = false;
   previous_entry_ = nullptr;
   function_warmup_runs_ = 0;
   checked_cuda_ = false;
@@ -162,6 +165,7 @@ void Runtime::clear_references() {
   if (core::forked_child()) leave_to_process_end();
   cache_.clear();
   retired_.clear();
+  graph_cache_.reset();
   fn_ = py::none();
   static_module_ = py::none();
   training_.clear();

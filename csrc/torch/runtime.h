@@ -37,7 +37,6 @@ struct CapturedGraph;
 struct CaptureContext;
 struct CaptureOutcome;
 struct InputBuffer;
-struct NamedTensors;
 
 // One call signature of a compiled function.
 struct Entry {
@@ -228,7 +227,6 @@ class Runtime {
   // shared_ptr: a deleter of its own, so builds without CUDA never see the type.
   std::shared_ptr<GraphCache> graph_cache_;  // null: no cache directory, or not opened yet
   bool graph_cache_opened_ = false;
-  std::shared_ptr<NamedTensors> named_tensors_;  // the modules' tensors, when it was opened
   std::unique_ptr<InputSites> sites_;  // null when alias prediction is off
   // Whether the last thing this function did was a replay (not a capture, warm-up or eager run):
   // only then does an idle stream at a launch mean that the GPU waits for launches (Note

@@ -3,6 +3,9 @@
 #include <torch/csrc/autograd/python_variable.h>
 
 #include "core/clock.h"
+#include "core/forked.h"
+#include "torch/call_lock.h"
+#include "torch/memory/capture_state.h"
 #include "torch/graphs/captured_graph.h"
 #include "torch/graphs/graph_cache.h"
 #include "torch/runtime.h"
@@ -18,19 +21,26 @@ struct CacheFile {
   std::shared_ptr<NamedTensors> named;
 };
 
+NamedTensors named_tensors(py::handle list) {
+  NamedTensors named;
+  for (py::handle item : py::reinterpret_borrow<py::list>(list)) {
+    auto pair = py::reinterpret_borrow<py::tuple>(item);
+    // Unpacked as the Python variables they are: pybind's generic caster refuses a Parameter.
+    named.tensors.emplace_back(py::cast<std::string>(pair[0]), THPVariable_Unpack(pair[1].ptr()));
+  }
+  return named;
+}
+
 std::optional<CacheFile> cache_file(const PythonHooks& hooks) {
   py::object file = hooks.graph_cache_file();
   if (file.is_none()) return std::nullopt;
   auto tuple = py::reinterpret_borrow<py::tuple>(file);
-  CacheFile out{py::cast<std::string>(tuple[0]), py::cast<std::string>(tuple[1]),
-                std::make_shared<NamedTensors>()};
-  for (py::handle item : py::reinterpret_borrow<py::list>(tuple[2])) {
-    auto pair = py::reinterpret_borrow<py::tuple>(item);
-    // Unpacked as the Python variables they are: pybind's generic caster refuses a Parameter.
-    out.named->tensors.emplace_back(py::cast<std::string>(pair[0]),
-                                    THPVariable_Unpack(pair[1].ptr()));
-  }
-  return out;
+  return CacheFile{py::cast<std::string>(tuple[0]), py::cast<std::string>(tuple[1]),
+                   std::make_shared<NamedTensors>(named_tensors(tuple[2]))};
+}
+
+void warn(const std::string& message) {
+  if (PyErr_WarnEx(PyExc_UserWarning, message.c_str(), 1) != 0) throw py::error_already_set();
 }
 
 py::dict counts(const std::map<std::string, int64_t>& by_reason) {
@@ -44,15 +54,21 @@ py::dict counts(const std::map<std::string, int64_t>& by_reason) {
 void Runtime::open_graph_cache() {
   if (graph_cache_opened_) return;
   graph_cache_opened_ = true;
-  std::optional<CacheFile> file = cache_file(hooks_);
+  std::optional<CacheFile> file;
+  try {
+    file = cache_file(hooks_);
+  } catch (const py::error_already_set& e) {
+    // The key could not be computed: the function runs without a cache, and says so.
+    warn(std::string("grape: the graph cache cannot be opened (") + e.what() +
+         "); graphs are captured as without one");
+    return;
+  }
   if (!file) return;
-  named_tensors_ = file->named;
   graph_cache_ = std::make_shared<GraphCache>(file->path, file->key);
   const std::string& status = graph_cache_->figures().status;
   if (status.rfind("miss", 0) == 0 || status.rfind("unreadable", 0) == 0) {
-    const std::string message = "grape: the graph cache " + file->path + " is not used (" +
-                                status + "); its graphs are captured again";
-    if (PyErr_WarnEx(PyExc_UserWarning, message.c_str(), 1) != 0) throw py::error_already_set();
+    warn("grape: the graph cache " + file->path + " is not used (" + status +
+         "); its graphs are captured again");
   }
 }
 
@@ -71,7 +87,8 @@ bool Runtime::restore_from_graph_cache(Entry& entry) {
   if (!graph_cache_->validated(found)) return false;
   entry.stored_group = -1;  // tried once
   std::unique_ptr<CapturedGraph> graph =
-      graph_cache_->restore(found, pool_, executables_, *named_tensors_);
+      graph_cache_->restore(found, pool_, executables_,
+                            named_tensors(hooks_.graph_cache_tensors()));
   if (!graph) return false;
   entry.graph = std::move(graph);
   return true;
@@ -82,14 +99,23 @@ void Runtime::validate_graph_cache(Entry& entry) {
   const GraphCache::Found found{static_cast<uint32_t>(entry.stored_group),
                                 static_cast<uint32_t>(entry.stored_shape)};
   entry.stored_group = -1;
-  graph_cache_->validate(found, *entry.graph, *executables_, *named_tensors_);
+  entry.graph->gather_static_tensors();  // now, not after the first launch: they are compared
+  graph_cache_->validate(found, *entry.graph, *executables_,
+                         named_tensors(hooks_.graph_cache_tensors()));
 }
 
 std::string Runtime::save_graph_cache() {
+  // A forked child's graphs are its parent's (and so is the file).
+  if (core::forked_child() || !pool_) return "nothing to store: no graph was captured here";
+  // Not while another thread's compiled call captures or replays (Note [One compiled call at a
+  // time]).
+  const CallLock lock(/*unless_busy=*/&in_backward_pass);
+  if (!lock.held()) return "not written: a compiled call of another thread runs";
+  // A function that goes away inside another's capture (the garbage collector) saves nothing.
+  if (current_stream_is_capturing()) return "not written: a capture is underway";
   std::optional<CacheFile> file = cache_file(hooks_);
   if (!file) return "";
   if (!graph_cache_) graph_cache_ = std::make_shared<GraphCache>(file->path, file->key);
-  if (!pool_) return "nothing to store: no graph was captured";
   std::vector<GraphCache::ShapeToStore> shapes;
   for (auto& [signature, entry] : cache_) {
     if (!entry->graph || !entry->fallback.empty()) continue;

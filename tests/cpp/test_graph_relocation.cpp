@@ -305,6 +305,8 @@ TEST(GraphRelocation, ALeftoverIsKeptAndNeverCompared) {
   // code, another at every capture, which the caller calls a leftover.
   const uint64_t heap = 0x2831'f170, other_heap = 0x2a7c'7350;
   StoreContext context = kStoring.store_context();
+  // Host memory, which no driver call knows (a pinned buffer would be foreign, not a leftover).
+  context.is_device_address = [](uint64_t v) { return v >= 0x5000'0000 && v < 0x8000'0000'0000; };
   context.is_leftover = [](uint64_t v) { return v >= 0x2000'0000 && v < 0x3000'0000; };
   auto blobs = shape_blobs(kStoring, 3);
   put(blobs[1], 16, heap);  // the softmax's literal n, as a leftover instead
@@ -322,6 +324,14 @@ TEST(GraphRelocation, ALeftoverIsKeptAndNeverCompared) {
   uint64_t kept = 0;
   std::memcpy(&kept, relocated.blobs[1].data() + 16, sizeof kept);
   EXPECT_EQ(kept, heap) << "the stored value stays: no kernel reads it";
+  // A word the lanes, tensors or driver name is never a leftover, whatever the caller says.
+  StoreContext everything = context;
+  everything.is_leftover = [](uint64_t) { return true; };
+  StoredNames other_names;
+  const auto named = store_shape(shape_blobs(kStoring, 3), kLayouts, everything, other_names);
+  ASSERT_EQ(named.why_not, "");
+  EXPECT_EQ(named.nodes[0].kinds[0], grape::core::WordKind::kTensor);
+  EXPECT_EQ(named.nodes[1].kinds[2], grape::core::WordKind::kForeign);
   // Where the live capture holds a leftover at a word stored as another kind, it differs.
   auto stale = shape_blobs(kLater, 3);
   put(stale[0], 16, other_heap);

@@ -1,8 +1,10 @@
 #include "torch/graphs/graph_cache.h"
 
+#include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
 #include <c10/util/Exception.h>
 
+#include <algorithm>
 #include <map>
 #include <utility>
 
@@ -27,10 +29,9 @@ core::StoredSignature stored_signature(const core::Signature& signature,
   return stored;
 }
 
-// The arena's lanes, their whole reserved ranges: an address beyond what a lane maps is no
-// block's, but kernels carry such stale words (an end pointer, a slot no code set), which move
-// with the lane's base like any other; a restored shape maps what it needs first
-// (StoredEntry::lane_extents).
+// The arena's lanes, their whole reserved ranges. A word beyond what its lane maps is no block's:
+// storing keeps it as a leftover (save), a live capture's is then not compared; a restored shape
+// maps what it needs first (StoredEntry::lane_extents).
 std::vector<core::AddressRange> arena_lanes(const GraphArena& arena) {
   std::vector<core::AddressRange> lanes;
   for (int lane = 0; lane < GraphArena::kLanes; ++lane) {
@@ -103,7 +104,14 @@ std::optional<GraphCache::Found> GraphCache::find(const core::Signature& signatu
   for (uint32_t g = 0; g < groups_.size(); ++g) {
     if (restores_[g].state == GroupState::kDropped) continue;
     for (uint32_t s = 0; s < groups_[g].shapes.size(); ++s) {
-      if (!restores_[g].restored[s] && local_words_.learn(groups_[g].shapes[s].signature, live)) {
+      const core::StoredSignature& stored = groups_[g].shapes[s].signature;
+      // An object keyed by identity is described by its type alone: which of this process's
+      // objects of that type the stored one was, no call can tell (a module argument: one
+      // layer for another). Such shapes are captured.
+      const bool by_identity = std::any_of(
+          stored.local_descriptions.begin(), stored.local_descriptions.end(),
+          [](const std::string& d) { return d.rfind("identity ", 0) == 0; });
+      if (!by_identity && !restores_[g].restored[s] && local_words_.learn(stored, live)) {
         return Found{g, s};
       }
     }
@@ -125,17 +133,52 @@ void GraphCache::validate(const Found& found, const CapturedGraph& graph,
   GroupRestore& group = restores_.at(found.group);
   if (group.state != GroupState::kUnseen) return;
   const auto start = core::Clock::now();
+  std::string why;
+  try {
+    why = match(found, graph, executables, named, group);
+  } catch (const std::exception& e) {
+    why = std::string("validating it failed: ") + e.what();
+  }
+  if (why.empty()) {
+    group.state = GroupState::kValidated;
+    group.live = graph.member;
+    group.restored[found.shape] = true;
+    ++figures_.validated_groups;
+    figures_.leftover_halves += static_cast<int64_t>(group.context.leftover_halves);
+    from_file_.insert(&graph);
+  } else {
+    drop(group, found.group, why);
+  }
+  figures_.restore_ns += core::elapsed_ns(start);
+}
+
+std::string GraphCache::match(const Found& found, const CapturedGraph& graph,
+                              cuda::SharedExecutables& executables, const NamedTensors& named,
+                              GroupRestore& group) {
   const core::StoredGroup& stored = groups_[found.group];
+  // What the replay needs besides the nodes must agree too: the result's tree, the inputs'
+  // places, the effects, the static state (the lanes' extents aside: a later process maps more).
+  std::string why;
+  std::optional<core::StoredEntry> stored_entry =
+      core::decode_entry(stored.shapes[found.shape].entry, why);
+  if (!stored_entry) return "its stored entry is " + why;
+  std::optional<core::StoredEntry> live_entry =
+      store_entry(graph, graph.pool->arena(), named, why);
+  if (!live_entry) return "the live capture cannot be stored: " + why;
+  live_entry->lane_extents = stored_entry->lane_extents;
+  if (!core::same_replay(*live_entry, *stored_entry)) {
+    return "the live capture's inputs, outputs, effects or static state differ";
+  }
   const std::optional<cuda::SharedExecutables::MemberParams> live =
       executables.params_of(graph.member);
-  std::string why;
   if (!live) {
-    why = std::string("the live capture's ") + kUnionOrUnshareable;
+    why = std::string("the live capture's graph: ") + kUnionOrUnshareable;
   } else if (live->topology != stored.topology) {
     why = "the live capture has another topology (" + std::to_string(live->blobs.size()) +
           " nodes)";
   } else {
     core::RestoreContext& context = group.context;
+    context.tensors.clear();
     context.lanes = arena_lanes(graph.pool->arena());
     for (const auto& [name, range] : storage_ranges(named)) context.tensors.emplace(name, range);
     context.is_device_address = cuda::is_driver_address;
@@ -154,17 +197,7 @@ void GraphCache::validate(const Found& found, const CapturedGraph& graph,
     why = core::match_live_shape(stored.shapes[found.shape].nodes, stored.names, live->blobs,
                                  context);
   }
-  if (why.empty()) {
-    group.state = GroupState::kValidated;
-    group.live = graph.member;
-    group.restored[found.shape] = true;
-    ++figures_.validated_groups;
-    figures_.leftover_halves += static_cast<int64_t>(group.context.leftover_halves);
-    from_file_.insert(&graph);
-  } else {
-    drop(group, found.group, why);
-  }
-  figures_.restore_ns += core::elapsed_ns(start);
+  return why;
 }
 
 std::unique_ptr<CapturedGraph> GraphCache::restore(
@@ -195,6 +228,12 @@ std::unique_ptr<CapturedGraph> GraphCache::restore(
     }
   }
   if (entry && why.empty()) {
+    // The module tensors as they are now: a weight moved since the group was validated is read
+    // where it is.
+    group.context.tensors.clear();
+    for (const auto& [name, range] : storage_ranges(named)) {
+      group.context.tensors.emplace(name, range);
+    }
     group.context.lanes = arena_lanes(pool->arena());
     blobs = core::relocate_shape(shape.nodes, stored.names, group.context);
     why = blobs.why_not;
@@ -204,6 +243,7 @@ std::unique_ptr<CapturedGraph> GraphCache::restore(
   }
   if (graph) {
     try {
+      const c10::cuda::CUDAGuard device_guard(pool->device());
       const cudaStream_t stream = at::cuda::getCurrentCUDAStream(pool->device()).stream();
       graph->member = executables->add_shape(group.live, blobs.blobs, stream);
     } catch (const std::exception& e) {
@@ -237,7 +277,8 @@ std::string GraphCache::save(const std::vector<ShapeToStore>& shapes, const std:
   core::AddressRangeSet unmapped;
   for (int lane = 0; lane < GraphArena::kLanes; ++lane) {
     const core::AddressRange range = arena.lane_range(static_cast<ArenaLane>(lane));
-    unmapped.add({range.begin + arena.mapped_bytes(static_cast<ArenaLane>(lane)), range.end});
+    // Past the mapped extent by a byte at least: a block's end pointer may be the extent itself.
+    unmapped.add({range.begin + arena.mapped_bytes(static_cast<ArenaLane>(lane)) + 1, range.end});
   }
   context.is_leftover = [&host, &unmapped](uint64_t value) {
     const core::AddressRange word{static_cast<uintptr_t>(value),

@@ -7,8 +7,10 @@
 //   - Reading: at the function's first call that may capture, under the key Python computes
 //     (grape/_graph_cache.py). A miss or an unreadable file is reported once; nothing is restored.
 //   - A new call signature is looked up among the stored shapes (Note [Signatures of stored
-//     graphs]). Where its group has had no live capture yet, the call captures as ever, and the
-//     capture is matched against the stored shape (Note [Relocating stored graphs]): equal, and
+//     graphs]; never a shape whose signature names an object by identity, which no call can
+//     tell from another of its type). Where its group has had no live capture yet, the call
+//     captures as ever, and the capture is matched against the stored shape, its nodes (Note
+//     [Relocating stored graphs]) and its entry (Note [Stored entries]): equal, and
 //     the group is validated, this process's kernels and foreign addresses learned from it;
 //     different, and the group is dropped with the reason, its shapes captured as they come.
 //     Where its group is validated, the stored shape is relocated, joins the live capture's
@@ -59,10 +61,9 @@ class GraphCache {
                 cuda::SharedExecutables& executables, const NamedTensors& named);
   // `found`'s shape, relocated into this process (its group validated): a graph that replays
   // without a capture, or null where it cannot be restored (counted by the reason).
-  std::unique_ptr<CapturedGraph> restore(const Found& found,
-                                         const std::shared_ptr<GraphPool>& pool,
-                                         const std::shared_ptr<cuda::SharedExecutables>& executables,
-                                         const NamedTensors& named);
+  std::unique_ptr<CapturedGraph> restore(
+      const Found& found, const std::shared_ptr<GraphPool>& pool,
+      const std::shared_ptr<cuda::SharedExecutables>& executables, const NamedTensors& named);
 
   struct ShapeToStore {
     const core::Signature* signature;
@@ -102,6 +103,11 @@ class GraphCache {
     std::vector<bool> restored;                  // per stored shape
   };
   void drop(GroupRestore& group, uint32_t index, std::string why);
+  // Why the live capture `graph` of `found` differs from the stored shape, or "" (then `group`'s
+  // context has learned this process's kernels and foreign addresses).
+  std::string match(const Found& found, const CapturedGraph& graph,
+                    cuda::SharedExecutables& executables, const NamedTensors& named,
+                    GroupRestore& group);
 
   std::string path_;
   std::vector<core::StoredGroup> groups_;  // from the file

@@ -256,12 +256,16 @@ std::optional<core::StoredEntry> store_entry(const CapturedGraph& graph, const G
     } else if (storage.source == Source::kInput) {
       stored.input = storage.input;
     } else {
+      // Each output over it must be one named tensor itself, and all the same one: a restored
+      // shape returns that tensor (a view or another dtype of it would need more than a name).
       for (const auto& tensor : graph.output_tensors) {
-        if (tensor.storage == static_cast<int>(s)) stored.tensor = named.name_of(tensor.static_tensor);
-      }
-      if (stored.tensor.empty()) {
-        why = "a tensor in its result that is no module's parameter or buffer";
-        return std::nullopt;
+        if (tensor.storage != static_cast<int>(s)) continue;
+        const std::string name = named.name_of(tensor.static_tensor);
+        if (name.empty() || (!stored.tensor.empty() && name != stored.tensor)) {
+          why = "a tensor in its result that is no module's parameter or buffer as it is";
+          return std::nullopt;
+        }
+        stored.tensor = name;
       }
     }
     entry.output_storages.push_back(std::move(stored));
@@ -327,7 +331,9 @@ std::unique_ptr<CapturedGraph> restore_entry(
     if (storage.source == Source::kStatic) {
       const at::Tensor* found = named.find(storage.tensor);
       if (found == nullptr || named.name_of(*found) != storage.tensor ||
-          found->sizes().vec() != stored.sizes || found->strides().vec() != stored.strides) {
+          found->sizes().vec() != stored.sizes || found->strides().vec() != stored.strides ||
+          found->storage_offset() != stored.offset ||
+          static_cast<int32_t>(found->scalar_type()) != stored.dtype) {
         why = "its result's module tensor " + storage.tensor + " is not here as it was";
         return nullptr;
       }

@@ -36,6 +36,11 @@ py::object PythonHooks::graph_cache_file() const {
   return hooks_.attr("graph_cache_file")();
 }
 
+py::object PythonHooks::graph_cache_tensors() const {
+  if (hooks_.is_none()) return py::list();
+  return hooks_.attr("graph_cache_tensors")();
+}
+
 py::object PythonHooks::kept_host_constants(const py::object& mode) { return mode.attr("kept"); }
 
 bool PythonHooks::seen_training(const py::object& seen) {

@@ -38,6 +38,8 @@ class PythonHooks {
   // The function's graph cache file (Note [The graph cache in the runtime]), computed now: None
   // where it has none, else (path, key, [(name, tensor)]) with its modules' tensors by name.
   py::object graph_cache_file() const;
+  // Its modules' tensors by name, as they are now: [(name, tensor)].
+  py::object graph_cache_tensors() const;
 
   // Training steps (Note [Gradients of a captured step]).
   py::object training_seen() const;  // a grape._training.Seen
