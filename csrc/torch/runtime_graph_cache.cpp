@@ -86,9 +86,13 @@ bool Runtime::restore_from_graph_cache(Entry& entry) {
                                 static_cast<uint32_t>(entry.stored_shape)};
   if (!graph_cache_->validated(found)) return false;
   entry.stored_group = -1;  // tried once
-  std::unique_ptr<CapturedGraph> graph =
-      graph_cache_->restore(found, pool_, executables_,
-                            named_tensors(hooks_.graph_cache_tensors()));
+  std::unique_ptr<CapturedGraph> graph;
+  try {
+    graph = graph_cache_->restore(found, pool_, executables_,
+                                  named_tensors(hooks_.graph_cache_tensors()));
+  } catch (const std::exception&) {
+    return false;  // the shape is captured, as without a cache
+  }
   if (!graph) return false;
   entry.graph = std::move(graph);
   return true;
@@ -124,11 +128,12 @@ std::string Runtime::save_graph_cache() {
     if (entry->graph->static_state_change(changed) != CapturedGraph::StateChange::kNone) continue;
     shapes.push_back({&signature, entry->graph.get()});
   }
+  const int64_t writes = graph_cache_->figures().writes;
   const std::string error = graph_cache_->save(shapes, file->key, *executables_, pool_->arena(),
                                                 *file->named, flattener_);
   if (!error.empty()) return "not written: " + error;
   const GraphCache::Figures& f = graph_cache_->figures();
-  return f.saved_shapes < 0 ? "nothing new to write"
+  return f.writes == writes ? "nothing new to write"
                             : std::to_string(f.saved_shapes) + " shapes written to " + file->path;
 }
 

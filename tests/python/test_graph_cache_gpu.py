@@ -133,3 +133,16 @@ def test_random_numbers_are_not_stored(tmp_path):
     later = run(tmp_path, "--variant", "dropout")
     assert later["stats"]["captures"] == 3
     assert later["stats"]["graph_cache"]["status"] == "no file"
+
+
+def test_a_rewrite_keeps_the_stored_shapes_this_process_did_not_use(tmp_path):
+    run(tmp_path, "--lengths", "3,5,9")
+    # Length 9 is not called here; length 7 is new, so the file is written again.
+    middle = run(tmp_path, "--lengths", "3,5,7")
+    cache = middle["stats"]["graph_cache"]
+    assert cache["restored_shapes"] == 1 and cache["saved_shapes"] >= 4, json.dumps(cache)
+    assert "written" in middle["saved"]
+    later = run(tmp_path, "--lengths", "3,9")
+    cache = later["stats"]["graph_cache"]
+    assert cache["restored_shapes"] == 1 and later["stats"]["captures"] == 1, json.dumps(cache)
+    assert later["error"] < 1e-5

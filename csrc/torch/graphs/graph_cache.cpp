@@ -69,7 +69,8 @@ constexpr const char* kUnionOrUnshareable =
 
 }  // namespace
 
-GraphCache::GraphCache(std::string path, std::string key) : path_(std::move(path)) {
+GraphCache::GraphCache(std::string path, std::string key)
+    : path_(std::move(path)), key_(std::move(key)) {
   const auto start = core::Clock::now();
   std::string error;
   const core::Blob bytes = core::read_whole_file(path_, error);
@@ -78,7 +79,7 @@ GraphCache::GraphCache(std::string path, std::string key) : path_(std::move(path
   } else if (bytes.empty()) {
     figures_.status = "no file";
   } else {
-    core::DecodedGraphFile file = core::decode_graph_file(bytes, key);
+    core::DecodedGraphFile file = core::decode_graph_file(bytes, key_);
     switch (file.status) {
       case core::DecodedGraphFile::Status::kRead: figures_.status = "read"; break;
       case core::DecodedGraphFile::Status::kMiss: figures_.status = "miss: " + file.why; break;
@@ -111,7 +112,8 @@ std::optional<GraphCache::Found> GraphCache::find(const core::Signature& signatu
       const bool by_identity = std::any_of(
           stored.local_descriptions.begin(), stored.local_descriptions.end(),
           [](const std::string& d) { return d.rfind("identity ", 0) == 0; });
-      if (!by_identity && !restores_[g].restored[s] && local_words_.learn(stored, live)) {
+      if (!by_identity && !restores_[g].restored[s] &&
+          restores_[g].local_words.learn(stored, live)) {
         return Found{g, s};
       }
     }
@@ -288,9 +290,9 @@ std::string GraphCache::save(const std::vector<ShapeToStore>& shapes, const std:
   std::map<uint32_t, core::StoredGroup> groups;  // by executable group
   std::map<std::string, int64_t> unstored;
   int64_t stored = 0;
-  // A file read, or written by this process, is rewritten only for graphs it lacks.
-  bool anything_new = figures_.status != "read" && figures_.saved_shapes < 0;
+  bool anything_new = false;
   for (const ShapeToStore& item : shapes) {
+    if (from_file_.count(item.graph) != 0) continue;  // its group is carried over as read
     const std::optional<cuda::SharedExecutables::MemberParams> params =
         executables.params_of(item.graph->member);
     if (!params) {
@@ -315,19 +317,28 @@ std::string GraphCache::save(const std::vector<ShapeToStore>& shapes, const std:
     group.shapes.push_back({stored_signature(*item.signature, flattener), std::move(result.nodes),
                             core::encode_entry(*entry)});
     ++stored;
-    anything_new = anything_new || from_file_.count(item.graph) == 0;
+    anything_new = anything_new || written_.count(item.graph) == 0;
   }
   figures_.unstored = std::move(unstored);
   std::string error;
-  if (anything_new && stored > 0) {
+  if (anything_new) {
     std::vector<core::StoredGroup> list;
+    // The file's groups that were not dropped, as read: under the key they were read with only.
+    if (key == key_) {
+      for (size_t g = 0; g < groups_.size(); ++g) {
+        if (restores_[g].state == GroupState::kDropped) continue;
+        list.push_back(groups_[g]);
+        stored += static_cast<int64_t>(groups_[g].shapes.size());
+      }
+    }
     for (auto& [index, group] : groups) {
       if (!group.shapes.empty()) list.push_back(std::move(group));
     }
     error = core::write_file_atomically(path_, core::encode_graph_file(key, list));
     if (error.empty()) {
       figures_.saved_shapes = stored;
-      for (const ShapeToStore& item : shapes) from_file_.insert(item.graph);
+      ++figures_.writes;
+      for (const ShapeToStore& item : shapes) written_.insert(item.graph);
     }
   }
   figures_.store_ns += core::elapsed_ns(start);

@@ -17,8 +17,10 @@
 //     executable group as a new shape, and replays from this call on, never captured.
 //   - Storing (save: grape.save_graph_cache(), and at exit): every storable shape the function
 //     holds, grouped as its executables are, with what replays need besides the nodes (Note
-//     [Stored entries]). A shape that cannot be stored is counted by its reason. A process that
-//     holds nothing the file lacks does not write it.
+//     [Stored entries]). A shape that cannot be stored is counted by its reason. The file's groups
+//     that were not dropped are written again as they were read (their unused shapes too), beside
+//     the groups of what this process captured; a process that captured nothing the file lacks
+//     does not write it.
 // Restoring is lazy, at the call that needs the shape: a stored signature names this process's
 // interned constants and objects only once a call has shown them.
 
@@ -87,6 +89,7 @@ class GraphCache {
     int64_t load_ns = 0;     // reading the file
     int64_t restore_ns = 0;  // validating groups and restoring shapes
     int64_t saved_shapes = -1;                  // at the last save that wrote; -1: none
+    int64_t writes = 0;                         // saves that wrote the file
     std::map<std::string, int64_t> unstored;  // at the last save, by reason
     int64_t store_ns = 0;
   };
@@ -101,6 +104,9 @@ class GraphCache {
     core::HostAddresses live_host;               // this process's, when its live capture came
     cuda::SharedExecutables::Member live;        // kValidated: the shapes join its group
     std::vector<bool> restored;                  // per stored shape
+    // What its signatures' local words stand for here: per group, since a file's groups may come
+    // from different storing processes, each numbering its objects its own way.
+    core::LocalWordMap local_words;
   };
   void drop(GroupRestore& group, uint32_t index, std::string why);
   // Why the live capture `graph` of `found` differs from the stored shape, or "" (then `group`'s
@@ -112,9 +118,11 @@ class GraphCache {
   std::string path_;
   std::vector<core::StoredGroup> groups_;  // from the file
   std::vector<GroupRestore> restores_;     // per stored group
-  core::LocalWordMap local_words_;
-  // Graphs the file holds: restored, the live captures that validated a group, or written.
+  std::string key_;  // the file's, where it was read
+  // Graphs of the file's groups (restored, or the live captures that validated one), which a
+  // write carries over as they were read, and graphs this process wrote.
   std::unordered_set<const CapturedGraph*> from_file_;
+  std::unordered_set<const CapturedGraph*> written_;
   Figures figures_;
 };
 
