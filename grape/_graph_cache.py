@@ -1,9 +1,10 @@
 """Where a compiled function's graph cache lives, and what it is keyed by (Note [The graph cache
 in the runtime], csrc/torch/graphs/graph_cache.h; docs/semantics.md, "The graph cache").
 
-One file per compiled function in the cache directory, named by the function's qualified name
-and where its code is, so that two functions never share one and the same function in a later
-process finds its own. The key (grape/_cache_key.py) is computed each time the runtime asks, at
+One file per compiled function and rank in the cache directory, named by the function's
+qualified name, where its code is and the torch.distributed rank, so that the same function in a
+later process finds its own. Two functions of one qualified name in one file (an encoder's and a
+decoder's `T5Stack.forward`) share a file, and the one whose key differs misses. The key (grape/_cache_key.py) is computed each time the runtime asks, at
 its first call and when it saves, so a model changed in between is a miss, never a wrong replay.
 The runtime reads tensors by the names given here: the compiled module's and those of every
 module the function's code reaches, prefixed by where they were found.
@@ -51,10 +52,16 @@ class CacheFile:
         self.fn = fn
         self.directory = directory
         self.options = options
-        where = _source_file(fn) or repr(type(fn))
-        digest = hashlib.sha256(f"{where}\n{qualname}".encode()).hexdigest()[:16]
-        safe = re.sub(r"[^A-Za-z0-9_.-]", "_", qualname)[:80]
-        self.path = os.path.join(directory, f"{safe}-{digest}.grape")
+        self.where = f"{_source_file(fn) or repr(type(fn))}\n{qualname}"
+        self.safe_name = re.sub(r"[^A-Za-z0-9_.-]", "_", qualname)[:80]
+
+    @property
+    def path(self) -> str:
+        """The file, for this rank (ranks differ in their keys, so they keep a file each)."""
+        rank = (torch.distributed.get_rank() if torch.distributed.is_available()
+                and torch.distributed.is_initialized() else 0)
+        digest = hashlib.sha256(f"{self.where}\n{rank}".encode()).hexdigest()[:16]
+        return os.path.join(self.directory, f"{self.safe_name}-{digest}.grape")
 
     def key(self) -> str:
         lines = [f"option:{name}={value!r}\n" for name, value in sorted(self.options.items())]

@@ -99,3 +99,16 @@ def test_no_cache_directory_means_no_graph_cache(monkeypatch):
 def test_save_graph_cache_wants_a_compiled_function():
     with pytest.raises(TypeError, match="compiled function"):
         grape.save_graph_cache(lambda x: x)
+
+
+def test_each_rank_has_a_file_of_its_own(tmp_path, monkeypatch):
+    def step(x):
+        return x
+
+    cache_file = _graph_cache.CacheFile(step, str(tmp_path), "step", {})
+    alone = cache_file.path
+    monkeypatch.setattr(torch.distributed, "is_initialized", lambda: True)
+    monkeypatch.setattr(torch.distributed, "get_rank", lambda: 1)
+    assert cache_file.path != alone
+    monkeypatch.setattr(torch.distributed, "get_rank", lambda: 0)
+    assert cache_file.path == alone
