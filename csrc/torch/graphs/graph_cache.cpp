@@ -265,6 +265,13 @@ std::unique_ptr<CapturedGraph> GraphCache::restore(
 std::string GraphCache::save(const std::vector<ShapeToStore>& shapes, const std::string& key,
                              cuda::SharedExecutables& executables, const GraphArena& arena,
                              const NamedTensors& named, const Flattener& flattener) {
+  // Nothing captured since the last write (or the read): nothing to store, at no cost (a save at
+  // exit follows the one as the function went away).
+  if (std::all_of(shapes.begin(), shapes.end(), [this](const ShapeToStore& item) {
+        return from_file_.count(item.graph) != 0 || written_.count(item.graph) != 0;
+      })) {
+    return "";
+  }
   const auto start = core::Clock::now();
   core::StoreContext context;
   context.lanes = arena_lanes(arena);
