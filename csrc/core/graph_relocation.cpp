@@ -146,13 +146,13 @@ bool valid_layout(const NodeLayout& layout, size_t blob_bytes) {
 
 namespace {
 
-// Takes the stored bytes of each 4-byte unit where `live` differs from `stored` and both hold the
-// same half of a host address of their process (Note [Relocating stored graphs]); returns how
-// many.
-size_t take_leftover_halves(Blob& live, const Blob& stored, const HostAddresses& stored_host,
-                            const HostAddresses& live_host) {
+// Takes the stored bytes of each 4-byte unit from `from` on where `live` differs from `stored`
+// and both hold the same half of a host address of their process (Note [Relocating stored
+// graphs]); returns how many.
+size_t take_leftover_halves(Blob& live, const Blob& stored, size_t from,
+                            const HostAddresses& stored_host, const HostAddresses& live_host) {
   size_t taken = 0;
-  for (size_t at = 0; at + 4 <= live.size(); at += 4) {
+  for (size_t at = from & ~size_t{3}; at + 4 <= live.size(); at += 4) {
     uint32_t l = 0, s = 0;
     std::memcpy(&l, live.data() + at, 4);
     std::memcpy(&s, stored.data() + at, 4);
@@ -359,8 +359,12 @@ std::string match_live_shape(const std::vector<StoredNode>& stored, const Stored
     }
     // Literal bytes that differ are gathered over every node, so that the reason says all of
     // them (what a mask of bytes no code set would have to cover).
-    if (rewritten != s.words && context.stored_host && context.live_host) {
-      halves += take_leftover_halves(rewritten, s.words, *context.stored_host, *context.live_host);
+    // A kernel's arguments only (from its first address word): what precedes them is the
+    // launch's own (grid, block, shared memory), which no leftover fills.
+    if (rewritten != s.words && context.stored_host && context.live_host &&
+        s.layout.kernel_word && !s.layout.address_words.empty()) {
+      halves += take_leftover_halves(rewritten, s.words, s.layout.address_words.front(),
+                                     *context.stored_host, *context.live_host);
     }
     if (rewritten != s.words) describe_differences(node, rewritten, s.words, differences);
   }
