@@ -4,8 +4,9 @@ in the runtime], csrc/torch/graphs/graph_cache.h; docs/semantics.md, "The graph 
 One file per compiled function and rank in the cache directory, named by the function's
 qualified name, where its code is and the torch.distributed rank, so that the same function in a
 later process finds its own. Two functions of one qualified name in one file (an encoder's and a
-decoder's `T5Stack.forward`) share a file, and the one whose key differs misses. The key (grape/_cache_key.py) is computed each time the runtime asks, at
-its first call and when it saves, so a model changed in between is a miss, never a wrong replay.
+decoder's `T5Stack.forward`) share a file, and the one whose key differs misses. The key
+(grape/_cache_key.py) is computed each time the runtime asks, when it opens the file and when it
+saves, so a model changed in between is a miss, never a wrong replay.
 The runtime reads tensors by the names given here: the compiled module's and those of every
 module the function's code reaches, prefixed by where they were found.
 """
@@ -78,16 +79,16 @@ class CacheFile:
         # Dense tensors only: a graph reads a sparse or opaque one through tensors of its own.
         return [(name, t) for name, t in named if t is not None and t.layout == torch.strided]
 
-    def describe(self) -> Optional[tuple[str, str, list]]:
-        """What the runtime asks for: (path, key, named tensors); None where the directory
-        cannot be made (with a warning: the function then runs without a cache)."""
+    def describe(self) -> Optional[tuple[str, str]]:
+        """What the runtime asks for: (path, key); None where the directory cannot be made (with
+        a warning: the function then runs without a cache)."""
         try:
             os.makedirs(self.directory, exist_ok=True)
         except OSError as e:
             warnings.warn(f"grape: the graph cache directory {self.directory} cannot be made "
                           f"({e}); graphs are not cached", stacklevel=3)
             return None
-        return self.path, self.key(), self.named_tensors()
+        return self.path, self.key()
 
 
 def _source_file(fn: Callable) -> Optional[str]:

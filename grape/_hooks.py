@@ -164,8 +164,7 @@ class RuntimeHooks:
 
     # --- the graph cache (Note [The graph cache in the runtime]) ----------------------------------
     def graph_cache_file(self):
-        """(path, key, [(name, tensor)]) of the function's graph cache, computed now; None where
-        it has none."""
+        """(path, key) of the function's graph cache, computed now; None where it has none."""
         return None if self.cache_file is None else self.cache_file.describe()
 
     def graph_cache_tensors(self) -> list:

@@ -167,10 +167,10 @@ size_t take_leftover_halves(Blob& live, const Blob& stored, size_t from,
 }
 
 // Appends node `node`'s runs of bytes where `live` and `stored` differ to `out`, each with the
-// 8-byte word it starts in, live and stored; at most a few runs in all.
-void describe_differences(size_t node, const Blob& live, const Blob& stored, std::string& out) {
+// 8-byte word it starts in, live and stored; `runs` counts them over all nodes, a few at most.
+void describe_differences(size_t node, const Blob& live, const Blob& stored, std::string& out,
+                          size_t& runs) {
   constexpr size_t kMostRuns = 12;
-  size_t runs = static_cast<size_t>(std::count(out.begin(), out.end(), ';'));
   for (size_t at = 0; at < live.size() && runs < kMostRuns;) {
     if (live[at] == stored[at]) {
       ++at;
@@ -298,7 +298,7 @@ std::string match_live_shape(const std::vector<StoredNode>& stored, const Stored
   }
   const AddressClassifier classifier(context.lanes, std::move(tensors), context.is_device_address);
   std::string differences;
-  size_t halves = 0;
+  size_t runs = 0, halves = 0;
   for (size_t node = 0; node < stored.size(); ++node) {
     const StoredNode& s = stored[node];
     const std::string where = "node " + std::to_string(node);
@@ -347,9 +347,9 @@ std::string match_live_shape(const std::vector<StoredNode>& stored, const Stored
         write_word(rewritten, at, kept);
         continue;
       }
+      if (c.kind == WordKind::kLiteral) continue;  // compared with the bytes outside the layout
       const std::optional<uint64_t> word =
           stored_word(c, c.kind == WordKind::kTensor ? stored_index[c.index] : c.index);
-      if (c.kind == WordKind::kLiteral) continue;  // compared with the bytes outside the layout
       if (word != kept) {
         return where + ": the " + word_kind_name(c.kind) + " word at byte " +
                std::to_string(at) + " is " + (word ? hex(*word) : "too large") + ", stored " +
@@ -366,7 +366,7 @@ std::string match_live_shape(const std::vector<StoredNode>& stored, const Stored
       halves += take_leftover_halves(rewritten, s.words, s.layout.address_words.front(),
                                      *context.stored_host, *context.live_host);
     }
-    if (rewritten != s.words) describe_differences(node, rewritten, s.words, differences);
+    if (rewritten != s.words) describe_differences(node, rewritten, s.words, differences, runs);
   }
   if (!differences.empty()) return "other parameters: " + differences;
   context.leftover_halves = halves;

@@ -166,7 +166,7 @@ class Runtime {
   FlatCall& scratch();
 
   // The graph cache (runtime_graph_cache.cpp; runtime_without_cuda.cpp has none). Opens it once,
-  // at the first call that may capture.
+  // at the first new signature of a call that may capture.
   void open_graph_cache();
   // Looks `entry` (new, of the call `flat`) up among the stored shapes.
   void find_in_graph_cache(Entry& entry, const FlatCall& flat);

@@ -14,29 +14,28 @@ namespace grape {
 
 namespace {
 
-// The (path, key, [(name, tensor)]) the hooks give, or nothing.
+// The (path, key) the hooks give, or nothing.
 struct CacheFile {
   std::string path;
   std::string key;
-  std::shared_ptr<NamedTensors> named;
 };
-
-NamedTensors named_tensors(py::handle list) {
-  NamedTensors named;
-  for (py::handle item : py::reinterpret_borrow<py::list>(list)) {
-    auto pair = py::reinterpret_borrow<py::tuple>(item);
-    // Unpacked as the Python variables they are: pybind's generic caster refuses a Parameter.
-    named.tensors.emplace_back(py::cast<std::string>(pair[0]), THPVariable_Unpack(pair[1].ptr()));
-  }
-  return named;
-}
 
 std::optional<CacheFile> cache_file(const PythonHooks& hooks) {
   py::object file = hooks.graph_cache_file();
   if (file.is_none()) return std::nullopt;
   auto tuple = py::reinterpret_borrow<py::tuple>(file);
-  return CacheFile{py::cast<std::string>(tuple[0]), py::cast<std::string>(tuple[1]),
-                   std::make_shared<NamedTensors>(named_tensors(tuple[2]))};
+  return CacheFile{py::cast<std::string>(tuple[0]), py::cast<std::string>(tuple[1])};
+}
+
+// The function's modules' tensors by name, as they are now.
+NamedTensors named_tensors(const PythonHooks& hooks) {
+  NamedTensors named;
+  for (py::handle item : py::reinterpret_borrow<py::list>(hooks.graph_cache_tensors())) {
+    auto pair = py::reinterpret_borrow<py::tuple>(item);
+    // Unpacked as the Python variables they are: pybind's generic caster refuses a Parameter.
+    named.tensors.emplace_back(py::cast<std::string>(pair[0]), THPVariable_Unpack(pair[1].ptr()));
+  }
+  return named;
 }
 
 void warn(const std::string& message) {
@@ -89,7 +88,7 @@ bool Runtime::restore_from_graph_cache(Entry& entry) {
   std::unique_ptr<CapturedGraph> graph;
   try {
     graph = graph_cache_->restore(found, pool_, executables_,
-                                  named_tensors(hooks_.graph_cache_tensors()));
+                                  named_tensors(hooks_));
   } catch (const std::exception&) {
     return false;  // the shape is captured, as without a cache
   }
@@ -105,7 +104,7 @@ void Runtime::validate_graph_cache(Entry& entry) {
   entry.stored_group = -1;
   entry.graph->gather_static_tensors();  // now, not after the first launch: they are compared
   graph_cache_->validate(found, *entry.graph, *executables_,
-                         named_tensors(hooks_.graph_cache_tensors()));
+                         named_tensors(hooks_));
 }
 
 std::string Runtime::save_graph_cache() {
@@ -130,7 +129,7 @@ std::string Runtime::save_graph_cache() {
   }
   const int64_t writes = graph_cache_->figures().writes;
   const std::string error = graph_cache_->save(shapes, file->key, *executables_, pool_->arena(),
-                                                *file->named, flattener_);
+                                                named_tensors(hooks_), flattener_);
   if (!error.empty()) return "not written: " + error;
   const GraphCache::Figures& f = graph_cache_->figures();
   return f.writes == writes ? "nothing new to write"

@@ -98,11 +98,11 @@ py::object Runtime::call_with_graphs(const py::args& args, const py::kwargs& kwa
   } depth_guard{depth_};
   flattener_.flatten_call(args, kwargs, flat, /*with_spec=*/false, /*with_paths=*/false);
 
-  open_graph_cache();
   auto it = cache_.find(flat.signature);
   if (it == cache_.end()) {
     auto entry = std::make_unique<Entry>();
     entry->description = describe(flat);
+    open_graph_cache();  // at the first new signature: a replay never comes here
     find_in_graph_cache(*entry, flat);
     it = cache_.emplace(flat.signature, std::move(entry)).first;
   }

@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <map>
+#include <unordered_map>
 #include <utility>
 
 #include "core/clock.h"
@@ -62,6 +63,12 @@ std::vector<std::pair<std::string, core::AddressRange>> storage_ranges(const Nam
     ranges.emplace_back(name, range);
   }
   return ranges;
+}
+
+// The same, by name, as a later process looks them up.
+std::unordered_map<std::string, core::AddressRange> tensor_map(const NamedTensors& named) {
+  const auto ranges = storage_ranges(named);
+  return {ranges.begin(), ranges.end()};
 }
 
 constexpr const char* kUnionOrUnshareable =
@@ -180,9 +187,8 @@ std::string GraphCache::match(const Found& found, const CapturedGraph& graph,
           " nodes)";
   } else {
     core::RestoreContext& context = group.context;
-    context.tensors.clear();
-    context.lanes = arena_lanes(graph.pool->arena());
-    for (const auto& [name, range] : storage_ranges(named)) context.tensors.emplace(name, range);
+    context.lanes = arena_lanes(graph.pool->arena());  // reserved once: they never move
+    context.tensors = tensor_map(named);
     context.is_device_address = cuda::is_driver_address;
     context.kernel_name = cuda::stored_kernel_name;
     group.live_host = core::this_process_host_addresses();
@@ -232,11 +238,7 @@ std::unique_ptr<CapturedGraph> GraphCache::restore(
   if (entry && why.empty()) {
     // The module tensors as they are now: a weight moved since the group was validated is read
     // where it is.
-    group.context.tensors.clear();
-    for (const auto& [name, range] : storage_ranges(named)) {
-      group.context.tensors.emplace(name, range);
-    }
-    group.context.lanes = arena_lanes(pool->arena());
+    group.context.tensors = tensor_map(named);
     blobs = core::relocate_shape(shape.nodes, stored.names, group.context);
     why = blobs.why_not;
   }

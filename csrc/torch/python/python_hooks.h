@@ -36,7 +36,7 @@ class PythonHooks {
   py::object capture_settings() const;
   static py::object kept_host_constants(const py::object& mode);
   // The function's graph cache file (Note [The graph cache in the runtime]), computed now: None
-  // where it has none, else (path, key, [(name, tensor)]) with its modules' tensors by name.
+  // where it has none, else (path, key).
   py::object graph_cache_file() const;
   // Its modules' tensors by name, as they are now: [(name, tensor)].
   py::object graph_cache_tensors() const;
