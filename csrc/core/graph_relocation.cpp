@@ -166,6 +166,14 @@ size_t take_leftover_halves(Blob& live, const Blob& stored, size_t from,
   return taken;
 }
 
+// Node `node`'s group bytes in `context`, where it has them for a blob of `bytes`.
+const Blob* group_bytes_of(const RestoreContext& context, size_t node, size_t bytes) {
+  if (node >= context.group_bytes.size() || context.group_bytes[node].size() != bytes) {
+    return nullptr;
+  }
+  return &context.group_bytes[node];
+}
+
 // Appends node `node`'s runs of bytes where `live` and `stored` differ to `out`, each with the
 // 8-byte word it starts in, live and stored; `runs` counts them over all nodes, a few at most.
 void describe_differences(size_t node, const Blob& live, const Blob& stored, std::string& out,
@@ -194,6 +202,44 @@ void describe_differences(size_t node, const Blob& live, const Blob& stored, std
 }
 
 }  // namespace
+
+std::vector<Blob> group_bytes(const std::vector<const std::vector<StoredNode>*>& shapes) {
+  size_t nodes = 0;
+  for (const auto* shape : shapes) nodes = std::max(nodes, shape->size());
+  std::vector<Blob> masks(nodes);
+  for (size_t node = 0; node < nodes; ++node) {
+    std::vector<const StoredNode*> holding;
+    for (const auto* shape : shapes) {
+      if (node < shape->size() && !(*shape)[node].words.empty()) holding.push_back(&(*shape)[node]);
+    }
+    if (holding.size() < 2) continue;
+    const StoredNode& first = *holding.front();
+    const std::vector<uint32_t> words = layout_words(first.layout);
+    if (!valid_layout(first.layout, first.words.size()) || first.kinds.size() != words.size()) {
+      continue;
+    }
+    Blob mask(first.words.size(), 1);
+    bool alike = true;
+    for (const StoredNode* other : holding) {
+      alike = alike && other->words.size() == first.words.size() &&
+              other->layout.address_words == first.layout.address_words &&
+              other->layout.handle_words == first.layout.handle_words &&
+              other->layout.kernel_word == first.layout.kernel_word &&
+              other->kinds.size() == first.kinds.size();
+      if (!alike) break;
+      for (size_t at = 0; at < mask.size(); ++at) mask[at] &= other->words[at] == first.words[at];
+    }
+    if (!alike) continue;
+    for (size_t i = 0; i < words.size(); ++i) {
+      bool whole = !(first.layout.kernel_word && words[i] == *first.layout.kernel_word);
+      for (const StoredNode* other : holding) whole = whole && other->kinds[i] == first.kinds[i];
+      for (uint32_t b = words[i]; b < words[i] + sizeof(uint64_t); ++b) whole = whole && mask[b];
+      if (!whole) std::fill_n(mask.begin() + words[i], sizeof(uint64_t), 0);
+    }
+    masks[node] = std::move(mask);
+  }
+  return masks;
+}
 
 const char* word_kind_name(WordKind kind) {
   switch (kind) {
@@ -278,6 +324,7 @@ StoreResult store_shape(const std::vector<Blob>& blobs, const std::vector<NodeLa
 
 std::string match_live_shape(const std::vector<StoredNode>& stored, const StoredNames& names,
                              const std::vector<Blob>& live, RestoreContext& context) {
+  context.differing.clear();
   if (stored.size() != live.size()) {
     return "the live graph has " + std::to_string(live.size()) + " nodes, the stored one " +
            std::to_string(stored.size());
@@ -298,7 +345,8 @@ std::string match_live_shape(const std::vector<StoredNode>& stored, const Stored
   }
   const AddressClassifier classifier(context.lanes, std::move(tensors), context.is_device_address);
   std::string differences;
-  size_t runs = 0, halves = 0;
+  size_t runs = 0, halves = 0, taken = 0, unread = 0;
+  std::vector<Blob> differing(stored.size());
   for (size_t node = 0; node < stored.size(); ++node) {
     const StoredNode& s = stored[node];
     const std::string where = "node " + std::to_string(node);
@@ -308,6 +356,7 @@ std::string match_live_shape(const std::vector<StoredNode>& stored, const Stored
       return where + ": a damaged layout";
     }
     if (s.words.empty()) continue;  // a node the shape lacks, in both
+    const Blob* group = group_bytes_of(context, node, s.words.size());
     Blob rewritten = live[node];
     const std::vector<uint32_t> words = layout_words(s.layout);
     for (size_t i = 0; i < words.size(); ++i) {
@@ -332,6 +381,13 @@ std::string match_live_shape(const std::vector<StoredNode>& stored, const Stored
           is_handle_word(s.layout, i)
               ? ClassifiedWord{value != 0 ? WordKind::kForeign : WordKind::kLiteral, 0, value}
               : classifier.classify(value);
+      const uint64_t index = c.kind == WordKind::kTensor ? stored_index[c.index] : c.index;
+      if (group && (*group)[at]) {  // the group's: the live capture's, counted where it differs
+        const bool same = c.kind == s.kinds[i] &&
+                          (c.kind == WordKind::kForeign || stored_word(c, index) == kept);
+        write_word(rewritten, at, same ? kept : value);
+        continue;
+      }
       if (c.kind != s.kinds[i]) {
         return where + ": the word at byte " + std::to_string(at) + " is " +
                word_kind_name(c.kind) + " " + hex(value) + ", stored " +
@@ -348,8 +404,7 @@ std::string match_live_shape(const std::vector<StoredNode>& stored, const Stored
         continue;
       }
       if (c.kind == WordKind::kLiteral) continue;  // compared with the bytes outside the layout
-      const std::optional<uint64_t> word =
-          stored_word(c, c.kind == WordKind::kTensor ? stored_index[c.index] : c.index);
+      const std::optional<uint64_t> word = stored_word(c, index);
       if (word != kept) {
         return where + ": the " + word_kind_name(c.kind) + " word at byte " +
                std::to_string(at) + " is " + (word ? hex(*word) : "too large") + ", stored " +
@@ -357,8 +412,15 @@ std::string match_live_shape(const std::vector<StoredNode>& stored, const Stored
       }
       write_word(rewritten, at, *word);
     }
+    if (group) {  // the group's bytes are this process's, whatever they hold
+      for (size_t at = 0; at < rewritten.size(); ++at) {
+        if (!(*group)[at] || rewritten[at] == s.words[at]) continue;
+        rewritten[at] = s.words[at];
+        ++taken;
+      }
+    }
     // Literal bytes that differ are gathered over every node, so that the reason says all of
-    // them (what a mask of bytes no code set would have to cover).
+    // them.
     // A kernel's arguments only (from its first address word): what precedes them is the
     // launch's own (grid, block, shared memory), which no leftover fills.
     if (rewritten != s.words && context.stored_host && context.live_host &&
@@ -366,13 +428,47 @@ std::string match_live_shape(const std::vector<StoredNode>& stored, const Stored
       halves += take_leftover_halves(rewritten, s.words, s.layout.address_words.front(),
                                      *context.stored_host, *context.live_host);
     }
-    if (rewritten != s.words) describe_differences(node, rewritten, s.words, differences, runs);
+    if (node < context.unread.size() && context.unread[node].size() == rewritten.size()) {
+      for (size_t at = 0; at < rewritten.size(); ++at) {
+        if (!context.unread[node][at] || rewritten[at] == s.words[at]) continue;
+        rewritten[at] = s.words[at];
+        ++unread;
+      }
+    }
+    if (rewritten != s.words) {
+      describe_differences(node, rewritten, s.words, differences, runs);
+      differing[node].resize(rewritten.size());
+      for (size_t at = 0; at < rewritten.size(); ++at) {
+        differing[node][at] = rewritten[at] != s.words[at];
+      }
+    }
   }
-  if (!differences.empty()) return "other parameters: " + differences;
+  if (!differences.empty()) {
+    context.differing = std::move(differing);
+    return "other parameters: " + differences;
+  }
+  context.unread_bytes = unread;
   context.leftover_halves = halves;
+  context.taken_from_live = taken;
+  context.live_blobs = live;
   context.kernels = std::move(kernels);
   context.foreign = std::move(foreign);
   return {};
+}
+
+std::vector<Blob> with_stored_bytes(std::vector<Blob> live, const std::vector<StoredNode>& stored,
+                                    const std::vector<Blob>& differing) {
+  for (size_t node = 0; node < live.size() && node < stored.size() && node < differing.size();
+       ++node) {
+    if (differing[node].size() != live[node].size() ||
+        stored[node].words.size() != live[node].size()) {
+      continue;
+    }
+    for (size_t at = 0; at < live[node].size(); ++at) {
+      if (differing[node][at]) live[node][at] = stored[node].words[at];
+    }
+  }
+  return live;
 }
 
 RelocateResult relocate_shape(const std::vector<StoredNode>& stored, const StoredNames& names,
@@ -392,8 +488,16 @@ RelocateResult relocate_shape(const std::vector<StoredNode>& stored, const Store
       result.blobs.push_back(std::move(blob));
       continue;
     }
+    // The group's bytes come from the live capture, where it held the node.
+    const Blob* group = group_bytes_of(context, node, blob.size());
+    const Blob* live = node < context.live_blobs.size() &&
+                               context.live_blobs[node].size() == blob.size()
+                           ? &context.live_blobs[node]
+                           : nullptr;
+    if (!live) group = nullptr;
     for (size_t i = 0; i < words.size(); ++i) {
       const uint32_t at = words[i];
+      if (group && (*group)[at]) continue;
       const uint64_t word = read_word(blob, at);
       const uint64_t index = word >> kOffsetBits, offset = word & kOffsetMask;
       switch (s.kinds[i]) {
@@ -448,6 +552,11 @@ RelocateResult relocate_shape(const std::vector<StoredNode>& stored, const Store
           write_word(blob, at, *handle);
           break;
         }
+      }
+    }
+    if (group) {
+      for (size_t at = 0; at < blob.size(); ++at) {
+        if ((*group)[at]) blob[at] = (*live)[at];
       }
     }
     result.blobs.push_back(std::move(blob));

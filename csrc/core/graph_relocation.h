@@ -24,15 +24,25 @@
 //     (HostAddresses) are found where a live capture differs: a 4-byte unit that is the same
 //     half of a host address in the storing process's bytes and in the live ones is not a
 //     difference (the storing process's HostAddresses are stored with the group);
-//   - anything else: a literal (sizes, strides, scalars, grid and block), kept as it was.
+//   - anything else: a literal (sizes, strides, scalars, grid and block), kept as it was. Where
+//     a live capture differs from the stored shape in literal bytes only, the caller may run the
+//     live capture with the stored bytes there: the same outputs show bytes no kernel reads
+//     (struct padding, unused slots a launching function left uninitialized), which a second
+//     match then takes as they are (RestoreContext::unread).
+// A group's bytes (group_bytes): a byte that every stored shape of a group holds alike (a layout
+// word only whole) belongs to the group, not to a shape: a weight's or a workspace's address, a
+// constant, a leftover the launching code left the same. A later process takes such bytes from
+// the group's live capture for every shape it restores, and does not compare them; validation
+// compares the bytes that differ from shape to shape, which must relocate (the rule: a
+// word equal in every shape takes the live capture's value).
 // Which words may hold an address is the node's layout (the caller's: csrc/cuda knows where a
 // kernel's arguments are); a word of a layout that holds none of the above is a literal, and a
 // word outside every layout is a literal byte run.
 //
 // A later process restores a group only after one of its stored shapes was captured live and its
 // blobs, written the stored way with this process's lanes, tensors and kernel names, equal the
-// stored ones word for word (lanes and offsets, tensor names and offsets, kernel names and
-// literals; the foreign words give the value map). A shape none of whose words is left
+// stored ones word for word outside the group's bytes (lanes and offsets, tensor names and
+// offsets, kernel names and literals; the foreign words give the value map). A shape none of whose words is left
 // unresolved is then rebuilt from the stored words; one that is (a foreign value or kernel no
 // live capture showed, a tensor not there) is not restored, and captures when it is called.
 // This file is torch-free and CUDA-free: the caller says what is an address and names kernels.
@@ -132,13 +142,35 @@ struct RestoreContext {
   const HostAddresses* stored_host = nullptr;
   const HostAddresses* live_host = nullptr;
   size_t leftover_halves = 0;
+  // Per node, the group's bytes (group_bytes; none where empty), and the live capture's blobs,
+  // whose bytes there every restored shape takes (set by match_live_shape, with how many of
+  // them differed from the stored shape's).
+  std::vector<Blob> group_bytes;
+  std::vector<Blob> live_blobs;
+  size_t taken_from_live = 0;
+  // Per node, literal bytes a run showed no kernel reads (given; none where empty): the live
+  // capture's may differ there, and restored shapes keep the stored ones. A match that fails
+  // on literal bytes only says which in `differing` (per node; else empty).
+  std::vector<Blob> unread;
+  std::vector<Blob> differing;
+  size_t unread_bytes = 0;  // of `unread`, where the live capture differed
 };
+
+// Per node, 1 at each byte that every one of `shapes` (a group's stored shapes) holding the node
+// holds alike, 0 elsewhere: layout words whole or not at all, the kernel word never (a kernel is
+// always matched by name), and none of a node fewer than two shapes hold.
+std::vector<Blob> group_bytes(const std::vector<const std::vector<StoredNode>*>& shapes);
 
 // Matches a live capture's blobs against the stored form of the same shape: empty where they
 // agree, and then `context` has learned the live capture's kernels and foreign values; else what
 // differs first (the group is then dropped).
 std::string match_live_shape(const std::vector<StoredNode>& stored, const StoredNames& names,
                              const std::vector<Blob>& live, RestoreContext& context);
+
+// `live` (a live capture's blobs) with the stored shape's bytes where `differing` (a failed
+// match's RestoreContext::differing) says: the run that tells bytes no kernel reads.
+std::vector<Blob> with_stored_bytes(std::vector<Blob> live, const std::vector<StoredNode>& stored,
+                                    const std::vector<Blob>& differing);
 
 // A stored shape's blobs for this process, or why not (`why_not`: a name or value that no live
 // capture resolved, a lane or tensor too short).

@@ -174,6 +174,8 @@ class Runtime {
   bool restore_from_graph_cache(Entry& entry);
   // After `entry`'s live capture: validates its stored group, or drops it.
   void validate_graph_cache(Entry& entry);
+  // After the call that validated: a group left pending runs once more (GraphCache::settle).
+  void settle_graph_cache(bool replayed);
   // What grape.stats reports of the graph cache (None where the function has none).
   py::object graph_cache_stats() const;
 

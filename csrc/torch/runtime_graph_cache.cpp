@@ -107,6 +107,11 @@ void Runtime::validate_graph_cache(Entry& entry) {
                          named_tensors(hooks_));
 }
 
+void Runtime::settle_graph_cache(bool replayed) {
+  if (!graph_cache_ || !graph_cache_->pending()) return;
+  graph_cache_->settle(replayed, *executables_, named_tensors(hooks_));
+}
+
 std::string Runtime::save_graph_cache() {
   // A forked child's graphs are its parent's (and so is the file).
   if (core::forked_child() || !pool_) return "nothing to store: no graph was captured here";
@@ -148,6 +153,8 @@ py::object Runtime::graph_cache_stats() const {
   d["stored_shapes"] = f.stored_shapes;
   d["validated_groups"] = f.validated_groups;
   d["leftover_halves"] = f.leftover_halves;
+  d["taken_from_live"] = f.taken_from_live;
+  d["unread_bytes"] = f.unread_bytes;
   d["restored_shapes"] = f.restored_shapes;
   d["dropped_groups"] = dropped;
   d["unrestored"] = counts(f.unrestored);

@@ -138,7 +138,10 @@ py::object Runtime::call_with_graphs(const py::args& args, const py::kwargs& kwa
   flattener_.flatten_call(args, kwargs, flat, /*with_spec=*/true, /*with_paths=*/false);
   if (auto eager = capture_entry(entry, flat, args, kwargs)) return *eager;
   validate_graph_cache(entry);
-  return replay_or_run_eagerly(entry, *entry.graph, flat, args, kwargs);
+  const int64_t replays = stats_.replays;
+  py::object result = replay_or_run_eagerly(entry, *entry.graph, flat, args, kwargs);
+  settle_graph_cache(stats_.replays > replays);
+  return result;
 }
 
 namespace allocator = c10::cuda::CUDACachingAllocator;

@@ -423,3 +423,75 @@ TEST(GraphRelocation, HalvesOfHostAddressesInFourByteFieldsAreLeftovers) {
     EXPECT_NE(match_live_shape(stored, names, other, again), "");
   }
 }
+
+TEST(GraphRelocation, BytesEveryStoredShapeHoldsAlikeAreTheGroupsAndComeFromTheLiveCapture) {
+  // Byte 49 of node 1 is one no code set, the same in every stored shape (the group's); byte 50
+  // of node 0 differs from shape to shape (the shape's).
+  auto with_bytes = [](std::vector<Blob> blobs, uint8_t group_byte, uint8_t shape_byte) {
+    blobs[1][49] = group_byte;
+    blobs[0][50] = shape_byte;
+    return blobs;
+  };
+  StoredNames names;
+  const auto a = store(with_bytes(shape_blobs(kStoring, 3), 0x11, 0x21), names);
+  const auto b = store(with_bytes(shape_blobs(kStoring, 7), 0x11, 0x22), names);
+  const std::vector<Blob> group = grape::core::group_bytes({&a, &b});
+  ASSERT_EQ(group.size(), 2u);
+  EXPECT_EQ(group[1][49], 1);
+  EXPECT_EQ(group[0][50], 0);
+  EXPECT_EQ(group[0][0], 0) << "a kernel is always matched by name";
+  EXPECT_EQ(group[0][8], 1) << "the weight's word is the same in both";
+  EXPECT_EQ(group[0][16], 0) << "the arena buffer's place depends on the shape";
+  EXPECT_EQ(group[1][32], 0) << "the grid depends on the shape";
+  EXPECT_EQ(grape::core::group_bytes({&a}), std::vector<Blob>(2)) << "one shape: no group bytes";
+
+  const auto live = with_bytes(shape_blobs(kLater, 3), 0x99, 0x21);
+  RestoreContext without = kLater.restore_context();
+  EXPECT_NE(match_live_shape(a, names, live, without).find("node 1 bytes 49-49"),
+            std::string::npos);
+  RestoreContext later = kLater.restore_context();
+  later.group_bytes = group;
+  ASSERT_EQ(match_live_shape(a, names, live, later), "");
+  EXPECT_EQ(later.taken_from_live, 1u);
+  const auto relocated = relocate_shape(b, names, later);
+  ASSERT_EQ(relocated.why_not, "");
+  EXPECT_EQ(relocated.blobs, with_bytes(shape_blobs(kLater, 7), 0x99, 0x22));
+
+  // A shape's byte that differs is a difference, group bytes or not.
+  RestoreContext again = kLater.restore_context();
+  again.group_bytes = group;
+  EXPECT_NE(match_live_shape(a, names, with_bytes(shape_blobs(kLater, 3), 0x99, 0x77), again)
+                .find("node 0 bytes 50-50"),
+            std::string::npos);
+}
+
+TEST(GraphRelocation, AMatchThatFailsOnLiteralBytesOnlySaysWhichAndTakesThemOnceShownUnread) {
+  // Byte 49 of node 1: a byte no code set, which differs between the processes.
+  auto with_byte = [](std::vector<Blob> blobs, uint8_t byte) {
+    blobs[1][49] = byte;
+    return blobs;
+  };
+  StoredNames names;
+  const auto a = store(with_byte(shape_blobs(kStoring, 3), 0x11), names);
+  const auto live = with_byte(shape_blobs(kLater, 3), 0x99);
+  RestoreContext later = kLater.restore_context();
+  EXPECT_NE(match_live_shape(a, names, live, later), "");
+  ASSERT_EQ(later.differing.size(), 2u);
+  EXPECT_TRUE(later.differing[0].empty());
+  ASSERT_EQ(later.differing[1].size(), live[1].size());
+  for (size_t at = 0; at < live[1].size(); ++at) EXPECT_EQ(later.differing[1][at], at == 49);
+  // The run: the live capture with the stored byte.
+  const auto variant = grape::core::with_stored_bytes(live, a, later.differing);
+  EXPECT_EQ(variant, with_byte(shape_blobs(kLater, 3), 0x11));
+  later.unread = later.differing;
+  ASSERT_EQ(match_live_shape(a, names, live, later), "");
+  EXPECT_EQ(later.unread_bytes, 1u);
+  EXPECT_TRUE(later.differing.empty());
+
+  // An address of another kind is no literal byte: nothing to run.
+  auto moved = shape_blobs(kLater, 3);
+  put(moved[0], 16, kLater.lane1 + 4096 * 3);  // the GEMM writes another lane
+  RestoreContext other = kLater.restore_context();
+  EXPECT_NE(match_live_shape(a, names, moved, other), "");
+  EXPECT_TRUE(other.differing.empty());
+}

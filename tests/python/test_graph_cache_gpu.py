@@ -15,11 +15,13 @@ pytestmark = [pytest.mark.gpu]
 WORKER = os.path.join(os.path.dirname(__file__), "graph_cache_worker.py")
 
 
-def run(cache_dir, *options, background=False):
+def run(cache_dir, *options, background=False, env=None):
     command = [sys.executable, WORKER, str(cache_dir), *options]
+    env = {**os.environ, **(env or {})}
     if background:
-        return subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    done = subprocess.run(command, capture_output=True, text=True, timeout=300)
+        return subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                env=env)
+    done = subprocess.run(command, capture_output=True, text=True, timeout=300, env=env)
     return report(done.returncode, done.stdout, done.stderr)
 
 
@@ -146,3 +148,21 @@ def test_a_rewrite_keeps_the_stored_shapes_this_process_did_not_use(tmp_path):
     cache = later["stats"]["graph_cache"]
     assert cache["restored_shapes"] == 1 and later["stats"]["captures"] == 1, json.dumps(cache)
     assert later["error"] < 1e-5
+
+
+def test_a_number_the_key_does_not_see_that_a_kernel_reads_is_a_drop(tmp_path):
+    # The scale comes from the environment: the key is the same, and only the kernel's arguments
+    # differ. A run of the live capture with the stored bytes gives other outputs: dropped.
+    first = run(tmp_path, "--variant", "env_scaled", env={"GRAPE_TEST_SCALE": "0.5"})
+    assert first["error"] < 1e-5 and first["stats"]["graph_cache"]["saved_shapes"] == 3
+    same = run(tmp_path, "--variant", "env_scaled", env={"GRAPE_TEST_SCALE": "0.5"})
+    cache = same["stats"]["graph_cache"]
+    assert cache["validated_groups"] == 1 and cache["restored_shapes"] == 2, cache
+    other = run(tmp_path, "--variant", "env_scaled", env={"GRAPE_TEST_SCALE": "0.25"})
+    cache = other["stats"]["graph_cache"]
+    assert cache["status"] == "read" and cache["validated_groups"] == 0, cache
+    assert cache["restored_shapes"] == 0 and cache["unread_bytes"] == 0, cache
+    assert len(cache["dropped_groups"]) == 1, cache
+    assert "a run with the stored bytes gave other outputs" in cache["dropped_groups"][0], cache
+    assert other["stats"]["captures"] == 3
+    assert other["error"] < 1e-5

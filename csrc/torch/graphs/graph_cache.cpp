@@ -1,5 +1,7 @@
 #include "torch/graphs/graph_cache.h"
 
+#include <ATen/ops/equal.h>
+#include <ATen/ops/from_blob.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
 #include <c10/util/Exception.h>
@@ -147,18 +149,116 @@ void GraphCache::validate(const Found& found, const CapturedGraph& graph,
     why = match(found, graph, executables, named, group);
   } catch (const std::exception& e) {
     why = std::string("validating it failed: ") + e.what();
+    group.context.differing.clear();
   }
+  // A run can tell bytes no kernel reads, once, where the graph does not write its inputs (a
+  // second run would write them again).
+  bool run_twice = !group.context.differing.empty() && group.context.unread.empty() &&
+                   graph.graph != nullptr && !pending_;
+  for (const auto& p : graph.placeholders) run_twice = run_twice && !p.mutated;
+  std::optional<cuda::SharedExecutables::MemberParams> live;
+  if (!why.empty() && run_twice) live = executables.params_of(graph.member);
   if (why.empty()) {
     group.state = GroupState::kValidated;
     group.live = graph.member;
     group.restored[found.shape] = true;
     ++figures_.validated_groups;
     figures_.leftover_halves += static_cast<int64_t>(group.context.leftover_halves);
+    figures_.taken_from_live += static_cast<int64_t>(group.context.taken_from_live);
+    figures_.unread_bytes += static_cast<int64_t>(group.context.unread_bytes);
     from_file_.insert(&graph);
+  } else if (live) {
+    group.state = GroupState::kPending;
+    pending_ = Pending{found, &graph,
+                       core::with_stored_bytes(std::move(live->blobs),
+                                               groups_[found.group].shapes[found.shape].nodes,
+                                               group.context.differing),
+                       why};
   } else {
     drop(group, found.group, why);
   }
   figures_.restore_ns += core::elapsed_ns(start);
+}
+
+void GraphCache::settle(bool replayed, cuda::SharedExecutables& executables,
+                        const NamedTensors& named) {
+  if (!pending_) return;
+  Pending pending = std::move(*pending_);
+  pending_.reset();
+  GroupRestore& group = restores_.at(pending.found.group);
+  std::string why = pending.why;
+  bool same = false;
+  if (!replayed) {
+    why += "(untested: its call did not replay)";
+  } else {
+    const auto start = core::Clock::now();
+    std::string failed;
+    try {
+      same = same_outputs(*pending.graph, executables, pending.variant, failed);
+    } catch (const std::exception& e) {
+      failed = std::string("the run failed: ") + e.what();
+    }
+    figures_.restore_ns += core::elapsed_ns(start);
+    why += failed.empty() ? "(a run with the stored bytes gave other outputs)" : "(" + failed + ")";
+  }
+  if (!same) {
+    drop(group, pending.found.group, why);
+    return;
+  }
+  group.context.unread = std::move(group.context.differing);
+  group.state = GroupState::kUnseen;
+  validate(pending.found, *pending.graph, executables, named);  // now matches, or drops
+}
+
+bool GraphCache::same_outputs(const CapturedGraph& graph, cuda::SharedExecutables& executables,
+                              const std::vector<core::Blob>& variant, std::string& why) {
+  // What the run may change and the call's replay left: the outputs in the pool, and static
+  // tensors that are not parameters (a buffer the graph updates in place would be updated twice).
+  constexpr size_t kMostKeptBytes = size_t{256} << 20;
+  const c10::Device device(c10::DeviceType::CUDA, graph.pool->device());
+  auto bytes_at = [&](void* ptr, size_t bytes) {
+    return at::from_blob(ptr, {static_cast<int64_t>(bytes)},
+                         at::TensorOptions().dtype(at::kByte).device(device));
+  };
+  std::vector<std::pair<at::Tensor, at::Tensor>> kept;  // memory, and a copy of it
+  size_t kept_bytes = 0;
+  auto keep = [&](void* ptr, size_t bytes) {
+    if (ptr == nullptr || bytes == 0) return;
+    at::Tensor memory = bytes_at(ptr, bytes);
+    kept.emplace_back(memory, memory.clone());
+    kept_bytes += bytes;
+  };
+  const c10::cuda::CUDAGuard device_guard(device);
+  const cudaStream_t stream = at::cuda::getCurrentCUDAStream(device.index()).stream();
+  for (const auto& storage : graph.output_storages) {
+    if (storage.source == CapturedGraph::OutputStorage::Source::kPool) {
+      keep(storage.ptr, storage.bytes);
+    }
+  }
+  for (const auto& [tensor, ptr] : graph.static_tensors) {
+    if (tensor.requires_grad() || !tensor.is_cuda()) continue;
+    if (kept_bytes + tensor.storage().nbytes() > kMostKeptBytes) {
+      why = "untested: static tensors too large to keep a copy of";
+      return false;
+    }
+    keep(tensor.storage().mutable_data(), tensor.storage().nbytes());
+  }
+  const cuda::SharedExecutables::Member member =
+      executables.add_shape(graph.member, variant, stream);
+  bool same = true;
+  try {
+    C10_CUDA_CHECK(cudaGraphLaunch(executables.prepare(member, stream), stream));
+    for (auto& [memory, copy] : kept) {
+      if (at::equal(memory, copy)) continue;
+      same = false;
+      memory.copy_(copy);
+    }
+  } catch (...) {
+    executables.remove(member);
+    throw;
+  }
+  executables.remove(member);
+  return same;
 }
 
 std::string GraphCache::match(const Found& found, const CapturedGraph& graph,
@@ -194,6 +294,9 @@ std::string GraphCache::match(const Found& found, const CapturedGraph& graph,
     group.live_host = core::this_process_host_addresses();
     context.stored_host = &stored.host;
     context.live_host = &group.live_host;
+    std::vector<const std::vector<core::StoredNode>*> shapes;
+    for (const core::StoredShape& shape : stored.shapes) shapes.push_back(&shape.nodes);
+    context.group_bytes = core::group_bytes(shapes);
     // A kernel no live capture ran is looked for beside the ones that did: the same library.
     context.find_kernel = [&kernels = context.kernels](const std::string& name, uint32_t at) {
       std::optional<uint64_t> found;

@@ -13,6 +13,10 @@
 //     [Relocating stored graphs]) and its entry (Note [Stored entries]): equal, and
 //     the group is validated, this process's kernels and foreign addresses learned from it;
 //     different, and the group is dropped with the reason, its shapes captured as they come.
+//     Where they differ in literal bytes only (arguments a launching function left uninitialized
+//     hold whatever its stack held), the call replays first; then the live capture runs once
+//     more with the stored bytes there (settle): the same outputs validate the group, those
+//     bytes being ones no kernel reads; other outputs drop it, and are put back as they were.
 //     Where its group is validated, the stored shape is relocated, joins the live capture's
 //     executable group as a new shape, and replays from this call on, never captured.
 //   - Storing (save: grape.save_graph_cache(), and at exit): every storable shape the function
@@ -61,6 +65,11 @@ class GraphCache {
   // it with the reason.
   void validate(const Found& found, const CapturedGraph& graph,
                 cuda::SharedExecutables& executables, const NamedTensors& named);
+  // After the call that validate() left pending (a match that failed on literal bytes only;
+  // `replayed`: whether it replayed the live capture): runs the live capture with the stored
+  // bytes, and validates the group where the outputs are the same, else drops it.
+  void settle(bool replayed, cuda::SharedExecutables& executables, const NamedTensors& named);
+  bool pending() const { return pending_.has_value(); }
   // `found`'s shape, relocated into this process (its group validated): a graph that replays
   // without a capture, or null where it cannot be restored (counted by the reason).
   std::unique_ptr<CapturedGraph> restore(
@@ -84,6 +93,12 @@ class GraphCache {
     int64_t restored_shapes = 0;
     int64_t validated_groups = 0;
     int64_t leftover_halves = 0;  // 4-byte units validation took for halves of host addresses
+    // Group bytes (every stored shape's alike) in which validation found the live capture's
+    // differ, taken from it for restored shapes.
+    int64_t taken_from_live = 0;
+    // Bytes in which the live capture differed and a run with the stored ones gave the same
+    // outputs: bytes no kernel reads.
+    int64_t unread_bytes = 0;
     std::vector<std::string> dropped_groups;       // why each was dropped
     std::map<std::string, int64_t> unrestored;     // shapes of validated groups not restored
     int64_t load_ns = 0;     // reading the file
@@ -97,7 +112,7 @@ class GraphCache {
   const std::string& path() const { return path_; }
 
  private:
-  enum class GroupState { kUnseen, kValidated, kDropped };
+  enum class GroupState { kUnseen, kPending, kValidated, kDropped };
   struct GroupRestore {
     GroupState state = GroupState::kUnseen;
     core::RestoreContext context;                // kValidated: what the live capture taught
@@ -114,6 +129,20 @@ class GraphCache {
   std::string match(const Found& found, const CapturedGraph& graph,
                     cuda::SharedExecutables& executables, const NamedTensors& named,
                     GroupRestore& group);
+
+  // Whether running `graph` with `variant`'s parameters leaves its outputs as the call's replay
+  // left them (they are put back where not), or why it cannot tell (`why`).
+  bool same_outputs(const CapturedGraph& graph, cuda::SharedExecutables& executables,
+                    const std::vector<core::Blob>& variant, std::string& why);
+
+  // A group whose live capture differs in literal bytes only, until settle().
+  struct Pending {
+    Found found;
+    const CapturedGraph* graph = nullptr;
+    std::vector<core::Blob> variant;  // the live capture's blobs with the stored bytes
+    std::string why;                  // the match's reason, kept for a drop
+  };
+  std::optional<Pending> pending_;
 
   std::string path_;
   std::vector<core::StoredGroup> groups_;  // from the file
