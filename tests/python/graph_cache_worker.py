@@ -7,8 +7,9 @@ did.
     python graph_cache_worker.py CACHE_DIR [--width N] [--dtype float32] [--lengths 3,5,9]
         [--variant plain|scaled|env_scaled|dropout] [--fake-torch-version V] [--barrier DIR]
 
---variant env_scaled: scales the output by GRAPE_TEST_SCALE (from the environment, which the key
-does not see) times the length, a number each shape's graph holds in its kernel's arguments.
+--variant env_scaled: scales the output by GRAPE_TEST_SCALE, read from the environment at each call
+(which the key does not see), times the length: a number each shape's graph holds in its kernel's
+arguments.
 
 --barrier DIR: before its first call and again before saving, waits until every process given
 the same DIR (two) is there, so that none reads a file another wrote and their writes overlap.
@@ -70,10 +71,8 @@ def main() -> None:
         def step(x):
             return model(x) * 1.0  # another code line than plain's
     elif args.variant == "env_scaled":
-        scale = float(os.environ["GRAPE_TEST_SCALE"])
-
         def step(x):
-            return model(x) * (scale * x.shape[0])
+            return model(x) * (float(os.environ["GRAPE_TEST_SCALE"]) * x.shape[0])
     else:
         def step(x):
             return model(x)
