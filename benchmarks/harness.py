@@ -241,14 +241,18 @@ class PerShapeGraphs:
 
 
 def grape_stats(fn, keys: Sequence[str]) -> dict:
-    """The `keys` of grape.stats(fn) that the running build has; the fallbacks' call sites named
-    without the machine's paths (results files are committed)."""
+    """The `keys` of grape.stats(fn) that the running build has; the fallbacks' call sites and the
+    graph cache's file named without the machine's paths (results files are committed)."""
     import grape
 
     s = grape.stats(fn)
     picked = {k: s[k] for k in keys if k in s}
     if "fallbacks" in picked:
         picked["fallbacks"] = portable_fallbacks(picked["fallbacks"])
+    if picked.get("graph_cache"):  # the file by its name alone: the directory is the machine's
+        cache = dict(picked["graph_cache"])
+        cache["file"] = os.path.basename(cache["file"])
+        picked["graph_cache"] = cache
     return picked
 
 
