@@ -218,23 +218,40 @@ std::vector<Blob> group_bytes(const std::vector<const std::vector<StoredNode>*>&
     if (!valid_layout(first.layout, first.words.size()) || first.kinds.size() != words.size()) {
       continue;
     }
-    Blob mask(first.words.size(), 1);
-    bool alike = true;
+    Blob alike(first.words.size(), 1);
+    bool same_layout = true;
     for (const StoredNode* other : holding) {
-      alike = alike && other->words.size() == first.words.size() &&
-              other->layout.address_words == first.layout.address_words &&
-              other->layout.handle_words == first.layout.handle_words &&
-              other->layout.kernel_word == first.layout.kernel_word &&
-              other->kinds.size() == first.kinds.size();
-      if (!alike) break;
-      for (size_t at = 0; at < mask.size(); ++at) mask[at] &= other->words[at] == first.words[at];
+      same_layout = same_layout && other->words.size() == first.words.size() &&
+                    other->layout.address_words == first.layout.address_words &&
+                    other->layout.handle_words == first.layout.handle_words &&
+                    other->layout.kernel_word == first.layout.kernel_word &&
+                    other->kinds.size() == first.kinds.size();
+      if (!same_layout) break;
+      for (size_t at = 0; at < alike.size(); ++at) alike[at] &= other->words[at] == first.words[at];
     }
-    if (!alike) continue;
+    if (!same_layout) continue;
+    Blob mask(alike.size(), 0), in_layout(alike.size(), 0);
+    // A layout word whole: never the kernel (matched by name), never an arena or tensor word
+    // (relocated exactly, and read where the tensor is at each restore).
     for (size_t i = 0; i < words.size(); ++i) {
-      bool whole = !(first.layout.kernel_word && words[i] == *first.layout.kernel_word);
-      for (const StoredNode* other : holding) whole = whole && other->kinds[i] == first.kinds[i];
-      for (uint32_t b = words[i]; b < words[i] + sizeof(uint64_t); ++b) whole = whole && mask[b];
-      if (!whole) std::fill_n(mask.begin() + words[i], sizeof(uint64_t), 0);
+      const WordKind kind = first.kinds[i];
+      bool whole = !(first.layout.kernel_word && words[i] == *first.layout.kernel_word) &&
+                   kind != WordKind::kArena && kind != WordKind::kTensor;
+      for (const StoredNode* other : holding) whole = whole && other->kinds[i] == kind;
+      for (uint32_t b = words[i]; b < words[i] + sizeof(uint64_t); ++b) {
+        whole = whole && alike[b];
+        in_layout[b] = 1;
+      }
+      if (whole) std::fill_n(mask.begin() + words[i], sizeof(uint64_t), 1);
+    }
+    // Other bytes by 8-byte units, so that no field is taken in part.
+    for (size_t unit = 0; unit < mask.size(); unit += sizeof(uint64_t)) {
+      const size_t end = std::min(mask.size(), unit + sizeof(uint64_t));
+      bool whole = true;
+      for (size_t b = unit; b < end; ++b) whole = whole && (in_layout[b] || alike[b]);
+      for (size_t b = unit; b < end && whole; ++b) {
+        if (!in_layout[b]) mask[b] = 1;
+      }
     }
     masks[node] = std::move(mask);
   }
@@ -322,6 +339,62 @@ StoreResult store_shape(const std::vector<Blob>& blobs, const std::vector<NodeLa
   return result;
 }
 
+namespace {
+
+struct LiteralTally {
+  size_t runs = 0, halves = 0, taken = 0, unread = 0;
+  bool runnable = true;  // whether a run with the stored bytes may tell what differs
+};
+
+// Node `node`'s bytes in `rewritten` (the live blob, its matched layout words in the stored
+// form) against the stored ones: the group's are the live capture's, halves of host addresses
+// and bytes a run showed unread are leftovers; what still differs is described and marked in
+// `differing[node]`. A run may tell only bytes of a kernel's arguments (from its first address
+// word: what precedes is the launch's own) none of whose stored words is an address here.
+void compare_literal_bytes(size_t node, const StoredNode& s, const Blob* group,
+                           const RestoreContext& context, Blob& rewritten, LiteralTally& tally,
+                           std::string& differences, std::vector<Blob>& differing) {
+  if (group) {  // the group's bytes are this process's, whatever they hold
+    for (size_t at = 0; at < rewritten.size(); ++at) {
+      if (!(*group)[at] || rewritten[at] == s.words[at]) continue;
+      rewritten[at] = s.words[at];
+      ++tally.taken;
+    }
+  }
+  const bool arguments = s.layout.kernel_word && !s.layout.address_words.empty();
+  if (rewritten != s.words && context.stored_host && context.live_host && arguments) {
+    tally.halves += take_leftover_halves(rewritten, s.words, s.layout.address_words.front(),
+                                         *context.stored_host, *context.live_host);
+  }
+  if (node < context.unread.size() && context.unread[node].size() == rewritten.size()) {
+    for (size_t at = 0; at < rewritten.size(); ++at) {
+      if (!context.unread[node][at] || rewritten[at] == s.words[at]) continue;
+      rewritten[at] = s.words[at];
+      ++tally.unread;
+    }
+  }
+  if (rewritten == s.words) return;
+  // Literal bytes that differ are gathered over every node, so that the reason says all of them.
+  describe_differences(node, rewritten, s.words, differences, tally.runs);
+  Blob& marked = differing[node];
+  marked.assign(rewritten.size(), 0);
+  for (size_t at = 0; at < rewritten.size(); ++at) {
+    if (rewritten[at] == s.words[at]) continue;
+    marked[at] = 1;
+    tally.runnable = tally.runnable && arguments && at >= s.layout.address_words.front();
+  }
+  for (uint32_t at : s.layout.address_words) {
+    bool differs = false;
+    for (uint32_t b = at; b < at + sizeof(uint64_t); ++b) differs = differs || marked[b];
+    const uint64_t stored_value = read_word(s.words, at);
+    if (differs && context.is_device_address && context.is_device_address(stored_value)) {
+      tally.runnable = false;  // a stored address could be read here: not run
+    }
+  }
+}
+
+}  // namespace
+
 std::string match_live_shape(const std::vector<StoredNode>& stored, const StoredNames& names,
                              const std::vector<Blob>& live, RestoreContext& context) {
   context.differing.clear();
@@ -345,7 +418,7 @@ std::string match_live_shape(const std::vector<StoredNode>& stored, const Stored
   }
   const AddressClassifier classifier(context.lanes, std::move(tensors), context.is_device_address);
   std::string differences;
-  size_t runs = 0, halves = 0, taken = 0, unread = 0;
+  LiteralTally tally;
   std::vector<Blob> differing(stored.size());
   for (size_t node = 0; node < stored.size(); ++node) {
     const StoredNode& s = stored[node];
@@ -385,6 +458,12 @@ std::string match_live_shape(const std::vector<StoredNode>& stored, const Stored
       if (group && (*group)[at]) {  // the group's: the live capture's, counted where it differs
         const bool same = c.kind == s.kinds[i] &&
                           (c.kind == WordKind::kForeign || stored_word(c, index) == kept);
+        // A foreign value is still learned where it maps one to one: nodes whose layout differs
+        // from shape to shape have no group bytes, and map theirs.
+        if (same && c.kind == WordKind::kForeign && !foreign.count(kept) &&
+            live_foreign.insert(value).second) {
+          foreign.emplace(kept, value);
+        }
         write_word(rewritten, at, same ? kept : value);
         continue;
       }
@@ -412,44 +491,15 @@ std::string match_live_shape(const std::vector<StoredNode>& stored, const Stored
       }
       write_word(rewritten, at, *word);
     }
-    if (group) {  // the group's bytes are this process's, whatever they hold
-      for (size_t at = 0; at < rewritten.size(); ++at) {
-        if (!(*group)[at] || rewritten[at] == s.words[at]) continue;
-        rewritten[at] = s.words[at];
-        ++taken;
-      }
-    }
-    // Literal bytes that differ are gathered over every node, so that the reason says all of
-    // them.
-    // A kernel's arguments only (from its first address word): what precedes them is the
-    // launch's own (grid, block, shared memory), which no leftover fills.
-    if (rewritten != s.words && context.stored_host && context.live_host &&
-        s.layout.kernel_word && !s.layout.address_words.empty()) {
-      halves += take_leftover_halves(rewritten, s.words, s.layout.address_words.front(),
-                                     *context.stored_host, *context.live_host);
-    }
-    if (node < context.unread.size() && context.unread[node].size() == rewritten.size()) {
-      for (size_t at = 0; at < rewritten.size(); ++at) {
-        if (!context.unread[node][at] || rewritten[at] == s.words[at]) continue;
-        rewritten[at] = s.words[at];
-        ++unread;
-      }
-    }
-    if (rewritten != s.words) {
-      describe_differences(node, rewritten, s.words, differences, runs);
-      differing[node].resize(rewritten.size());
-      for (size_t at = 0; at < rewritten.size(); ++at) {
-        differing[node][at] = rewritten[at] != s.words[at];
-      }
-    }
+    compare_literal_bytes(node, s, group, context, rewritten, tally, differences, differing);
   }
   if (!differences.empty()) {
-    context.differing = std::move(differing);
+    if (tally.runnable) context.differing = std::move(differing);
     return "other parameters: " + differences;
   }
-  context.unread_bytes = unread;
-  context.leftover_halves = halves;
-  context.taken_from_live = taken;
+  context.unread_bytes = tally.unread;
+  context.leftover_halves = tally.halves;
+  context.taken_from_live = tally.taken;
   context.live_blobs = live;
   context.kernels = std::move(kernels);
   context.foreign = std::move(foreign);

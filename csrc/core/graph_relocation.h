@@ -29,12 +29,12 @@
 //     live capture with the stored bytes there: the same outputs show bytes no kernel reads
 //     (struct padding, unused slots a launching function left uninitialized), which a second
 //     match then takes as they are (RestoreContext::unread).
-// A group's bytes (group_bytes): a byte that every stored shape of a group holds alike (a layout
-// word only whole) belongs to the group, not to a shape: a weight's or a workspace's address, a
-// constant, a leftover the launching code left the same. A later process takes such bytes from
-// the group's live capture for every shape it restores, and does not compare them; validation
-// compares the bytes that differ from shape to shape, which must relocate (the rule: a
-// word equal in every shape takes the live capture's value).
+// A group's bytes (group_bytes): a byte that every stored shape of a group holds alike belongs
+// to the group, not to a shape: a workspace's address, a constant, a leftover the launching code
+// left the same. A later process takes such bytes from the group's live capture for every shape
+// it restores, and does not compare them; validation compares the bytes that differ from shape
+// to shape, which must relocate. Arena and tensor words are never the group's: they relocate
+// exactly, and a weight is read where it is at each restore.
 // Which words may hold an address is the node's layout (the caller's: csrc/cuda knows where a
 // kernel's arguments are); a word of a layout that holds none of the above is a literal, and a
 // word outside every layout is a literal byte run.
@@ -42,9 +42,10 @@
 // A later process restores a group only after one of its stored shapes was captured live and its
 // blobs, written the stored way with this process's lanes, tensors and kernel names, equal the
 // stored ones word for word outside the group's bytes (lanes and offsets, tensor names and
-// offsets, kernel names and literals; the foreign words give the value map). A shape none of whose words is left
-// unresolved is then rebuilt from the stored words; one that is (a foreign value or kernel no
-// live capture showed, a tensor not there) is not restored, and captures when it is called.
+// offsets, kernel names and literals; the foreign words give the value map). A shape none of
+// whose words is left unresolved is then rebuilt from the stored words; one that is (a foreign
+// value or kernel no live capture showed, a tensor not there) is not restored, and captures when
+// it is called.
 // This file is torch-free and CUDA-free: the caller says what is an address and names kernels.
 
 #include <cstdint>

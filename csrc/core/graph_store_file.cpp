@@ -19,7 +19,7 @@ namespace {
 
 constexpr char kMagic[] = "GRAPECACHE";  // its 10 characters, no terminator
 constexpr size_t kMagicSize = sizeof(kMagic) - 1;
-constexpr uint32_t kFormatVersion = 4;
+constexpr uint32_t kFormatVersion = 5;
 // No node's parameters come near this (a kernel's arguments are at most 32 KiB): a larger
 // length read from a file is damage, refused before anything is allocated for it.
 constexpr uint64_t kMaxBlobBytes = 1 << 20;
@@ -44,6 +44,28 @@ std::vector<std::string> read_names(ByteReader& r) {
   return names;
 }
 
+bool same_layout(const StoredNode& a, const StoredNode& b) {
+  return a.layout.address_words == b.layout.address_words &&
+         a.layout.handle_words == b.layout.handle_words &&
+         a.layout.kernel_word == b.layout.kernel_word && a.kinds == b.kinds;
+}
+
+void read_layout(ByteReader& r, StoredNode& node) {
+  node.layout.address_words.resize(r.count(sizeof(uint32_t)));
+  for (uint32_t& at : node.layout.address_words) at = r.u32();
+  node.layout.handle_words.resize(r.count(sizeof(uint32_t)));
+  for (uint32_t& at : node.layout.handle_words) at = r.u32();
+  const bool has_kernel = r.u8() != 0;
+  const uint32_t kernel_word = r.u32();
+  if (has_kernel) node.layout.kernel_word = kernel_word;
+  node.kinds.resize(r.count(1));
+  for (WordKind& k : node.kinds) {
+    const uint8_t v = r.u8();
+    if (v > static_cast<uint8_t>(WordKind::kLeftover)) throw std::invalid_argument("a word kind");
+    k = static_cast<WordKind>(v);
+  }
+}
+
 void write_group(ByteWriter& w, const StoredGroup& g) {
   w.u64(g.topology);
   write_names(w, g.names.tensors);
@@ -66,16 +88,21 @@ void write_group(ByteWriter& w, const StoredGroup& g) {
     w.u64(shape.nodes.size());
     for (size_t i = 0; i < shape.nodes.size(); ++i) {
       const StoredNode& node = shape.nodes[i];
-      w.u64(node.layout.address_words.size());
-      for (uint32_t at : node.layout.address_words) w.u32(at);
-      w.u64(node.layout.handle_words.size());
-      for (uint32_t at : node.layout.handle_words) w.u32(at);
-      w.u8(node.layout.kernel_word.has_value());
-      w.u32(node.layout.kernel_word.value_or(0));
-      w.u64(node.kinds.size());
-      for (WordKind k : node.kinds) w.u8(static_cast<uint8_t>(k));
-      // The first shape's words whole, the others' as patches against them.
       const bool base = &shape == &g.shapes.front() || i >= g.shapes.front().nodes.size();
+      // A layout and kinds the first shape's node has too (most of them) are not written again.
+      const bool first_layout = !base && same_layout(node, g.shapes.front().nodes[i]);
+      w.u8(first_layout);
+      if (!first_layout) {
+        w.u64(node.layout.address_words.size());
+        for (uint32_t at : node.layout.address_words) w.u32(at);
+        w.u64(node.layout.handle_words.size());
+        for (uint32_t at : node.layout.handle_words) w.u32(at);
+        w.u8(node.layout.kernel_word.has_value());
+        w.u32(node.layout.kernel_word.value_or(0));
+        w.u64(node.kinds.size());
+        for (WordKind k : node.kinds) w.u8(static_cast<uint8_t>(k));
+      }
+      // The first shape's words whole, the others' as patches against them.
       const Blob words =
           base ? node.words : encode_patch(g.shapes.front().nodes[i].words, node.words);
       w.u8(base);
@@ -116,23 +143,17 @@ StoredGroup read_group(ByteReader& r, uint64_t& decoded) {
       throw std::invalid_argument("a shape's entry too long");
     }
     shape.entry.assign(entry, entry + entry_bytes);
-    shape.nodes.resize(r.count(4 * sizeof(uint64_t)));
+    shape.nodes.resize(r.count(2 + sizeof(uint64_t)));  // two flags and a length at least
+    const StoredShape& first = g.shapes.front();
     for (size_t i = 0; i < shape.nodes.size(); ++i) {
       StoredNode& node = shape.nodes[i];
-      node.layout.address_words.resize(r.count(sizeof(uint32_t)));
-      for (uint32_t& at : node.layout.address_words) at = r.u32();
-      node.layout.handle_words.resize(r.count(sizeof(uint32_t)));
-      for (uint32_t& at : node.layout.handle_words) at = r.u32();
-      const bool has_kernel = r.u8() != 0;
-      const uint32_t kernel_word = r.u32();
-      if (has_kernel) node.layout.kernel_word = kernel_word;
-      node.kinds.resize(r.count(1));
-      for (WordKind& k : node.kinds) {
-        const uint8_t v = r.u8();
-        if (v > static_cast<uint8_t>(WordKind::kLeftover)) {
-          throw std::invalid_argument("a word kind");
-        }
-        k = static_cast<WordKind>(v);
+      const bool first_layout = r.u8() != 0;
+      if (first_layout) {  // the first shape's node's layout and kinds
+        if (&shape == &first || i >= first.nodes.size()) throw std::invalid_argument("a layout");
+        node.layout = first.nodes[i].layout;
+        node.kinds = first.nodes[i].kinds;
+      } else {
+        read_layout(r, node);
       }
       const bool whole = r.u8() != 0;
       uint64_t size = 0;
@@ -146,12 +167,14 @@ StoredGroup read_group(ByteReader& r, uint64_t& decoded) {
       if (whole) {
         node.words.assign(words, words + size);
       } else {
-        const StoredShape& first = g.shapes.front();
         if (&shape == &first || i >= first.nodes.size()) throw std::invalid_argument("a patch");
         apply_patch(first.nodes[i].words, words, size, node.words);
       }
+      // The first shape's layout was checked with a blob of its size.
+      if (first_layout && node.words.size() == first.nodes[i].words.size()) continue;
       const size_t expected = node.layout.address_words.size() +
-                              node.layout.handle_words.size() + (has_kernel ? 1 : 0);
+                              node.layout.handle_words.size() +
+                              (node.layout.kernel_word ? 1 : 0);
       if (node.kinds.size() != expected || !valid_layout(node.layout, node.words.size())) {
         throw std::invalid_argument("a node's layout");
       }

@@ -15,7 +15,8 @@
 // over the old one, so a reader sees a whole file, old or new, and two processes may write one
 // directory at once. A file decoding to more than 1 GiB is refused: its lengths are damage.
 // Within the payload a shape's node words are patches against the group's first shape (the
-// parameter codec's), since most of a node's words are equal from shape to shape.
+// parameter codec's), since most of a node's words are equal from shape to shape, and a node
+// whose layout and word kinds are the first shape's node's says so in a byte instead.
 // This file is torch-free and CUDA-free.
 
 #include <cstdint>

@@ -71,6 +71,9 @@ struct Entry {
   // its group and index; -1: none.
   int32_t stored_group = -1;
   int32_t stored_shape = -1;
+  // Where its live capture is to validate a group: the module tensors' versions when it was
+  // found. A function that writes them in place is not run a second time (GraphCache::settle).
+  std::vector<int64_t> module_versions;
   Entry();
   ~Entry();
 };
@@ -174,8 +177,9 @@ class Runtime {
   bool restore_from_graph_cache(Entry& entry);
   // After `entry`'s live capture: validates its stored group, or drops it.
   void validate_graph_cache(Entry& entry);
-  // After the call that validated: a group left pending runs once more (GraphCache::settle).
-  void settle_graph_cache(bool replayed);
+  // After the call that validated `entry` (`replayed`: by its graph; false too where the call
+  // raised): a group left pending runs once more, or is dropped (GraphCache::settle).
+  void settle_graph_cache(const Entry& entry, bool replayed);
   // What grape.stats reports of the graph cache (None where the function has none).
   py::object graph_cache_stats() const;
 

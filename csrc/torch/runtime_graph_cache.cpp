@@ -38,6 +38,12 @@ NamedTensors named_tensors(const PythonHooks& hooks) {
   return named;
 }
 
+std::vector<int64_t> module_versions(const NamedTensors& named) {
+  std::vector<int64_t> versions;
+  for (const auto& [name, tensor] : named.tensors) versions.push_back(tensor._version());
+  return versions;
+}
+
 void warn(const std::string& message) {
   if (PyErr_WarnEx(PyExc_UserWarning, message.c_str(), 1) != 0) throw py::error_already_set();
 }
@@ -76,6 +82,13 @@ void Runtime::find_in_graph_cache(Entry& entry, const FlatCall& flat) {
   if (std::optional<GraphCache::Found> found = graph_cache_->find(flat.signature, flattener_)) {
     entry.stored_group = static_cast<int32_t>(found->group);
     entry.stored_shape = static_cast<int32_t>(found->shape);
+    if (graph_cache_->awaits_validation(*found)) {
+      try {
+        entry.module_versions = module_versions(named_tensors(hooks_));
+      } catch (const py::error_already_set&) {
+        // Unknown: validation will not run the capture twice (the versions differ).
+      }
+    }
   }
 }
 
@@ -103,13 +116,23 @@ void Runtime::validate_graph_cache(Entry& entry) {
                                 static_cast<uint32_t>(entry.stored_shape)};
   entry.stored_group = -1;
   entry.graph->gather_static_tensors();  // now, not after the first launch: they are compared
-  graph_cache_->validate(found, *entry.graph, *executables_,
-                         named_tensors(hooks_));
+  const NamedTensors named = named_tensors(hooks_);
+  // Written in place since it was found (by its warm-up or capture): a second run would write
+  // them again.
+  const bool writes_modules = module_versions(named) != entry.module_versions;
+  graph_cache_->validate(found, *entry.graph, *executables_, named, /*may_run=*/!writes_modules);
 }
 
-void Runtime::settle_graph_cache(bool replayed) {
+void Runtime::settle_graph_cache(const Entry& entry, bool replayed) {
   if (!graph_cache_ || !graph_cache_->pending()) return;
-  graph_cache_->settle(replayed, *executables_, named_tensors(hooks_));
+  std::optional<NamedTensors> named;
+  try {
+    named = named_tensors(hooks_);
+  } catch (const py::error_already_set&) {
+    replayed = false;  // the call's own result stands; the group is dropped untested
+  }
+  graph_cache_->settle(entry.graph.get(), replayed, *executables_,
+                       named ? *named : NamedTensors{});
 }
 
 std::string Runtime::save_graph_cache() {

@@ -139,8 +139,14 @@ py::object Runtime::call_with_graphs(const py::args& args, const py::kwargs& kwa
   if (auto eager = capture_entry(entry, flat, args, kwargs)) return *eager;
   validate_graph_cache(entry);
   const int64_t replays = stats_.replays;
-  py::object result = replay_or_run_eagerly(entry, *entry.graph, flat, args, kwargs);
-  settle_graph_cache(stats_.replays > replays);
+  py::object result;
+  try {
+    result = replay_or_run_eagerly(entry, *entry.graph, flat, args, kwargs);
+  } catch (...) {
+    settle_graph_cache(entry, /*replayed=*/false);  // a pending group is dropped, untested
+    throw;
+  }
+  settle_graph_cache(entry, stats_.replays > replays);
   return result;
 }
 

@@ -29,7 +29,7 @@ void Runtime::open_graph_cache() {}
 void Runtime::find_in_graph_cache(Entry&, const FlatCall&) {}
 bool Runtime::restore_from_graph_cache(Entry&) { return false; }
 void Runtime::validate_graph_cache(Entry&) {}
-void Runtime::settle_graph_cache(bool) {}
+void Runtime::settle_graph_cache(const Entry&, bool) {}
 std::string Runtime::save_graph_cache() { return ""; }
 py::object Runtime::graph_cache_stats() const { return py::none(); }
 

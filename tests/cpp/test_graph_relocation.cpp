@@ -440,9 +440,13 @@ TEST(GraphRelocation, BytesEveryStoredShapeHoldsAlikeAreTheGroupsAndComeFromTheL
   EXPECT_EQ(group[1][49], 1);
   EXPECT_EQ(group[0][50], 0);
   EXPECT_EQ(group[0][0], 0) << "a kernel is always matched by name";
-  EXPECT_EQ(group[0][8], 1) << "the weight's word is the same in both";
+  EXPECT_EQ(group[1][24], 1) << "the workspace's word is the same in both";
+  EXPECT_EQ(group[0][8], 0) << "a weight's word relocates, read where the weight is";
+  EXPECT_EQ(group[0][24], 0) << "so does an arena word, the same in both";
   EXPECT_EQ(group[0][16], 0) << "the arena buffer's place depends on the shape";
   EXPECT_EQ(group[1][32], 0) << "the grid depends on the shape";
+  EXPECT_EQ(group[1][33], 0) << "a field is the group's whole or not at all";
+  EXPECT_EQ(group[0][48], 0) << "byte 50 varies, and so its 8-byte unit is the shape's";
   EXPECT_EQ(grape::core::group_bytes({&a}), std::vector<Blob>(2)) << "one shape: no group bytes";
 
   const auto live = with_bytes(shape_blobs(kLater, 3), 0x99, 0x21);
@@ -453,9 +457,25 @@ TEST(GraphRelocation, BytesEveryStoredShapeHoldsAlikeAreTheGroupsAndComeFromTheL
   later.group_bytes = group;
   ASSERT_EQ(match_live_shape(a, names, live, later), "");
   EXPECT_EQ(later.taken_from_live, 1u);
+  EXPECT_EQ(later.foreign.at(kStoring.workspace), kLater.workspace) << "learned all the same";
   const auto relocated = relocate_shape(b, names, later);
   ASSERT_EQ(relocated.why_not, "");
   EXPECT_EQ(relocated.blobs, with_bytes(shape_blobs(kLater, 7), 0x99, 0x22));
+  // A weight that moved after validation is read where it is now.
+  RestoreContext moved = later;
+  moved.tensors["w"] = {kLater.weight + 8192, kLater.weight + 8192 + 4096};
+  const auto after_move = relocate_shape(b, names, moved);
+  ASSERT_EQ(after_move.why_not, "");
+  uint64_t weight_word = 0;
+  std::memcpy(&weight_word, after_move.blobs[0].data() + 8, sizeof weight_word);
+  EXPECT_EQ(weight_word, kLater.weight + 8192 + 256);
+
+  // An arena word the same in every shape is still matched: another offset is a drop.
+  auto elsewhere = live;
+  put(elsewhere[0], 24, kLater.lane1 + 128);
+  RestoreContext other_arena = kLater.restore_context();
+  other_arena.group_bytes = group;
+  EXPECT_NE(match_live_shape(a, names, elsewhere, other_arena), "");
 
   // A shape's byte that differs is a difference, group bytes or not.
   RestoreContext again = kLater.restore_context();
@@ -487,6 +507,22 @@ TEST(GraphRelocation, AMatchThatFailsOnLiteralBytesOnlySaysWhichAndTakesThemOnce
   ASSERT_EQ(match_live_shape(a, names, live, later), "");
   EXPECT_EQ(later.unread_bytes, 1u);
   EXPECT_TRUE(later.differing.empty());
+
+  // A stored word that is an address in this process is not run: a kernel could read through it.
+  StoreContext blind = kStoring.store_context();
+  blind.is_device_address = [](uint64_t v) {
+    return v != 0x5000'1000 && kStoring.is_device_address(v);
+  };
+  auto with_address = shape_blobs(kStoring, 3);
+  put(with_address[1], 16, 0x5000'1000);
+  StoredNames blind_names;
+  const auto stored_address = store_shape(with_address, kLayouts, blind, blind_names);
+  ASSERT_EQ(stored_address.why_not, "");
+  RestoreContext not_run = kLater.restore_context();
+  EXPECT_NE(match_live_shape(stored_address.nodes, blind_names, shape_blobs(kLater, 3), not_run)
+                .find("node 1 bytes 16-"),
+            std::string::npos);
+  EXPECT_TRUE(not_run.differing.empty());
 
   // An address of another kind is no literal byte: nothing to run.
   auto moved = shape_blobs(kLater, 3);

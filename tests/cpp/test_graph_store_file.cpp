@@ -55,6 +55,10 @@ std::vector<StoredGroup> groups() {
     a.shapes.push_back({signature, {node(4096, 8, true), node(4096 * n, n, true)},
                         {static_cast<uint8_t>(n), 0xEE}});
   }
+  // A shape whose second node's word is of another kind than the first shape's: its layout and
+  // kinds are written whole, the others' by a byte.
+  a.shapes.push_back(a.shapes.back());
+  a.shapes.back().nodes[1].kinds[0] = WordKind::kLiteral;
   StoredGroup b;
   b.topology = 0x99;
   StoredNode absent = node(0, 0, false);

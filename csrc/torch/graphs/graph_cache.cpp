@@ -134,13 +134,18 @@ bool GraphCache::validated(const Found& found) const {
   return restores_.at(found.group).state == GroupState::kValidated;
 }
 
+bool GraphCache::awaits_validation(const Found& found) const {
+  return restores_.at(found.group).state == GroupState::kUnseen;
+}
+
 void GraphCache::drop(GroupRestore& group, uint32_t index, std::string why) {
   group.state = GroupState::kDropped;
   figures_.dropped_groups.push_back("group " + std::to_string(index) + ": " + why);
 }
 
 void GraphCache::validate(const Found& found, const CapturedGraph& graph,
-                          cuda::SharedExecutables& executables, const NamedTensors& named) {
+                          cuda::SharedExecutables& executables, const NamedTensors& named,
+                          bool may_run) {
   GroupRestore& group = restores_.at(found.group);
   if (group.state != GroupState::kUnseen) return;
   const auto start = core::Clock::now();
@@ -153,7 +158,7 @@ void GraphCache::validate(const Found& found, const CapturedGraph& graph,
   }
   // A run can tell bytes no kernel reads, once, where the graph does not write its inputs (a
   // second run would write them again).
-  bool run_twice = !group.context.differing.empty() && group.context.unread.empty() &&
+  bool run_twice = may_run && !group.context.differing.empty() && group.context.unread.empty() &&
                    graph.graph != nullptr && !pending_;
   for (const auto& p : graph.placeholders) run_twice = run_twice && !p.mutated;
   std::optional<cuda::SharedExecutables::MemberParams> live;
@@ -180,16 +185,16 @@ void GraphCache::validate(const Found& found, const CapturedGraph& graph,
   figures_.restore_ns += core::elapsed_ns(start);
 }
 
-void GraphCache::settle(bool replayed, cuda::SharedExecutables& executables,
-                        const NamedTensors& named) {
+void GraphCache::settle(const CapturedGraph* current, bool replayed,
+                        cuda::SharedExecutables& executables, const NamedTensors& named) {
   if (!pending_) return;
   Pending pending = std::move(*pending_);
   pending_.reset();
   GroupRestore& group = restores_.at(pending.found.group);
   std::string why = pending.why;
   bool same = false;
-  if (!replayed) {
-    why += "(untested: its call did not replay)";
+  if (!replayed || current != pending.graph) {
+    why += "(untested: its call did not replay the live capture)";
   } else {
     const auto start = core::Clock::now();
     std::string failed;
@@ -207,42 +212,30 @@ void GraphCache::settle(bool replayed, cuda::SharedExecutables& executables,
   }
   group.context.unread = std::move(group.context.differing);
   group.state = GroupState::kUnseen;
-  validate(pending.found, *pending.graph, executables, named);  // now matches, or drops
+  validate(pending.found, *pending.graph, executables, named, /*may_run=*/false);  // matches now
 }
 
 bool GraphCache::same_outputs(const CapturedGraph& graph, cuda::SharedExecutables& executables,
                               const std::vector<core::Blob>& variant, std::string& why) {
-  // What the run may change and the call's replay left: the outputs in the pool, and static
-  // tensors that are not parameters (a buffer the graph updates in place would be updated twice).
-  constexpr size_t kMostKeptBytes = size_t{256} << 20;
+  // What the run may change that the call's replay left: its outputs in the pool. It writes no
+  // input (validate runs none that does) and no module tensor (none whose version moved), and
+  // the arena's other bytes are the next replay's to write.
   const c10::Device device(c10::DeviceType::CUDA, graph.pool->device());
-  auto bytes_at = [&](void* ptr, size_t bytes) {
-    return at::from_blob(ptr, {static_cast<int64_t>(bytes)},
-                         at::TensorOptions().dtype(at::kByte).device(device));
-  };
   std::vector<std::pair<at::Tensor, at::Tensor>> kept;  // memory, and a copy of it
-  size_t kept_bytes = 0;
-  auto keep = [&](void* ptr, size_t bytes) {
-    if (ptr == nullptr || bytes == 0) return;
-    at::Tensor memory = bytes_at(ptr, bytes);
-    kept.emplace_back(memory, memory.clone());
-    kept_bytes += bytes;
-  };
   const c10::cuda::CUDAGuard device_guard(device);
-  const cudaStream_t stream = at::cuda::getCurrentCUDAStream(device.index()).stream();
   for (const auto& storage : graph.output_storages) {
-    if (storage.source == CapturedGraph::OutputStorage::Source::kPool) {
-      keep(storage.ptr, storage.bytes);
+    if (storage.source != CapturedGraph::OutputStorage::Source::kPool || storage.bytes == 0) {
+      continue;
     }
+    at::Tensor memory = at::from_blob(storage.ptr, {static_cast<int64_t>(storage.bytes)},
+                                      at::TensorOptions().dtype(at::kByte).device(device));
+    kept.emplace_back(memory, memory.clone());
   }
-  for (const auto& [tensor, ptr] : graph.static_tensors) {
-    if (tensor.requires_grad() || !tensor.is_cuda()) continue;
-    if (kept_bytes + tensor.storage().nbytes() > kMostKeptBytes) {
-      why = "untested: static tensors too large to keep a copy of";
-      return false;
-    }
-    keep(tensor.storage().mutable_data(), tensor.storage().nbytes());
+  if (kept.empty()) {
+    why = "untested: no output in the pool to compare";
+    return false;
   }
+  const cudaStream_t stream = at::cuda::getCurrentCUDAStream(device.index()).stream();
   const cuda::SharedExecutables::Member member =
       executables.add_shape(graph.member, variant, stream);
   bool same = true;

@@ -61,14 +61,20 @@ class GraphCache {
   std::optional<Found> find(const core::Signature& signature, const Flattener& flattener);
   // Whether `found`'s group was validated by a live capture, and can restore its shapes.
   bool validated(const Found& found) const;
+  // Whether `found`'s group has had no live capture yet: a capture of it will validate or drop it.
+  bool awaits_validation(const Found& found) const;
   // After a live capture of `found` (`graph`, in `executables`): validates its group, or drops
-  // it with the reason.
+  // it with the reason, or (`may_run`: the function wrote no module tensor in place) leaves it
+  // pending a run (settle).
   void validate(const Found& found, const CapturedGraph& graph,
-                cuda::SharedExecutables& executables, const NamedTensors& named);
+                cuda::SharedExecutables& executables, const NamedTensors& named,
+                bool may_run);
   // After the call that validate() left pending (a match that failed on literal bytes only;
-  // `replayed`: whether it replayed the live capture): runs the live capture with the stored
-  // bytes, and validates the group where the outputs are the same, else drops it.
-  void settle(bool replayed, cuda::SharedExecutables& executables, const NamedTensors& named);
+  // `replayed`: whether it replayed the live capture, which must still be its signature's graph,
+  // `current`): runs the live capture with the stored bytes, and validates the group where the
+  // outputs are the same, else drops it.
+  void settle(const CapturedGraph* current, bool replayed, cuda::SharedExecutables& executables,
+              const NamedTensors& named);
   bool pending() const { return pending_.has_value(); }
   // `found`'s shape, relocated into this process (its group validated): a graph that replays
   // without a capture, or null where it cannot be restored (counted by the reason).
