@@ -4,12 +4,18 @@
 #include <c10/util/Exception.h>
 #include <torch/csrc/autograd/python_variable.h>
 
+#include <atomic>
 #include <unordered_map>
 #include <unordered_set>
 
 #include "torch/python/module_tensors.h"
 
 namespace grape {
+
+uint64_t CapturedGraph::next_id() {
+  static std::atomic<uint64_t> last{0};
+  return ++last;
+}
 
 CapturedGraph::~CapturedGraph() {
   try {

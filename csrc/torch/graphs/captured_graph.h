@@ -53,10 +53,13 @@ struct CapturedGraph {
   };
 
   CapturedGraph() = default;
+  static uint64_t next_id();
   ~CapturedGraph();
   CapturedGraph(const CapturedGraph&) = delete;
   CapturedGraph& operator=(const CapturedGraph&) = delete;
 
+  // This process's number for it, never reused (an address is, once a graph is freed).
+  const uint64_t id = next_id();
   std::shared_ptr<GraphPool> pool;  // outlives the graph
   std::unique_ptr<ReplayGraph> graph;  // null for a shape restored from the graph cache
   size_t nodes = 0;  // of the captured graph (core::CaptureCost)

@@ -171,7 +171,7 @@ void GraphCache::validate(const Found& found, const CapturedGraph& graph,
     figures_.leftover_halves += static_cast<int64_t>(group.context.leftover_halves);
     figures_.taken_from_live += static_cast<int64_t>(group.context.taken_from_live);
     figures_.unread_bytes += static_cast<int64_t>(group.context.unread_bytes);
-    from_file_.insert(&graph);
+    from_file_.insert(graph.id);
   } else if (live) {
     group.state = GroupState::kPending;
     pending_ = Pending{found, &graph,
@@ -356,7 +356,7 @@ std::unique_ptr<CapturedGraph> GraphCache::restore(
     return nullptr;
   }
   ++figures_.restored_shapes;
-  from_file_.insert(graph.get());
+  from_file_.insert(graph->id);
   return graph;
 }
 
@@ -366,7 +366,7 @@ std::string GraphCache::save(const std::vector<ShapeToStore>& shapes, const std:
   // Nothing captured since the last write (or the read): nothing to store, at no cost (a save at
   // exit follows the one as the function went away).
   if (std::all_of(shapes.begin(), shapes.end(), [this](const ShapeToStore& item) {
-        return from_file_.count(item.graph) != 0 || written_.count(item.graph) != 0;
+        return from_file_.count(item.graph->id) != 0 || written_.count(item.graph->id) != 0;
       })) {
     return "";
   }
@@ -397,7 +397,7 @@ std::string GraphCache::save(const std::vector<ShapeToStore>& shapes, const std:
   int64_t stored = 0;
   bool anything_new = false;
   for (const ShapeToStore& item : shapes) {
-    if (from_file_.count(item.graph) != 0) continue;  // its group is carried over as read
+    if (from_file_.count(item.graph->id) != 0) continue;  // its group is carried over as read
     const std::optional<cuda::SharedExecutables::MemberParams> params =
         executables.params_of(item.graph->member);
     if (!params) {
@@ -422,7 +422,7 @@ std::string GraphCache::save(const std::vector<ShapeToStore>& shapes, const std:
     group.shapes.push_back({stored_signature(*item.signature, flattener), std::move(result.nodes),
                             core::encode_entry(*entry)});
     ++stored;
-    anything_new = anything_new || written_.count(item.graph) == 0;
+    anything_new = anything_new || written_.count(item.graph->id) == 0;
   }
   figures_.unstored = std::move(unstored);
   std::string error;
@@ -443,7 +443,7 @@ std::string GraphCache::save(const std::vector<ShapeToStore>& shapes, const std:
     if (error.empty()) {
       figures_.saved_shapes = stored;
       ++figures_.writes;
-      for (const ShapeToStore& item : shapes) written_.insert(item.graph);
+      for (const ShapeToStore& item : shapes) written_.insert(item.graph->id);
     }
   }
   figures_.store_ns += core::elapsed_ns(start);

@@ -156,8 +156,8 @@ class GraphCache {
   std::string key_;  // the file's, where it was read
   // Graphs of the file's groups (restored, or the live captures that validated one), which a
   // write carries over as they were read, and graphs this process wrote.
-  std::unordered_set<const CapturedGraph*> from_file_;
-  std::unordered_set<const CapturedGraph*> written_;
+  std::unordered_set<uint64_t> from_file_;  // by CapturedGraph::id
+  std::unordered_set<uint64_t> written_;
   Figures figures_;
 };
 
