@@ -166,3 +166,30 @@ def test_a_number_the_key_does_not_see_that_a_kernel_reads_is_a_drop(tmp_path):
     assert "a run with the stored bytes gave other outputs" in cache["dropped_groups"][0], cache
     assert other["stats"]["captures"] == 3
     assert other["error"] < 1e-5
+
+
+def test_a_later_process_generates_eagers_tokens_from_restored_shapes(tmp_path):
+    # Hugging Face GPT-2 (tiny, random weights): each new length of generate is a shape; a later
+    # process captures one shape per group live and restores the others.
+    pytest.importorskip("transformers")
+    worker = os.path.join(os.path.dirname(__file__), "graph_cache_generate_worker.py")
+
+    def generate():
+        done = subprocess.run([sys.executable, worker, str(tmp_path)], capture_output=True,
+                              text=True, timeout=300)
+        return report(done.returncode, done.stdout, done.stderr)
+
+    first = generate()
+    assert first["equal"] == [True, True]
+    filled = first["stats"]["graph_cache"]
+    assert filled["saved_shapes"] > 2, filled
+
+    later = generate()
+    assert later["equal"] == [True, True]
+    cache = later["stats"]["graph_cache"]
+    assert cache["status"] == "read" and cache["dropped_groups"] == [], cache
+    assert cache["validated_groups"] == cache["stored_groups"], cache
+    assert cache["restored_shapes"] > 0, cache
+    # Every shape restored or captured once: fewer captures than the filling process made.
+    assert later["stats"]["captures"] + cache["restored_shapes"] >= first["stats"]["captures"]
+    assert later["stats"]["captures"] < first["stats"]["captures"]

@@ -1,0 +1,48 @@
+"""One process of the generate test of the graph cache (tests/python/test_graph_cache_gpu.py):
+Hugging Face GPT-2 of a tiny config (random weights, seeded), compiled with a cache directory,
+generates greedily from one prompt; eager generates from the same weights. Prints one JSON line:
+whether the tokens are equal, the compiled model's stats, and what saving did.
+
+    python graph_cache_generate_worker.py CACHE_DIR [--new-tokens N]
+"""
+
+import argparse
+import copy
+import json
+import sys
+
+import torch
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("cache_dir")
+    parser.add_argument("--new-tokens", type=int, default=12)
+    args = parser.parse_args()
+    import transformers
+
+    import grape
+
+    torch.manual_seed(0)
+    config = transformers.GPT2Config(n_layer=2, n_head=2, n_embd=64, vocab_size=512,
+                                     n_positions=128, bos_token_id=0, eos_token_id=1,
+                                     pad_token_id=1)
+    eager = transformers.GPT2LMHeadModel(config).cuda().eval()
+    # Shapes whose inputs alias prediction reads in place are not stored, nor graphs of
+    # attention that builds a plan per shape: both off.
+    model = grape.compile(copy.deepcopy(eager), cache_dir=args.cache_dir, alias_prediction=False,
+                          plan_free_attention=True)
+    ids = torch.randint(2, 512, (1, 5), generator=torch.Generator().manual_seed(1)).cuda()
+    kwargs = dict(attention_mask=torch.ones_like(ids), max_new_tokens=args.new_tokens,
+                  min_new_tokens=args.new_tokens, do_sample=False)
+    with torch.no_grad():
+        want = eager.generate(ids, **kwargs)
+        equal = [torch.equal(model.generate(ids, **kwargs), want) for _ in range(2)]
+    saved = grape.save_graph_cache(model)
+    print(json.dumps({"equal": equal, "stats": dict(grape.stats(model)), "saved": saved},
+                     default=str))
+    sys.stdout.flush()
+
+
+if __name__ == "__main__":
+    main()
