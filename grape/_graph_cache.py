@@ -55,6 +55,7 @@ class CacheFile:
         self.options = options
         self.where = f"{_source_file(fn) or repr(type(fn))}\n{qualname}"
         self.safe_name = re.sub(r"[^A-Za-z0-9_.-]", "_", qualname)[:80]
+        self.opened = False  # whether describe() has made or found the directory
 
     @property
     def path(self) -> str:
@@ -81,13 +82,17 @@ class CacheFile:
 
     def describe(self) -> Optional[tuple[str, str]]:
         """What the runtime asks for: (path, key); None where the directory cannot be made (with
-        a warning: the function then runs without a cache)."""
+        a warning: the function then runs without a cache), and where it was removed since it was
+        made or found (its owner is done with it: nothing is written, at exit neither)."""
+        if self.opened and not os.path.isdir(self.directory):
+            return None
         try:
             os.makedirs(self.directory, exist_ok=True)
         except OSError as e:
             warnings.warn(f"grape: the graph cache directory {self.directory} cannot be made "
                           f"({e}); graphs are not cached", stacklevel=3)
             return None
+        self.opened = True
         return self.path, self.key()
 
 

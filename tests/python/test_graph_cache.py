@@ -112,3 +112,16 @@ def test_each_rank_has_a_file_of_its_own(tmp_path, monkeypatch):
     assert cache_file.path != alone
     monkeypatch.setattr(torch.distributed, "get_rank", lambda: 0)
     assert cache_file.path == alone
+
+
+def test_a_directory_removed_after_it_was_made_is_not_made_again(tmp_path):
+    def step(x):
+        return x + 1
+
+    directory = tmp_path / "cache"
+    cache_file = _graph_cache.CacheFile(step, str(directory), "step", {})
+    path, _ = cache_file.describe()
+    assert directory.is_dir() and path.startswith(str(directory))
+    directory.rmdir()  # a test's directory, say, gone before the process exits
+    assert cache_file.describe() is None
+    assert not directory.exists()
