@@ -144,7 +144,7 @@ class GraphCache {
   // A group whose live capture differs in literal bytes only, until settle().
   struct Pending {
     Found found;
-    const CapturedGraph* graph = nullptr;
+    uint64_t graph = 0;  // the live capture's CapturedGraph::id
     std::vector<core::Blob> variant;  // the live capture's blobs with the stored bytes
     std::string why;                  // the match's reason, kept for a drop
   };
