@@ -190,6 +190,5 @@ def test_a_later_process_generates_eagers_tokens_from_restored_shapes(tmp_path):
     assert cache["status"] == "read" and cache["dropped_groups"] == [], cache
     assert cache["validated_groups"] == cache["stored_groups"], cache
     assert cache["restored_shapes"] > 0, cache
-    # Every shape restored or captured once: fewer captures than the filling process made.
-    assert later["stats"]["captures"] + cache["restored_shapes"] >= first["stats"]["captures"]
+    # Restored shapes are not captured: fewer captures than the filling process made.
     assert later["stats"]["captures"] < first["stats"]["captures"]
