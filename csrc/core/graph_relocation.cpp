@@ -135,13 +135,31 @@ uint32_t StoredNames::intern_kernel(const std::string& name) { return intern(ker
 
 bool valid_layout(const NodeLayout& layout, size_t blob_bytes) {
   if (blob_bytes == 0) return true;
-  std::vector<uint32_t> words = layout_words(layout);
-  std::sort(words.begin(), words.end());
-  for (size_t i = 0; i < words.size(); ++i) {
-    if (size_t{words[i]} + sizeof(uint64_t) > blob_bytes) return false;
-    if (i > 0 && words[i] - words[i - 1] < sizeof(uint64_t)) return false;
+  // Without a sorted copy: it is checked for every node of every shape read or restored.
+  const std::vector<uint32_t>& address = layout.address_words;
+  auto fits = [&](uint32_t at) { return size_t{at} + sizeof(uint64_t) <= blob_bytes; };
+  auto apart = [](uint32_t a, uint32_t b) {
+    return (a > b ? a - b : b - a) >= sizeof(uint64_t);
+  };
+  for (size_t i = 0; i < address.size(); ++i) {
+    if (!fits(address[i]) || (i > 0 && (address[i] <= address[i - 1] ||
+                                        !apart(address[i], address[i - 1])))) {
+      return false;
+    }
   }
-  return std::is_sorted(layout.address_words.begin(), layout.address_words.end());
+  std::vector<uint32_t> others = layout.handle_words;  // a few, apart from all the rest
+  if (layout.kernel_word) others.push_back(*layout.kernel_word);
+  for (size_t i = 0; i < others.size(); ++i) {
+    const uint32_t at = others[i];
+    if (!fits(at)) return false;
+    const auto next = std::lower_bound(address.begin(), address.end(), at);
+    if (next != address.end() && !apart(*next, at)) return false;
+    if (next != address.begin() && !apart(*(next - 1), at)) return false;
+    for (size_t j = 0; j < i; ++j) {
+      if (!apart(others[j], at)) return false;
+    }
+  }
+  return true;
 }
 
 namespace {

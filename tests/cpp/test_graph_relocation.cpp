@@ -292,6 +292,14 @@ TEST(GraphRelocation, LayoutsWhoseWordsOverlapOrOverrunAreRefused) {
   }
   EXPECT_TRUE(grape::core::valid_layout(kLayout, 52));
   EXPECT_TRUE(grape::core::valid_layout(overrunning, 0)) << "an absent node has no words";
+  const NodeLayout descending{{16, 8}, {}, 0}, handle_on_the_kernel{{8}, {4}, 0},
+      two_handles_in_one{{8}, {24, 28}, 0}, handle_past_the_end{{8}, {48}, 0};
+  for (const NodeLayout& bad :
+       {overlapping, overrunning, on_the_kernel, handle_on_an_address, descending,
+        handle_on_the_kernel, two_handles_in_one, handle_past_the_end}) {
+    EXPECT_FALSE(grape::core::valid_layout(bad, 52));
+  }
+  EXPECT_TRUE(grape::core::valid_layout(NodeLayout{{8, 16}, {32, 40}, 0}, 52));
   // A stored node whose layout was damaged after storing is refused, not half relocated.
   auto a = store(shape_blobs(kStoring, 3), names);
   RestoreContext later = kLater.restore_context();
