@@ -144,8 +144,8 @@ struct RestoreContext {
   const HostAddresses* live_host = nullptr;
   size_t leftover_halves = 0;
   // Per node, the group's bytes (group_bytes; none where empty), and the live capture's blobs,
-  // whose bytes there every restored shape takes (set by match_live_shape, with how many of
-  // them differed from the stored shape's).
+  // whose bytes there every restored shape takes (set by match_live_shape, which may be given
+  // them as its `live`; with how many of them differed from the stored shape's).
   std::vector<Blob> group_bytes;
   std::vector<Blob> live_blobs;
   size_t taken_from_live = 0;

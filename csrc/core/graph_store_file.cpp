@@ -50,6 +50,17 @@ bool same_layout(const StoredNode& a, const StoredNode& b) {
          a.layout.kernel_word == b.layout.kernel_word && a.kinds == b.kinds;
 }
 
+void write_layout(ByteWriter& w, const StoredNode& node) {
+  w.u64(node.layout.address_words.size());
+  for (uint32_t at : node.layout.address_words) w.u32(at);
+  w.u64(node.layout.handle_words.size());
+  for (uint32_t at : node.layout.handle_words) w.u32(at);
+  w.u8(node.layout.kernel_word.has_value());
+  w.u32(node.layout.kernel_word.value_or(0));
+  w.u64(node.kinds.size());
+  for (WordKind k : node.kinds) w.u8(static_cast<uint8_t>(k));
+}
+
 void read_layout(ByteReader& r, StoredNode& node) {
   node.layout.address_words.resize(r.count(sizeof(uint32_t)));
   for (uint32_t& at : node.layout.address_words) at = r.u32();
@@ -92,16 +103,7 @@ void write_group(ByteWriter& w, const StoredGroup& g) {
       // A layout and kinds the first shape's node has too (most of them) are not written again.
       const bool first_layout = !base && same_layout(node, g.shapes.front().nodes[i]);
       w.u8(first_layout);
-      if (!first_layout) {
-        w.u64(node.layout.address_words.size());
-        for (uint32_t at : node.layout.address_words) w.u32(at);
-        w.u64(node.layout.handle_words.size());
-        for (uint32_t at : node.layout.handle_words) w.u32(at);
-        w.u8(node.layout.kernel_word.has_value());
-        w.u32(node.layout.kernel_word.value_or(0));
-        w.u64(node.kinds.size());
-        for (WordKind k : node.kinds) w.u8(static_cast<uint8_t>(k));
-      }
+      if (!first_layout) write_layout(w, node);
       // The first shape's words whole, the others' as patches against them.
       const Blob words =
           base ? node.words : encode_patch(g.shapes.front().nodes[i].words, node.words);

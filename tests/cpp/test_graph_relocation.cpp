@@ -65,6 +65,11 @@ const Process kLater{0x7a00'0000'0000, 0x7b00'0000'0000, 0x5400'0000, 0x6600'000
 const NodeLayout kLayout{{8, 16, 24}, {40}, 0};
 
 void put(Blob& b, size_t at, uint64_t v) { std::memcpy(b.data() + at, &v, sizeof(v)); }
+uint64_t word_at(const Blob& b, size_t at) {
+  uint64_t v = 0;
+  std::memcpy(&v, b.data() + at, sizeof(v));
+  return v;
+}
 
 Blob kernel_blob(uint64_t kernel, uint64_t a, uint64_t b, uint64_t c, uint32_t grid,
                  uint64_t context = 0) {
@@ -329,9 +334,7 @@ TEST(GraphRelocation, ALeftoverIsKeptAndNeverCompared) {
   ASSERT_EQ(match_live_shape(result.nodes, names, live, later), "");
   const auto relocated = relocate_shape(result.nodes, names, later);
   ASSERT_EQ(relocated.why_not, "");
-  uint64_t kept = 0;
-  std::memcpy(&kept, relocated.blobs[1].data() + 16, sizeof kept);
-  EXPECT_EQ(kept, heap) << "the stored value stays: no kernel reads it";
+  EXPECT_EQ(word_at(relocated.blobs[1], 16), heap) << "the stored value stays: no kernel reads it";
   // A word the lanes, tensors or driver name is never a leftover, whatever the caller says.
   StoreContext everything = context;
   everything.is_leftover = [](uint64_t) { return true; };
@@ -368,9 +371,7 @@ TEST(GraphRelocation, ALeftoverInALaneIsOneAndTheRestOfTheLaneIsArena) {
   ASSERT_EQ(match_live_shape(result.nodes, names, live, later), "");
   const auto relocated = relocate_shape(result.nodes, names, later);
   ASSERT_EQ(relocated.why_not, "");
-  uint64_t kept = 0;
-  std::memcpy(&kept, relocated.blobs[0].data() + 24, sizeof kept);
-  EXPECT_EQ(kept, kStoring.lane1 + mapped + 0x40) << "kept, not moved with the lane";
+  EXPECT_EQ(word_at(relocated.blobs[0], 24), kStoring.lane1 + mapped + 0x40) << "kept, not moved with the lane";
 }
 
 TEST(GraphRelocation, AKernelNoLiveCaptureRanIsLookedUpByName) {
@@ -474,9 +475,7 @@ TEST(GraphRelocation, BytesEveryStoredShapeHoldsAlikeAreTheGroupsAndComeFromTheL
   moved.tensors["w"] = {kLater.weight + 8192, kLater.weight + 8192 + 4096};
   const auto after_move = relocate_shape(b, names, moved);
   ASSERT_EQ(after_move.why_not, "");
-  uint64_t weight_word = 0;
-  std::memcpy(&weight_word, after_move.blobs[0].data() + 8, sizeof weight_word);
-  EXPECT_EQ(weight_word, kLater.weight + 8192 + 256);
+  EXPECT_EQ(word_at(after_move.blobs[0], 8), kLater.weight + 8192 + 256);
 
   // An arena word the same in every shape is still matched: another offset is a drop.
   auto elsewhere = live;

@@ -161,8 +161,6 @@ void GraphCache::validate(const Found& found, const CapturedGraph& graph,
   bool run_twice = may_run && !group.context.differing.empty() && group.context.unread.empty() &&
                    graph.graph != nullptr && !pending_;
   for (const auto& p : graph.placeholders) run_twice = run_twice && !p.mutated;
-  std::optional<cuda::SharedExecutables::MemberParams> live;
-  if (!why.empty() && run_twice) live = executables.params_of(graph.member);
   if (why.empty()) {
     group.state = GroupState::kValidated;
     group.live = graph.member;
@@ -172,10 +170,11 @@ void GraphCache::validate(const Found& found, const CapturedGraph& graph,
     figures_.taken_from_live += static_cast<int64_t>(group.context.taken_from_live);
     figures_.unread_bytes += static_cast<int64_t>(group.context.unread_bytes);
     from_file_.insert(graph.id);
-  } else if (live) {
+  } else if (run_twice) {
     group.state = GroupState::kPending;
+    // The live blobs the match read (RestoreContext::live_blobs), with the stored bytes.
     pending_ = Pending{found, graph.id,
-                       core::with_stored_bytes(std::move(live->blobs),
+                       core::with_stored_bytes(group.context.live_blobs,
                                                groups_[found.group].shapes[found.shape].nodes,
                                                group.context.differing),
                        why};
@@ -298,8 +297,9 @@ std::string GraphCache::match(const Found& found, const CapturedGraph& graph,
       }
       return found;
     };
-    why = core::match_live_shape(stored.shapes[found.shape].nodes, stored.names, live->blobs,
-                                 context);
+    context.live_blobs = std::move(live->blobs);  // kept: a pending group's run starts from them
+    why = core::match_live_shape(stored.shapes[found.shape].nodes, stored.names,
+                                 context.live_blobs, context);
   }
   return why;
 }
