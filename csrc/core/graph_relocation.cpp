@@ -1,8 +1,12 @@
 #include "core/graph_relocation.h"
 
+#include <cxxabi.h>
+
 #include <algorithm>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
+#include <memory>
 #include <unordered_set>
 
 namespace grape::core {
@@ -135,6 +139,7 @@ uint32_t StoredNames::intern_kernel(const std::string& name) { return intern(ker
 
 bool valid_layout(const NodeLayout& layout, size_t blob_bytes) {
   if (blob_bytes == 0) return true;
+  if (layout.arguments_begin > blob_bytes) return false;
   // Without a sorted copy: it is checked for every node of every shape read or restored.
   const std::vector<uint32_t>& address = layout.address_words;
   auto fits = [&](uint32_t at) { return size_t{at} + sizeof(uint64_t) <= blob_bytes; };
@@ -192,10 +197,37 @@ const Blob* group_bytes_of(const RestoreContext& context, size_t node, size_t by
   return &context.group_bytes[node];
 }
 
-// Appends node `node`'s runs of bytes where `live` and `stored` differ to `out`, each with the
-// 8-byte word it starts in, live and stored; `runs` counts them over all nodes, a few at most.
-void describe_differences(size_t node, const Blob& live, const Blob& stored, std::string& out,
-                          size_t& runs) {
+// A stored kernel name (the driver's, then its parameters' sizes) short enough for a message: a
+// mangled name's function, without its template arguments and parameters; another name (a
+// generated kernel's) cut short.
+std::string short_kernel_name(const std::string& stored) {
+  const std::string name = stored.substr(0, stored.find('('));
+  int status = 0;
+  const std::unique_ptr<char, void (*)(void*)> demangled(
+      abi::__cxa_demangle(name.c_str(), nullptr, nullptr, &status), std::free);
+  std::string shown = status == 0 && demangled ? demangled.get() : name;
+  if (shown.rfind("void ", 0) == 0) shown.erase(0, 5);
+  shown = shown.substr(0, shown.find_first_of("<("));
+  constexpr size_t kMostChars = 60;
+  return shown.size() > kMostChars ? shown.substr(0, kMostChars) + "..." : shown;
+}
+
+// "node 5", with its kernel's short name where it is a kernel node of a known name.
+std::string node_label(size_t node, const StoredNode& s, const StoredNames& names) {
+  std::string label = "node " + std::to_string(node);
+  if (!s.layout.kernel_word || s.words.size() < *s.layout.kernel_word + sizeof(uint64_t)) {
+    return label;
+  }
+  const uint64_t index = read_word(s.words, *s.layout.kernel_word);
+  if (index < names.kernels.size()) label += " (" + short_kernel_name(names.kernels[index]) + ")";
+  return label;
+}
+
+// Appends the runs of bytes where `live` and `stored` (the node `label` names) differ to `out`,
+// each with the 8-byte word it starts in, live and stored; `runs` counts them over all nodes, a
+// few at most.
+void describe_differences(const std::string& label, const Blob& live, const Blob& stored,
+                          std::string& out, size_t& runs) {
   constexpr size_t kMostRuns = 12;
   for (size_t at = 0; at < live.size() && runs < kMostRuns;) {
     if (live[at] == stored[at]) {
@@ -207,7 +239,7 @@ void describe_differences(size_t node, const Blob& live, const Blob& stored, std
     const auto word_at = static_cast<uint32_t>(live.size() >= 8 ? std::min(at & ~size_t{7},
                                                                            live.size() - 8)
                                                                 : 0);
-    out += "node " + std::to_string(node) + " bytes " + std::to_string(at) + "-" +
+    out += label + " bytes " + std::to_string(at) + "-" +
            std::to_string(end - 1);
     if (live.size() >= 8) {
       out += " (word at " + std::to_string(word_at) + ": " + hex(read_word(live, word_at)) +
@@ -240,10 +272,7 @@ std::vector<Blob> group_bytes(const std::vector<const std::vector<StoredNode>*>&
     bool same_layout = true;
     for (const StoredNode* other : holding) {
       same_layout = same_layout && other->words.size() == first.words.size() &&
-                    other->layout.address_words == first.layout.address_words &&
-                    other->layout.handle_words == first.layout.handle_words &&
-                    other->layout.kernel_word == first.layout.kernel_word &&
-                    other->kinds.size() == first.kinds.size();
+                    other->layout == first.layout && other->kinds.size() == first.kinds.size();
       if (!same_layout) break;
       for (size_t at = 0; at < alike.size(); ++at) alike[at] &= other->words[at] == first.words[at];
     }
@@ -367,10 +396,10 @@ struct LiteralTally {
 // Node `node`'s bytes in `rewritten` (the live blob, its matched layout words in the stored
 // form) against the stored ones: the group's are the live capture's, halves of host addresses
 // and bytes a run showed unread are leftovers; what still differs is described and marked in
-// `differing[node]`. A run may tell only bytes of a kernel's arguments (from its first address
-// word: what precedes is the launch's own) none of whose stored words is an address here.
-void compare_literal_bytes(size_t node, const StoredNode& s, const Blob* group,
-                           const RestoreContext& context, Blob& rewritten, LiteralTally& tally,
+// `differing[node]`. A run may tell only bytes of a kernel's arguments (what precedes them is
+// the launch's own) none of whose stored words is an address here.
+void compare_literal_bytes(size_t node, const StoredNode& s, const StoredNames& names,
+                           const Blob* group, const RestoreContext& context, Blob& rewritten, LiteralTally& tally,
                            std::string& differences, std::vector<Blob>& differing) {
   if (group) {  // the group's bytes are this process's, whatever they hold
     for (size_t at = 0; at < rewritten.size(); ++at) {
@@ -379,8 +408,10 @@ void compare_literal_bytes(size_t node, const StoredNode& s, const Blob* group,
       ++tally.taken;
     }
   }
-  const bool arguments = s.layout.kernel_word && !s.layout.address_words.empty();
-  if (rewritten != s.words && context.stored_host && context.live_host && arguments) {
+  const bool arguments = s.layout.kernel_word && s.layout.arguments_begin > 0;
+  // Halves only from the first address word on: an int before it is a size, not a slot.
+  if (rewritten != s.words && context.stored_host && context.live_host && arguments &&
+      !s.layout.address_words.empty()) {
     tally.halves += take_leftover_halves(rewritten, s.words, s.layout.address_words.front(),
                                          *context.stored_host, *context.live_host);
   }
@@ -393,13 +424,13 @@ void compare_literal_bytes(size_t node, const StoredNode& s, const Blob* group,
   }
   if (rewritten == s.words) return;
   // Literal bytes that differ are gathered over every node, so that the reason says all of them.
-  describe_differences(node, rewritten, s.words, differences, tally.runs);
+  describe_differences(node_label(node, s, names), rewritten, s.words, differences, tally.runs);
   Blob& marked = differing[node];
   marked.assign(rewritten.size(), 0);
   for (size_t at = 0; at < rewritten.size(); ++at) {
     if (rewritten[at] == s.words[at]) continue;
     marked[at] = 1;
-    tally.runnable = tally.runnable && arguments && at >= s.layout.address_words.front();
+    tally.runnable = tally.runnable && arguments && at >= s.layout.arguments_begin;
   }
   for (uint32_t at : s.layout.address_words) {
     bool differs = false;
@@ -440,11 +471,12 @@ std::string match_live_shape(const std::vector<StoredNode>& stored, const Stored
   std::vector<Blob> differing(stored.size());
   for (size_t node = 0; node < stored.size(); ++node) {
     const StoredNode& s = stored[node];
-    const std::string where = "node " + std::to_string(node);
-    if (s.words.size() != live[node].size()) return where + ": another parameter size";
+    // Named only for a message: demangling every node's kernel would cost each match.
+    const auto where = [&] { return node_label(node, s, names); };
+    if (s.words.size() != live[node].size()) return where() + ": another parameter size";
     if (!valid_layout(s.layout, s.words.size()) ||
         s.kinds.size() != layout_words(s.layout).size()) {
-      return where + ": a damaged layout";
+      return where() + ": a damaged layout";
     }
     if (s.words.empty()) continue;  // a node the shape lacks, in both
     const Blob* group = group_bytes_of(context, node, s.words.size());
@@ -457,10 +489,10 @@ std::string match_live_shape(const std::vector<StoredNode>& stored, const Stored
       if (s.kinds[i] == WordKind::kKernel) {
         const std::optional<std::string> name = name_kernel(context.kernel_name, value, at);
         if (!name || kept >= names.kernels.size() || *name != names.kernels[kept]) {
-          return where + ": another kernel";
+          return where() + ": another kernel";
         }
         const auto [known, added] = kernels.emplace(*name, value);
-        if (!added && known->second != value) return where + ": two live kernels named " + *name;
+        if (!added && known->second != value) return where() + ": two live kernels named " + *name;
         write_word(rewritten, at, kept);
         continue;
       }
@@ -486,16 +518,16 @@ std::string match_live_shape(const std::vector<StoredNode>& stored, const Stored
         continue;
       }
       if (c.kind != s.kinds[i]) {
-        return where + ": the word at byte " + std::to_string(at) + " is " +
+        return where() + ": the word at byte " + std::to_string(at) + " is " +
                word_kind_name(c.kind) + " " + hex(value) + ", stored " +
                word_kind_name(s.kinds[i]) + " " + hex(kept);
       }
       if (c.kind == WordKind::kForeign) {
         const auto [it, inserted] = foreign.emplace(kept, value);
-        if (!inserted && it->second != value) return where + ": a foreign address maps twice";
+        if (!inserted && it->second != value) return where() + ": a foreign address maps twice";
         // Two objects the storing process kept apart must not become one here.
         if (inserted && !live_foreign.insert(value).second) {
-          return where + ": two foreign addresses map to one";
+          return where() + ": two foreign addresses map to one";
         }
         write_word(rewritten, at, kept);
         continue;
@@ -503,13 +535,14 @@ std::string match_live_shape(const std::vector<StoredNode>& stored, const Stored
       if (c.kind == WordKind::kLiteral) continue;  // compared with the bytes outside the layout
       const std::optional<uint64_t> word = stored_word(c, index);
       if (word != kept) {
-        return where + ": the " + word_kind_name(c.kind) + " word at byte " +
+        return where() + ": the " + word_kind_name(c.kind) + " word at byte " +
                std::to_string(at) + " is " + (word ? hex(*word) : "too large") + ", stored " +
                hex(kept);
       }
       write_word(rewritten, at, *word);
     }
-    compare_literal_bytes(node, s, group, context, rewritten, tally, differences, differing);
+    compare_literal_bytes(node, s, names, group, context, rewritten, tally, differences,
+                          differing);
   }
   if (!differences.empty()) {
     if (tally.runnable) context.differing = std::move(differing);

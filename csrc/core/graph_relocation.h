@@ -69,10 +69,18 @@ struct NodeLayout {
   // mapped from the live capture, as foreign addresses are.
   std::vector<uint32_t> handle_words;
   std::optional<uint32_t> kernel_word;         // a kernel node's function or kernel handle
+  // Where a kernel node's arguments begin (0: a node without any). Bytes before it are the
+  // launch's own (grid, block), which a run with stored bytes must never change.
+  uint32_t arguments_begin = 0;
+  friend bool operator==(const NodeLayout& a, const NodeLayout& b) {
+    return a.address_words == b.address_words && a.handle_words == b.handle_words &&
+           a.kernel_word == b.kernel_word && a.arguments_begin == b.arguments_begin;
+  }
 };
 
 // Whether `layout`'s words are ascending, do not overlap each other or the kernel word, and lie
-// in a blob of `blob_bytes` (an empty blob: a node the shape lacks, which has none).
+// (as its arguments' beginning does) in a blob of `blob_bytes` (an empty blob: a node the shape
+// lacks, which has none).
 bool valid_layout(const NodeLayout& layout, size_t blob_bytes);
 
 enum class WordKind : uint8_t { kLiteral, kArena, kTensor, kForeign, kKernel, kLeftover };
@@ -98,9 +106,7 @@ struct StoredNode {
   Blob words;                   // the blob, layout words rewritten (kArena: lane << 40 | offset;
                                 // kTensor: name index << 40 | offset; kKernel: name index)
   friend bool operator==(const StoredNode& a, const StoredNode& b) {
-    return a.layout.address_words == b.layout.address_words &&
-           a.layout.handle_words == b.layout.handle_words &&
-           a.layout.kernel_word == b.layout.kernel_word && a.kinds == b.kinds && a.words == b.words;
+    return a.layout == b.layout && a.kinds == b.kinds && a.words == b.words;
   }
 };
 

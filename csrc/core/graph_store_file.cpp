@@ -19,7 +19,7 @@ namespace {
 
 constexpr char kMagic[] = "GRAPECACHE";  // its 10 characters, no terminator
 constexpr size_t kMagicSize = sizeof(kMagic) - 1;
-constexpr uint32_t kFormatVersion = 5;
+constexpr uint32_t kFormatVersion = 6;
 // No node's parameters come near this (a kernel's arguments are at most 32 KiB): a larger
 // length read from a file is damage, refused before anything is allocated for it.
 constexpr uint64_t kMaxBlobBytes = 1 << 20;
@@ -45,9 +45,7 @@ std::vector<std::string> read_names(ByteReader& r) {
 }
 
 bool same_layout(const StoredNode& a, const StoredNode& b) {
-  return a.layout.address_words == b.layout.address_words &&
-         a.layout.handle_words == b.layout.handle_words &&
-         a.layout.kernel_word == b.layout.kernel_word && a.kinds == b.kinds;
+  return a.layout == b.layout && a.kinds == b.kinds;
 }
 
 void write_layout(ByteWriter& w, const StoredNode& node) {
@@ -57,6 +55,7 @@ void write_layout(ByteWriter& w, const StoredNode& node) {
   for (uint32_t at : node.layout.handle_words) w.u32(at);
   w.u8(node.layout.kernel_word.has_value());
   w.u32(node.layout.kernel_word.value_or(0));
+  w.u32(node.layout.arguments_begin);
   w.u64(node.kinds.size());
   for (WordKind k : node.kinds) w.u8(static_cast<uint8_t>(k));
 }
@@ -69,6 +68,7 @@ void read_layout(ByteReader& r, StoredNode& node) {
   const bool has_kernel = r.u8() != 0;
   const uint32_t kernel_word = r.u32();
   if (has_kernel) node.layout.kernel_word = kernel_word;
+  node.layout.arguments_begin = r.u32();
   node.kinds.resize(r.count(1));
   for (WordKind& k : node.kinds) {
     const uint8_t v = r.u8();

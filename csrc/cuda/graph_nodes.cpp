@@ -405,6 +405,7 @@ core::NodeLayout storable_layout(NodeKind kind, const core::Blob& blob) {
       layout.kernel_word = at(h.func != 0 ? offsetof(KernelHeader, func)
                                           : offsetof(KernelHeader, kern));
       if (h.func == 0) layout.handle_words.push_back(at(offsetof(KernelHeader, ctx)));
+      layout.arguments_begin = at(sizeof(KernelHeader));
       // Arguments start 8-aligned (the header's size), and device pointers are 8-aligned in them:
       // each 8-byte parameter, and each 8-byte word of a larger one (a struct may hold pointers).
       // Smaller parameters (an int) are never addresses; with no layout (an argument buffer),

@@ -170,6 +170,7 @@ TEST_F(GraphNodesOnGpu, KernelsAreNamedAndOnlyMemoryTheDriverKnowsIsAnAddress) {
     const core::NodeLayout layout = cuda::storable_layout(g.kinds[i], g.blobs[i]);
     EXPECT_TRUE(core::valid_layout(layout, g.blobs[i].size())) << "node " << i;
     if (!layout.kernel_word) continue;
+    EXPECT_GT(layout.arguments_begin, *layout.kernel_word) << "the launch comes first";
     uint64_t handle = 0;
     std::memcpy(&handle, g.blobs[i].data() + *layout.kernel_word, sizeof(handle));
     const auto name = cuda::stored_kernel_name(handle, *layout.kernel_word);

@@ -60,9 +60,9 @@ const Process kStoring{0x7000'0000'0000, 0x7100'0000'0000, 0x5000'0000, 0x6000'0
 const Process kLater{0x7a00'0000'0000, 0x7b00'0000'0000, 0x5400'0000, 0x6600'0000, 0xC0, 0xD0,
                      0x7700};
 
-// Kernel node blob: handle @0, three address words @8 @16 @24, 8 literal bytes, the context
-// handle @40, then 4 literal bytes.
-const NodeLayout kLayout{{8, 16, 24}, {40}, 0};
+// Kernel node blob: handle @0, its arguments from 8 on: three address words @8 @16 @24, 8 literal
+// bytes, the context handle @40, then 4 literal bytes.
+const NodeLayout kLayout{{8, 16, 24}, {40}, 0, 8};
 
 void put(Blob& b, size_t at, uint64_t v) { std::memcpy(b.data() + at, &v, sizeof(v)); }
 uint64_t word_at(const Blob& b, size_t at) {
@@ -298,10 +298,11 @@ TEST(GraphRelocation, LayoutsWhoseWordsOverlapOrOverrunAreRefused) {
   EXPECT_TRUE(grape::core::valid_layout(kLayout, 52));
   EXPECT_TRUE(grape::core::valid_layout(overrunning, 0)) << "an absent node has no words";
   const NodeLayout descending{{16, 8}, {}, 0}, handle_on_the_kernel{{8}, {4}, 0},
-      two_handles_in_one{{8}, {24, 28}, 0}, handle_past_the_end{{8}, {48}, 0};
+      two_handles_in_one{{8}, {24, 28}, 0}, handle_past_the_end{{8}, {48}, 0},
+      arguments_past_the_end{{8}, {}, 0, 53};
   for (const NodeLayout& bad :
        {overlapping, overrunning, on_the_kernel, handle_on_an_address, descending,
-        handle_on_the_kernel, two_handles_in_one, handle_past_the_end}) {
+        handle_on_the_kernel, two_handles_in_one, handle_past_the_end, arguments_past_the_end}) {
     EXPECT_FALSE(grape::core::valid_layout(bad, 52));
   }
   EXPECT_TRUE(grape::core::valid_layout(NodeLayout{{8, 16}, {32, 40}, 0}, 52));
@@ -416,7 +417,7 @@ TEST(GraphRelocation, HalvesOfHostAddressesInFourByteFieldsAreLeftovers) {
   const auto live = with_halves(shape_blobs(kLater, 3), 0x2237'f5e8, 0x7ffd);
   RestoreContext without = kLater.restore_context();
   const std::string why = match_live_shape(stored, names, live, without);
-  EXPECT_NE(why.find("node 1 bytes 37-"), std::string::npos) << why;
+  EXPECT_NE(why.find("node 1 (libtorch_cuda:softmax_warp) bytes 37-"), std::string::npos) << why;
   RestoreContext with = kLater.restore_context();
   with.stored_host = &storing;
   with.live_host = &later;
@@ -460,7 +461,7 @@ TEST(GraphRelocation, BytesEveryStoredShapeHoldsAlikeAreTheGroupsAndComeFromTheL
 
   const auto live = with_bytes(shape_blobs(kLater, 3), 0x99, 0x21);
   RestoreContext without = kLater.restore_context();
-  EXPECT_NE(match_live_shape(a, names, live, without).find("node 1 bytes 49-49"),
+  EXPECT_NE(match_live_shape(a, names, live, without).find("node 1 (libtorch_cuda:softmax_warp) bytes 49-49"),
             std::string::npos);
   RestoreContext later = kLater.restore_context();
   later.group_bytes = group;
@@ -488,7 +489,7 @@ TEST(GraphRelocation, BytesEveryStoredShapeHoldsAlikeAreTheGroupsAndComeFromTheL
   RestoreContext again = kLater.restore_context();
   again.group_bytes = group;
   EXPECT_NE(match_live_shape(a, names, with_bytes(shape_blobs(kLater, 3), 0x99, 0x77), again)
-                .find("node 0 bytes 50-50"),
+                .find("node 0 (libcublasLt:gemm_128x64) bytes 50-50"),
             std::string::npos);
 }
 
@@ -527,9 +528,35 @@ TEST(GraphRelocation, AMatchThatFailsOnLiteralBytesOnlySaysWhichAndTakesThemOnce
   ASSERT_EQ(stored_address.why_not, "");
   RestoreContext not_run = kLater.restore_context();
   EXPECT_NE(match_live_shape(stored_address.nodes, blind_names, shape_blobs(kLater, 3), not_run)
-                .find("node 1 bytes 16-"),
+                .find("node 1 (libtorch_cuda:softmax_warp) bytes 16-"),
             std::string::npos);
   EXPECT_TRUE(not_run.differing.empty());
+
+  // A byte before the kernel's arguments is the launch's own: never run with another value.
+  std::vector<NodeLayout> launch_layouts = kLayouts;
+  launch_layouts[1].arguments_begin = 50;
+  StoredNames launch_names;
+  const auto launch = store_shape(with_byte(shape_blobs(kStoring, 3), 0x11), launch_layouts,
+                                  kStoring.store_context(), launch_names);
+  ASSERT_EQ(launch.why_not, "");
+  RestoreContext launch_later = kLater.restore_context();
+  EXPECT_NE(match_live_shape(launch.nodes, launch_names, live, launch_later), "");
+  EXPECT_TRUE(launch_later.differing.empty());
+
+  // A mangled kernel name is shown as its function's.
+  StoreContext mangled = kStoring.store_context();
+  mangled.kernel_name = [](uint64_t h, uint32_t) -> std::optional<std::string> {
+    const bool gemm = h == kStoring.gemm || h == kLater.gemm;
+    return gemm ? "_ZN2at6native4gemmILi4EEEvPf(8,)" : "_ZN2at6native7softmaxEv(8,)";
+  };
+  StoredNames mangled_names;
+  const auto named = store_shape(with_byte(shape_blobs(kStoring, 3), 0x11), kLayouts, mangled,
+                                 mangled_names);
+  ASSERT_EQ(named.why_not, "");
+  RestoreContext named_later = kLater.restore_context();
+  named_later.kernel_name = mangled.kernel_name;
+  const std::string why = match_live_shape(named.nodes, mangled_names, live, named_later);
+  EXPECT_NE(why.find("node 1 (at::native::softmax) bytes 49-49"), std::string::npos) << why;
 
   // An address of another kind is no literal byte: nothing to run.
   auto moved = shape_blobs(kLater, 3);

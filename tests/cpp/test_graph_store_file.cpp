@@ -31,6 +31,7 @@ StoredNode node(uint64_t arena_word, uint32_t grid, bool kernel) {
   n.layout.address_words = {8};
   if (kernel) n.layout.handle_words = {24};
   if (kernel) n.layout.kernel_word = 0;
+  if (kernel) n.layout.arguments_begin = 8;
   n.words.assign(32, 0);
   std::memcpy(n.words.data() + 8, &arena_word, sizeof arena_word);
   std::memcpy(n.words.data() + 16, &grid, sizeof grid);
