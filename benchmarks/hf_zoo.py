@@ -2,12 +2,17 @@
 own unchanged `generate` (decoders and encoder-decoders: batch 1, a 16-token prompt, greedy) or a
 forward over 6 lengths (encoders), eager against grape.compile(model) on the same weights, and
 grape_plan_free (grape.compile(model, plan_free_attention=True): captures run attention on
-backends that build no per-shape plan).
+backends that build no per-shape plan); grape_cached (when asked for; decoders and
+encoder-decoders): grape.compile(model) with a graph cache directory, which a first process of
+this script fills, then measured in a second, fresh one, grape alone (its first call from a cold
+process), its tokens compared with this process's eager's; the filling process's graph_cache
+stats are filling_graph_cache, the measured one's graph_cache.
 
     python -m benchmarks.hf_zoo                        # every architecture, 64 new tokens
     python -m benchmarks.hf_zoo --quick                # smoke run: 8 new tokens, 1 rep
     python -m benchmarks.hf_zoo --cases llama,bert     # some of them
     python -m benchmarks.hf_zoo --quick --device cpu   # the script itself (grape runs eagerly)
+    python -m benchmarks.hf_zoo --modes eager,grape_cached --cases whisper,llama
 
 A case is an architecture (its name in ZOO); its config is the model type and the small sizes it
 was built with. Modes run one after another in one process, eager first, each on a copy of the
@@ -18,8 +23,8 @@ the median over --reps calls once the mode is steady; `first_call_s`, `time_to_s
 `calls_to_steady`, `calls_ms` (every call, in order). grape's `correct` (tokens
 equal eager's; encoders: the last hidden states equal to the bit), `replayed_share_from_call3`
 (of the model's forwards in calls 3 and later, the share that replayed, the prompt included),
-`speedup_vs_eager`, `first_call_ratio_to_eager` (its first call over eager's), and its fallbacks
-with their reasons. Transformers up to 5.17 builds a dense attention mask under capture where eager
+`speedup_vs_eager`, `first_call_ratio_to_eager` (its first call over eager's), `captures_per_call`,
+and its fallbacks with their reasons. Transformers up to 5.17 builds a dense attention mask under capture where eager
 builds none; grape's captures apply its later rule (no padding mask, no mask: Note [Masks of
 unpadded batches under capture]), and the config names the rules that needed it. Writes JSON and
 a markdown table (benchmarks/results/ on a GPU).
@@ -28,14 +33,20 @@ a markdown table (benchmarks/results/ on a GPU).
 from __future__ import annotations
 
 import copy
+import json
+import os
+import subprocess
 import sys
+import tempfile
 import warnings
+from pathlib import Path
 
 import torch
 
 from benchmarks import generation, harness
 
-MODES = ["eager", "grape", "grape_plan_free"]
+MODES = ["eager", "grape", "grape_plan_free"]  # the default
+CACHED = "grape_cached"  # when asked for: two processes of its own (cached_mode)
 PROMPT = 16
 ENCODER_LENGTHS = (8, 16, 24, 32, 48, 64)  # one encoder call: a forward at each
 
@@ -136,12 +147,16 @@ def call(model, kind: str, args: dict, new_tokens: int):
 
 
 def run_mode(base, kind: str, args: dict, mode: str, new_tokens: int, reps: int,
-             steady_calls: int) -> dict:
+             steady_calls: int, cache_dir: str | None = None) -> dict:
+    """One mode's figures; `cache_dir` (grape: a graph cache process of grape_cached): grape
+    compiles with that cache directory, saves it at the end, and its tokens are kept as a list
+    (they travel in the results file)."""
     import grape
 
     model = base
     if mode != "eager":
-        model = grape.compile(copy.deepcopy(base), plan_free_attention=mode == "grape_plan_free")
+        model = grape.compile(copy.deepcopy(base), plan_free_attention=mode == "grape_plan_free",
+                              cache_dir=cache_dir or False)
     counters = (harness.GrapeCounters(model, ("calls", "replays", *harness.UNSTEADY_COUNTERS))
                 if mode != "eager" else None)
     per_call = new_tokens if kind != "encoder" else len(ENCODER_LENGTHS)
@@ -153,12 +168,41 @@ def run_mode(base, kind: str, args: dict, mode: str, new_tokens: int, reps: int,
         forwards = sum(c["calls"] for c in later)
         result["replayed_share_from_call3"] = (sum(c["replays"] for c in later) / forwards
                                                if forwards else None)
+        result["captures_per_call"] = [c["captures"] for c in counters.changes]
         result.update(harness.grape_stats(model, ("graphs", "captures", "replays", "calls",
                                                   "fallbacks")))
+    if cache_dir:
+        grape.save_graph_cache(model)  # now, so that its figures are in this run's JSON
+        result.update(harness.grape_stats(model, ("graph_cache",)),
+                      tokens=result.pop("outputs").tolist())
     return result
 
 
-def run_case(name: str, modes: list[str], device: str, new_tokens: int, reps: int) -> dict:
+def cached_mode(name: str, device: str, new_tokens: int, reps: int) -> dict:
+    """grape_cached: a fresh process of this script fills a graph cache directory for case
+    `name` (grape alone), then a second one is measured; its figures, with the filling process's
+    graph_cache as filling_graph_cache and its tokens as outputs."""
+    with tempfile.TemporaryDirectory() as folder:
+        runs = {}
+        for kind in ("filling", "measured"):
+            command = [sys.executable, "-m", "benchmarks.hf_zoo", "--cases", name, "--modes",
+                       "grape", "--cache-dir", os.path.join(folder, "cache"), "--device", device,
+                       "--new-tokens", str(new_tokens), "--reps", str(reps),
+                       "--out", os.path.join(folder, kind)]
+            subprocess.run(command, check=True, cwd=Path(__file__).resolve().parent.parent,
+                           stdout=subprocess.DEVNULL)
+            written, = Path(folder, kind).glob("hf_zoo*.json")
+            runs[kind] = json.loads(written.read_text())["cases"][0]["modes"]["grape"]
+    result = runs["measured"]
+    if "error" in result:
+        raise RuntimeError(result["error"])
+    result["filling_graph_cache"] = runs["filling"].get("graph_cache")
+    result["outputs"] = torch.tensor(result.pop("tokens"))
+    return result
+
+
+def run_case(name: str, modes: list[str], device: str, new_tokens: int, reps: int,
+             cache_dir: str | None = None) -> dict:
     kind, model_type, sizes = ZOO[name]
     # As the other Hugging Face benchmarks: an unpadded batch's mask is skipped under capture too,
     # as eager skips it (grape's captures do so anyway; a no-op where the release does).
@@ -174,9 +218,18 @@ def run_case(name: str, modes: list[str], device: str, new_tokens: int, reps: in
         return {"name": name, "config": config,
                 "modes": {mode: {"ms_per_step": None, "error": error} for mode in modes}}
     args = inputs(base, kind, device)
+
+    def run(mode: str) -> dict:
+        if mode != CACHED:
+            return run_mode(base, kind, args, mode, new_tokens, reps, 2, cache_dir)
+        result = cached_mode(name, device, new_tokens, reps)
+        result["outputs"] = result["outputs"].to(device)
+        return result
+
+    if kind == "encoder":  # grape_cached measures generate's first call
+        modes = [mode for mode in modes if mode != CACHED]
     with torch.no_grad():
-        results = harness.run_modes(
-            modes, lambda mode: run_mode(base, kind, args, mode, new_tokens, reps, 2))
+        results = harness.run_modes(modes, run)
     harness.compare_with_eager(results, ratios={"first_call_s": "first_call_ratio_to_eager"})
     return {"name": name, "config": config, "modes": results}
 
@@ -198,7 +251,10 @@ def main(argv=None) -> list[dict]:
                         help="tokens each generation adds (default %(default)s)")
     parser.add_argument("--device", choices=("cuda", "cpu"), default="cuda",
                         help="cpu: the script itself, with grape running eagerly")
-    args, modes = harness.parse(parser, argv, MODES, None)
+    parser.add_argument("--cache-dir", default=None,
+                        help="a grape_cached process's: grape compiles with this graph cache "
+                             "directory, and the tokens go in the results")
+    args, modes = harness.parse(parser, argv, MODES + [CACHED], None)
     if args.device == "cuda" and not torch.cuda.is_available():
         raise SystemExit(NEEDS)
     unknown = set(args.cases.split(",")) - set(ZOO)
@@ -213,7 +269,8 @@ def main(argv=None) -> list[dict]:
     cases = []
     for case_name in args.cases.split(","):
         print(f"{case_name}:", flush=True)
-        cases.append(run_case(case_name, modes, args.device, args.new_tokens, args.reps))
+        cases.append(run_case(case_name, modes, args.device, args.new_tokens, args.reps,
+                              args.cache_dir))
         harness.print_table(cases[-1])
         path = harness.write_results(name, cases, args.out, device=args.device)
     harness.write_table_and_plot(path, markdown(cases), lambda png: False)

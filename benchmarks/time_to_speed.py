@@ -9,7 +9,9 @@ torch.compile by itself); grape (grape.compile(model), the dynamic cache); grape
 (grape.compile(model, plan_free_attention=True): captures run attention on backends that build no
 per-shape plan); grape_cached and grape_plan_free_cached (--cold only: the same with a graph cache
 directory, filled by a first process of that mode, then measured in a second, fresh one; the
-filling process's graph_cache stats are filling_graph_cache, the measured one's graph_cache).
+filling process's graph_cache stats are filling_graph_cache, the measured one's graph_cache);
+eager_plan_free (when asked for: eager on the plan-free modes' attention backends, whose tokens
+those modes' are compared with too, as correct_same_attention).
 --no-alias-prediction compiles every grape mode with alias_prediction=False (the shapes alias
 prediction reads in place are not stored). Each mode has a fresh copy of the case's weights.
 
@@ -33,7 +35,8 @@ with the prompt, then the longer prompt's):
                           does; other modes, which have no such counters: the first call from
                           which every call with the prompt is within 1.25x of the fastest of them
                           (None where the last one is not)
-  correct                 every call's tokens equal eager's same call's (calls_equal, call by call)
+  correct                 every call's tokens equal eager's same call's (calls_equal, call by call);
+                          correct_same_attention: a plan-free mode's against eager_plan_free's
   eager_steady_ms, first_call_vs_eager_steady (call 1 over eager's steady_ms),
   first_call_vs_eager_first (call 1 over eager's call 1), second_call_speedup_vs_eager (eager's
   steady_ms over the mode's call 2), third_call_vs_second (the mode's call 3 over its call 2),
@@ -85,6 +88,7 @@ calls too where matplotlib exists).
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import itertools
 import json
@@ -103,10 +107,14 @@ import torch
 
 import grape
 from benchmarks import generation, harness
+from grape import _attention
 
 MODES = ["eager", "static_compile", "grape", "grape_plan_free"]  # the default
 CACHED_MODES = ("grape_cached", "grape_plan_free_cached")  # --cold only, when asked for
-ALL_MODES = MODES + list(CACHED_MODES)
+# Eager with the attention backends of grape's plan-free captures: the plan-free modes' tokens
+# are also compared with its (correct_same_attention), when asked for.
+SAME_ATTENTION = "eager_plan_free"
+ALL_MODES = MODES + list(CACHED_MODES) + [SAME_ATTENTION]
 CASES = {"gpt2-b1": ("gpt2", 1), "gpt2-b8": ("gpt2", 8), "tinyllama-b1": ("tinyllama", 1)}
 QUICK_CASES = "gpt2-b1"
 PROMPT, LONGER_PROMPT, LONGER_CALLS = 8, 32, 2
@@ -297,12 +305,15 @@ def run_mode(mode: str, base, case: dict) -> dict:
                               cache_dir=os.environ.get(CACHE_VARIABLE) if mode in CACHED_MODES
                               else False)
         counters = harness.GrapeCounters(model, COUNTERS + BREAKDOWN)
-    ms, outputs, changes = timed_calls(model, case["inputs"], kwargs, counters, mode)
+    # grape's own choice of backends (grape/_attention.py), so that the same kernels run.
+    with (_attention.plan_free_attention() if mode == SAME_ATTENTION
+          else contextlib.nullcontext()):
+        ms, outputs, changes = timed_calls(model, case["inputs"], kwargs, counters, mode)
     if mode in CACHED_MODES:
         grape.save_graph_cache(model)  # now, so that its figures are in this run's JSON
     calls = case["calls"]
     result = {**call_times(ms, calls, kwargs["max_new_tokens"]), "outputs": outputs,
-              "numerics_may_differ": mode.startswith("grape_plan_free")}
+              "numerics_may_differ": "plan_free" in mode}
     if mode.startswith("grape"):
         result.update(**grape_figures(changes, calls),
                       **harness.grape_stats(model, ("graphs", "fallbacks", "graph_cache")))
@@ -414,7 +425,14 @@ def run_case(base, model: str, name: str, batch: int, calls: int, new_tokens: in
 
 def compare_modes(results: dict[str, dict], new_tokens: int) -> None:
     """Each mode's result against eager's, in place: tokens (compare_with_eager with calls_equal)
-    and against_eager's ratios of its calls, and a capture's cost in eager forwards."""
+    and against_eager's ratios of its calls, and a capture's cost in eager forwards; a plan-free
+    mode's tokens also against eager_plan_free's where it ran (correct_same_attention)."""
+    same = results.get(SAME_ATTENTION, {}).get("outputs")
+    for mode, result in results.items():
+        if mode.startswith("grape_plan_free") and same is not None and "outputs" in result:
+            check = calls_equal(result["outputs"], same)
+            result.update(correct_same_attention=check["correct"],
+                          calls_equal_same_attention=check["calls_equal"])
     harness.compare_with_eager(results, calls_equal)
     eager_ms = results.get("eager", {}).get("calls_ms")
     for mode, result in results.items():

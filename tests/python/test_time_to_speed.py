@@ -106,6 +106,20 @@ def test_correct_is_every_calls_tokens_equal_eagers_same_calls():
     assert compared([t([[1, 2]])])["grape"]["correct"] is False  # a call missing
 
 
+def test_a_plan_free_modes_tokens_are_also_compared_with_eager_on_the_same_attention():
+    t = torch.tensor
+    results = {"eager": {"calls_ms": [9.0, 1.0, 1.0], "steady_ms": 1.0, "outputs": [t([[1, 2]])]},
+               "eager_plan_free": {"calls_ms": [9.0, 1.0, 1.0], "steady_ms": 1.0, "outputs": [t([[1, 3]])]},
+               "grape_plan_free_cached": {"calls_ms": [2.0, 1.0, 1.0], "steady_ms": 1.0,
+                                          "outputs": [t([[1, 3]])]},
+               "grape": {"calls_ms": [2.0, 1.0, 1.0], "steady_ms": 1.0, "outputs": [t([[1, 2]])]}}
+    tts.compare_modes(results, new_tokens=2)
+    plan_free = results["grape_plan_free_cached"]
+    assert plan_free["correct"] is False and plan_free["correct_same_attention"] is True
+    assert results["grape"]["correct"] is True and "correct_same_attention" not in results["grape"]
+    assert all("outputs" not in r for r in results.values())
+
+
 def test_timed_calls_time_each_call_and_count_what_changed_in_it():
     class Model:
         calls = 0
