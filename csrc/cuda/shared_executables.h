@@ -93,13 +93,13 @@ class SharedExecutables {
   // A member's parameters as a stored graph needs them (the graph cache, Note [Relocating stored
   // graphs]): its group's topology and node kinds, and its blobs in node order; nothing where its
   // group cannot take a shape by blobs alone (unshareable, or a union whose node order is no
-  // captured graph's).
+  // captured graph's), and then `why` (where given) says which.
   struct MemberParams {
     uint64_t topology = 0;
     std::vector<NodeKind> kinds;
     std::vector<core::Blob> blobs;
   };
-  std::optional<MemberParams> params_of(Member member);
+  std::optional<MemberParams> params_of(Member member, std::string* why = nullptr);
   // A new member of `like`'s group with parameters `blobs` (a shape restored from the graph
   // cache, never captured here), patched in as a join is, so the driver says now whether it
   // takes them. Throws std::runtime_error where it does not, or where `like` cannot take one.

@@ -2,20 +2,32 @@
 // parameters read out for storing, and a stored shape added to the group of a live capture that
 // validated it.
 #include <stdexcept>
+#include <string>
+#include <utility>
 
 #include "cuda/executable_group.h"
 #include "cuda/shared_executables.h"
 
 namespace grape::cuda {
 
-std::optional<SharedExecutables::MemberParams> SharedExecutables::params_of(Member member) {
+std::optional<SharedExecutables::MemberParams> SharedExecutables::params_of(Member member,
+                                                                            std::string* why) {
   wait_settled();
-  if (!member.valid() || member.group >= groups_.size() || !groups_[member.group]) return {};
-  const Group& group = *groups_[member.group];
-  if (!group.params || group.start != nullptr || group.topologies.size() != 1 ||
-      !group.params->contains(member.shape)) {
+  auto refuse = [why](std::string reason) -> std::optional<MemberParams> {
+    if (why != nullptr) *why = "its executable group " + std::move(reason);
     return std::nullopt;
+  };
+  if (!member.valid() || member.group >= groups_.size() || !groups_[member.group]) {
+    return refuse("has ended");
   }
+  const Group& group = *groups_[member.group];
+  if (!group.params) return refuse("is unshareable");
+  if (group.start != nullptr || group.topologies.size() != 1) {
+    // Its node order is the union's, which a later process has no capture of.
+    return refuse("is a union of " + std::to_string(group.topologies.size()) +
+                  " near topologies");
+  }
+  if (!group.params->contains(member.shape)) return refuse("holds no parameters for it");
   MemberParams out;
   out.topology = group.topologies.front();
   out.kinds = group.kinds;

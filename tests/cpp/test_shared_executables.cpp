@@ -247,8 +247,16 @@ TEST_F(SharedExecutablesOnGpu, ShapesOfOneTopologyShareOneExecutableAndReplayThe
   expect_shape(b, 3, kFourSizes[3]);
   EXPECT_EQ(ex.stats().instantiations, 2);
 
+  // The graph cache reads a member's parameters out, its own in node order.
+  const auto params = ex.params_of(members[1]);
+  ASSERT_TRUE(params.has_value());
+  EXPECT_EQ(params->blobs.size(), params->kinds.size());
+
   for (auto m : members) ex.remove(m);
   EXPECT_EQ(ex.stats().groups, 0);
+  std::string why;
+  EXPECT_FALSE(ex.params_of(members[1], &why).has_value());
+  EXPECT_EQ(why, "its executable group has ended");
 }
 
 TEST_F(SharedExecutablesOnGpu, AJoinIsSettledOnceALaunchIsQueuedAndItsShapeReplaysAfter) {
@@ -348,6 +356,10 @@ TEST_F(SharedExecutablesOnGpu, AUnionHoldsVariantsFartherApartThanOneGraphMayBri
     ASSERT_NO_FATAL_FAILURE(replay(ex, members[static_cast<size_t>(i)], b, stream_));
     expect_shape(b, i, sizes[i], extras[i]);
   }
+  // The graph cache cannot store a union's members, and is told why.
+  std::string why;
+  EXPECT_FALSE(ex.params_of(members[0], &why).has_value());
+  EXPECT_EQ(why, "its executable group is a union of 2 near topologies");
 }
 
 TEST_F(SharedExecutablesOnGpu, NearTopologiesShareOneUnionAndRunOnlyTheirOwnNodes) {

@@ -73,9 +73,6 @@ std::unordered_map<std::string, core::AddressRange> tensor_map(const NamedTensor
   return {ranges.begin(), ranges.end()};
 }
 
-constexpr const char* kUnionOrUnshareable =
-    "its executable group cannot be stored (a union of near topologies, or unshareable)";
-
 }  // namespace
 
 GraphCache::GraphCache(std::string path, std::string key)
@@ -271,9 +268,9 @@ std::string GraphCache::match(const Found& found, const CapturedGraph& graph,
     return "the live capture's inputs, outputs, effects or static state differ";
   }
   const std::optional<cuda::SharedExecutables::MemberParams> live =
-      executables.params_of(graph.member);
+      executables.params_of(graph.member, &why);
   if (!live) {
-    why = std::string("the live capture's graph: ") + kUnionOrUnshareable;
+    why = "the live capture's graph: " + why;
   } else if (live->topology != stored.topology) {
     why = "the live capture has another topology (" + std::to_string(live->blobs.size()) +
           " nodes)";
@@ -398,13 +395,13 @@ std::string GraphCache::save(const std::vector<ShapeToStore>& shapes, const std:
   bool anything_new = false;
   for (const ShapeToStore& item : shapes) {
     if (from_file_.count(item.graph->id) != 0) continue;  // its group is carried over as read
+    std::string why;
     const std::optional<cuda::SharedExecutables::MemberParams> params =
-        executables.params_of(item.graph->member);
+        executables.params_of(item.graph->member, &why);
     if (!params) {
-      ++unstored[kUnionOrUnshareable];
+      ++unstored[why];
       continue;
     }
-    std::string why;
     std::optional<core::StoredEntry> entry = store_entry(*item.graph, arena, named, why);
     if (!entry) {
       ++unstored[why];
