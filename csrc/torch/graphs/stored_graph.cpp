@@ -194,7 +194,8 @@ bool restore_tree(const std::vector<StoredTreeNode>& tree, size_t& at, TreeSpec&
 // Why `graph`'s capture recorded something a stored entry cannot hold, or "".
 std::string unstorable_state(const CapturedGraph& graph) {
   for (const auto& p : graph.placeholders) {
-    if (p.chained || p.buffer) return "an input read in place (alias prediction)";
+    if (p.chained) return "an input read in place: an earlier replay's output (chain prediction)";
+    if (p.buffer) return "an input read in place: an allocation site's buffer (site prediction)";
   }
   for (const Effect& effect : graph.effects) {
     if (effect.leaf.defined()) return "a training step's state";
