@@ -28,7 +28,7 @@ def main() -> None:
                                      n_positions=128, bos_token_id=0, eos_token_id=1,
                                      pad_token_id=1)
     eager = transformers.GPT2LMHeadModel(config).cuda().eval()
-    # Shapes whose inputs alias prediction reads in place are not stored, nor graphs of
+    # Shapes that read an allocation site's buffer in place are not stored, nor graphs of
     # attention that builds a plan per shape: both off.
     model = grape.compile(copy.deepcopy(eager), cache_dir=args.cache_dir, alias_prediction=False,
                           plan_free_attention=True)

@@ -5,7 +5,13 @@ one JSON line: the compiled function's stats, the largest difference from eager 
 did.
 
     python graph_cache_worker.py CACHE_DIR [--width N] [--dtype float32] [--lengths 3,5,9]
-        [--variant plain|scaled|env_scaled|dropout] [--fake-torch-version V] [--barrier DIR]
+        [--variant plain|scaled|env_scaled|dropout|chained] [--fake-torch-version V]
+        [--barrier DIR]
+
+--variant chained: alias prediction on, and each output one row longer than its input, fed to
+the next call (as a decoder's cache grows): from the first length on, each call's input is the
+previous call's output, read in place (chain prediction); --lengths gives the first length and
+the last (the chain runs twice).
 
 --variant env_scaled: scales the output by GRAPE_TEST_SCALE, read from the environment at each call
 (which the key does not see), times the length: a number each shape's graph holds in its kernel's
@@ -53,7 +59,7 @@ def main() -> None:
     parser.add_argument("--dtype", default="float32")
     parser.add_argument("--lengths", default="3,5,9")
     parser.add_argument("--variant", default="plain",
-                        choices=["plain", "scaled", "env_scaled", "dropout"])
+                        choices=["plain", "scaled", "env_scaled", "dropout", "chained"])
     parser.add_argument("--fake-torch-version")
     parser.add_argument("--barrier")
     args = parser.parse_args()
@@ -73,24 +79,39 @@ def main() -> None:
     elif args.variant == "env_scaled":
         def step(x):
             return model(x) * (float(os.environ["GRAPE_TEST_SCALE"]) * x.shape[0])
+    elif args.variant == "chained":
+        def step(x):
+            return torch.cat([model(x), x[-1:]])  # a row longer
     else:
         def step(x):
             return model(x)
 
-    # Shapes whose inputs alias prediction reads in place are not stored: off here.
-    compiled = grape.compile(step, cache_dir=args.cache_dir, alias_prediction=False)
+    # Alias prediction only where the variant tests it: its inputs of other kinds (an allocation
+    # site's buffers) are not stored.
+    compiled = grape.compile(step, cache_dir=args.cache_dir,
+                             alias_prediction=args.variant == "chained")
     if args.barrier:
         barrier(args.barrier, "start")
     error = 0.0
     generator = torch.Generator(device="cuda").manual_seed(1)
+    lengths = [int(n) for n in args.lengths.split(",")]
     with torch.no_grad():
-        for length in [int(n) for n in args.lengths.split(",")]:
+        if args.variant == "chained":
             for _ in range(2):
-                x = torch.randn(length, args.width, device="cuda", dtype=dtype,
+                x = torch.randn(lengths[0], args.width, device="cuda", dtype=dtype,
                                 generator=generator)
-                out = compiled(x)
-                if args.variant != "dropout":
-                    error = max(error, (out - step(x)).abs().max().item())
+                while x.shape[0] <= lengths[-1]:
+                    want = step(x)  # before the call: x is read in place, and then replaced
+                    x = compiled(x)
+                    error = max(error, (x - want).abs().max().item())
+        else:
+            for length in lengths:
+                for _ in range(2):
+                    x = torch.randn(length, args.width, device="cuda", dtype=dtype,
+                                    generator=generator)
+                    out = compiled(x)
+                    if args.variant != "dropout":
+                        error = max(error, (out - step(x)).abs().max().item())
     if args.barrier:
         barrier(args.barrier, "save")
     saved = compiled.save_graph_cache()

@@ -127,6 +127,25 @@ def test_two_processes_writing_at_once_leave_a_whole_file(tmp_path):
     assert later["error"] < 1e-5
 
 
+def test_inputs_read_in_place_by_chain_prediction_are_stored_and_restored(tmp_path):
+    # Each call's input is the previous call's output, a row shorter (alias prediction on): the
+    # graphs read it in place. Stored as plain placeholders where they were: a later process's
+    # chain puts its outputs at the same places, and a replay copies an input that is elsewhere.
+    first = run(tmp_path, "--variant", "chained", "--lengths", "3,8")
+    assert first["error"] < 1e-5
+    assert first["stats"]["alias_hits"] > 0, "the chain was read in place"
+    filled = first["stats"]["graph_cache"]
+    assert not any("chain prediction" in why for why in filled["unstored"]), filled
+    assert filled["saved_shapes"] == first["stats"]["shapes"], filled
+    later = run(tmp_path, "--variant", "chained", "--lengths", "3,8")
+    assert later["error"] < 1e-5
+    cache = later["stats"]["graph_cache"]
+    assert cache["dropped_groups"] == [] and cache["restored_shapes"] > 0, json.dumps(cache)
+    assert later["stats"]["captures"] < first["stats"]["captures"]
+    # Restored shapes (most of the replays) read the chain in place, as the stored ones did.
+    assert later["stats"]["inputs_in_place"] > 0, later["stats"]
+
+
 def test_random_numbers_are_not_stored(tmp_path):
     first = run(tmp_path, "--variant", "dropout")
     cache = first["stats"]["graph_cache"]

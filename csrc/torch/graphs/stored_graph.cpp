@@ -193,8 +193,10 @@ bool restore_tree(const std::vector<StoredTreeNode>& tree, size_t& at, TreeSpec&
 
 // Why `graph`'s capture recorded something a stored entry cannot hold, or "".
 std::string unstorable_state(const CapturedGraph& graph) {
+  // A chained input's placeholder is arena memory like any (restored as a plain placeholder:
+  // a replay copies an input found elsewhere, Note [Liveness of graph outputs]); a site's
+  // buffer is not, since the site hands it out again.
   for (const auto& p : graph.placeholders) {
-    if (p.chained) return "an input read in place: an earlier replay's output (chain prediction)";
     if (p.buffer) return "an input read in place: an allocation site's buffer (site prediction)";
   }
   for (const Effect& effect : graph.effects) {
