@@ -12,8 +12,7 @@ directory, filled by a first process of that mode, then measured in a second, fr
 filling process's graph_cache stats are filling_graph_cache, the measured one's graph_cache);
 eager_plan_free (when asked for: eager on the plan-free modes' attention backends, whose tokens
 those modes' are compared with too, as correct_same_attention).
---no-alias-prediction compiles every grape mode with alias_prediction=False (shapes that read
-an allocation site's buffer in place are not stored). Each mode has a fresh copy of the case's weights.
+--no-alias-prediction compiles every grape mode with alias_prediction=False. Each mode has a fresh copy of the case's weights.
 
     python -m benchmarks.time_to_speed                  # the three cases, 128 new tokens
     python -m benchmarks.time_to_speed --quick          # gpt2-b1 only, 16 new tokens

@@ -54,9 +54,16 @@ bool Runtime::can_alias(const FlatCall& flat, size_t i,
 bool Runtime::site_buffer_held(const CapturedGraph& g, const FlatCall& flat) const {
   for (size_t i = 0; i < flat.tensors.size(); ++i) {
     const auto& ph = g.placeholders[i];
-    if (ph.buffer && !in_place(flat.tensors[i], ph) && ph.buffer->in_use.load()) return true;
+    if (!in_place(flat.tensors[i], ph) && ph.site_buffer_held(sites_.get())) return true;
   }
   return false;
+}
+
+void Runtime::bind_site_buffers(CapturedGraph& g) const {
+  if (g.graph || !sites_) return;  // captured here: bound at capture
+  for (auto& ph : g.placeholders) {
+    if (ph.site_buffer && !ph.buffer) ph.buffer = sites_->buffer_at(ph.ptr, ph.bytes);
+  }
 }
 
 bool Runtime::outputs_read_in_place(const Entry& entry) {
@@ -101,7 +108,7 @@ bool Runtime::fits(const CapturedGraph& g, const FlatCall& flat) const {
   for (size_t i = 0; i < flat.tensors.size(); ++i) {
     const auto& ph = g.placeholders[i];
     if (in_place(flat.tensors[i], ph)) continue;
-    if (ph.chained || ph.buffer || can_alias(flat, i, nullptr)) return false;
+    if (ph.chained || ph.site_buffer || can_alias(flat, i, nullptr)) return false;
   }
   return true;
 }

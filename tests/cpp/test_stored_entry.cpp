@@ -29,7 +29,8 @@ StoredValue text(const std::string& s) {
 // it was given, None) and a dict {"scale": nan, "step": 3} beside it, in a tuple.
 StoredEntry model_step() {
   StoredEntry e;
-  e.placeholders = {{ArenaSpan{2, 0, 64}, false}, {ArenaSpan{2, 512, 4096}, true}};
+  // The ids an allocation site's buffer (site prediction), and the cache's tensor.
+  e.placeholders = {{ArenaSpan{3, 0, 64}, false, true}, {ArenaSpan{2, 512, 4096}, true, false}};
   StoredEntry::OutputStorage pool;
   pool.source = Source::kPool;
   pool.span = {4, 1 << 20, 1 << 16};
@@ -81,6 +82,10 @@ TEST(StoredEntry, WhatIsWrittenIsReadBack) {
   const auto read = decode_entry(encode_entry(model_step()), why);
   ASSERT_TRUE(read.has_value()) << why;
   expect_equal(*read, model_step());
+  EXPECT_TRUE(read->placeholders[0].site_buffer && !read->placeholders[1].site_buffer);
+  StoredEntry plain = model_step();
+  plain.placeholders[0].site_buffer = false;
+  EXPECT_FALSE(grape::core::same_replay(plain, model_step())) << "a site's buffer is not plain";
   const auto empty = decode_entry(encode_entry(StoredEntry{}), why);
   EXPECT_FALSE(empty.has_value()) << "a result needs a tree";
 }

@@ -3,7 +3,7 @@ Hugging Face GPT-2 of a tiny config (random weights, seeded), compiled with a ca
 generates greedily from one prompt; eager generates from the same weights. Prints one JSON line:
 whether the tokens are equal, the compiled model's stats, and what saving did.
 
-    python graph_cache_generate_worker.py CACHE_DIR [--new-tokens N]
+    python graph_cache_generate_worker.py CACHE_DIR [--new-tokens N] [--alias-prediction]
 """
 
 import argparse
@@ -18,6 +18,9 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("cache_dir")
     parser.add_argument("--new-tokens", type=int, default=12)
+    parser.add_argument("--alias-prediction", action="store_true",
+                        help="the cache read in place (chain prediction), the attention mask "
+                             "from the site's buffers (site prediction)")
     args = parser.parse_args()
     import transformers
 
@@ -28,10 +31,9 @@ def main() -> None:
                                      n_positions=128, bos_token_id=0, eos_token_id=1,
                                      pad_token_id=1)
     eager = transformers.GPT2LMHeadModel(config).cuda().eval()
-    # Shapes that read an allocation site's buffer in place are not stored, nor graphs of
-    # attention that builds a plan per shape: both off.
-    model = grape.compile(copy.deepcopy(eager), cache_dir=args.cache_dir, alias_prediction=False,
-                          plan_free_attention=True)
+    # Graphs of attention that builds a plan per shape are not stored: plan-free attention.
+    model = grape.compile(copy.deepcopy(eager), cache_dir=args.cache_dir,
+                          alias_prediction=args.alias_prediction, plan_free_attention=True)
     ids = torch.randint(2, 512, (1, 5), generator=torch.Generator().manual_seed(1)).cuda()
     kwargs = dict(attention_mask=torch.ones_like(ids), max_new_tokens=args.new_tokens,
                   min_new_tokens=args.new_tokens, do_sample=False)

@@ -5,13 +5,18 @@ one JSON line: the compiled function's stats, the largest difference from eager 
 did.
 
     python graph_cache_worker.py CACHE_DIR [--width N] [--dtype float32] [--lengths 3,5,9]
-        [--variant plain|scaled|env_scaled|dropout|chained] [--fake-torch-version V]
+        [--variant plain|scaled|env_scaled|dropout|chained|site] [--fake-torch-version V]
         [--barrier DIR]
 
 --variant chained: alias prediction on, and each output one row longer than its input, fed to
 the next call (as a decoder's cache grows): from the first length on, each call's input is the
 previous call's output, read in place (chain prediction); --lengths gives the first length and
 the last (the chain runs twice).
+
+--variant site: alias prediction on, and the caller grows each input by a row of the output
+(`torch.cat`, as generate grows its attention mask): once learned, the allocation site hands out
+the function's own buffers, which the graphs read in place (site prediction); --lengths as for
+chained.
 
 --variant env_scaled: scales the output by GRAPE_TEST_SCALE, read from the environment at each call
 (which the key does not see), times the length: a number each shape's graph holds in its kernel's
@@ -59,7 +64,8 @@ def main() -> None:
     parser.add_argument("--dtype", default="float32")
     parser.add_argument("--lengths", default="3,5,9")
     parser.add_argument("--variant", default="plain",
-                        choices=["plain", "scaled", "env_scaled", "dropout", "chained"])
+                        choices=["plain", "scaled", "env_scaled", "dropout", "chained",
+                                 "site"])
     parser.add_argument("--fake-torch-version")
     parser.add_argument("--barrier")
     args = parser.parse_args()
@@ -89,7 +95,7 @@ def main() -> None:
     # Alias prediction only where the variant tests it: its inputs of other kinds (an allocation
     # site's buffers) are not stored.
     compiled = grape.compile(step, cache_dir=args.cache_dir,
-                             alias_prediction=args.variant == "chained")
+                             alias_prediction=args.variant in ("chained", "site"))
     if args.barrier:
         barrier(args.barrier, "start")
     error = 0.0
@@ -104,6 +110,14 @@ def main() -> None:
                     want = step(x)  # before the call: x is read in place, and then replaced
                     x = compiled(x)
                     error = max(error, (x - want).abs().max().item())
+        elif args.variant == "site":
+            for _ in range(2):
+                x = torch.randn(lengths[0], args.width, device="cuda", dtype=dtype,
+                                generator=generator)
+                while x.shape[0] <= lengths[-1]:
+                    out = compiled(x)
+                    error = max(error, (out - step(x)).abs().max().item())
+                    x = torch.cat([x, out[-1:]])  # the site: one code position, every call
         else:
             for length in lengths:
                 for _ in range(2):

@@ -127,22 +127,25 @@ def test_two_processes_writing_at_once_leave_a_whole_file(tmp_path):
     assert later["error"] < 1e-5
 
 
-def test_inputs_read_in_place_by_chain_prediction_are_stored_and_restored(tmp_path):
-    # Each call's input is the previous call's output, a row shorter (alias prediction on): the
-    # graphs read it in place. Stored as plain placeholders where they were: a later process's
-    # chain puts its outputs at the same places, and a replay copies an input that is elsewhere.
-    first = run(tmp_path, "--variant", "chained", "--lengths", "3,8")
-    assert first["error"] < 1e-5
-    assert first["stats"]["alias_hits"] > 0, "the chain was read in place"
+@pytest.mark.parametrize("variant", ["chained", "site"])
+def test_inputs_alias_prediction_reads_in_place_are_stored_and_restored(tmp_path, variant):
+    # chained: each call's input is the previous call's output, a row shorter (chain
+    # prediction), stored as a plain placeholder where it was. site: the caller grows each input
+    # by a row (torch.cat), in the site's buffers (site prediction), stored as a site buffer. A
+    # later process's chain and site put them at the same places; a replay copies an input found
+    # elsewhere, and never into a site buffer that a tensor holds.
+    first = run(tmp_path, "--variant", variant, "--lengths", "3,10")
+    assert first["error"] < 1e-5 and first["stats"]["alias_hits"] > 0, first["stats"]
+    if variant == "site":
+        assert first["stats"]["site_allocations"] > 0, "the site handed out buffers"
     filled = first["stats"]["graph_cache"]
-    assert not any("chain prediction" in why for why in filled["unstored"]), filled
     assert filled["saved_shapes"] == first["stats"]["shapes"], filled
-    later = run(tmp_path, "--variant", "chained", "--lengths", "3,8")
+    later = run(tmp_path, "--variant", variant, "--lengths", "3,10")
     assert later["error"] < 1e-5
     cache = later["stats"]["graph_cache"]
     assert cache["dropped_groups"] == [] and cache["restored_shapes"] > 0, json.dumps(cache)
     assert later["stats"]["captures"] < first["stats"]["captures"]
-    # Restored shapes (most of the replays) read the chain in place, as the stored ones did.
+    # Restored shapes (most of the replays) find their inputs in place, as the stored ones did.
     assert later["stats"]["inputs_in_place"] > 0, later["stats"]
 
 
@@ -187,15 +190,19 @@ def test_a_number_the_key_does_not_see_that_a_kernel_reads_is_a_drop(tmp_path):
     assert other["error"] < 1e-5
 
 
-def test_a_later_process_generates_eagers_tokens_from_restored_shapes(tmp_path):
+@pytest.mark.parametrize("alias_prediction", [False, True])
+def test_a_later_process_generates_eagers_tokens_from_restored_shapes(tmp_path, alias_prediction):
     # Hugging Face GPT-2 (tiny, random weights): each new length of generate is a shape; a later
-    # process captures one shape per group live and restores the others.
+    # process captures one shape per group live and restores the others. With alias prediction,
+    # the graphs read the cache in place (chain prediction) and the attention mask from the
+    # site's buffers (site prediction), and so do the restored ones.
     pytest.importorskip("transformers")
     worker = os.path.join(os.path.dirname(__file__), "graph_cache_generate_worker.py")
+    flags = ["--alias-prediction"] if alias_prediction else []
 
     def generate():
-        done = subprocess.run([sys.executable, worker, str(tmp_path)], capture_output=True,
-                              text=True, timeout=300)
+        done = subprocess.run([sys.executable, worker, str(tmp_path), *flags],
+                              capture_output=True, text=True, timeout=300)
         return report(done.returncode, done.stdout, done.stderr)
 
     first = generate()
@@ -211,3 +218,5 @@ def test_a_later_process_generates_eagers_tokens_from_restored_shapes(tmp_path):
     assert cache["restored_shapes"] > 0, cache
     # Restored shapes are not captured: fewer captures than the filling process made.
     assert later["stats"]["captures"] < first["stats"]["captures"]
+    if alias_prediction:
+        assert first["stats"]["alias_hits"] > 0 and later["stats"]["alias_hits"] > 0

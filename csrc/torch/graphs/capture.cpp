@@ -556,7 +556,7 @@ class CaptureTry {
     for (size_t i = 0; i < placeholders_.size(); ++i) {
       captured.placeholders.push_back({placeholders_[i].data_ptr(), span_bytes(placeholders_[i]),
                                        placeholders_[i]._version() != versions_[i], chained_[i],
-                                       buffers_[i]});
+                                       buffers_[i], buffers_[i] != nullptr});
       outcome.alias_predictions += chained_[i] || buffers_[i] ? 1 : 0;
       // The graph that made a chained input now has its outputs read in place (Note [Chain
       // variants]).

@@ -8,9 +8,16 @@
 #include <unordered_map>
 #include <unordered_set>
 
+#include "torch/memory/site_predictor.h"
 #include "torch/python/module_tensors.h"
 
 namespace grape {
+
+bool CapturedGraph::Placeholder::site_buffer_held(const InputSites* sites) const {
+  if (!site_buffer) return false;
+  if (buffer) return buffer->in_use.load();
+  return sites != nullptr && sites->holds(ptr, bytes);  // restored, and no buffer bound yet
+}
 
 uint64_t CapturedGraph::next_id() {
   static std::atomic<uint64_t> last{0};

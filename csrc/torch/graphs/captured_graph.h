@@ -22,6 +22,7 @@ namespace grape {
 namespace py = pybind11;
 
 struct InputBuffer;
+class InputSites;
 
 struct CapturedGraph {
   struct Placeholder {
@@ -30,6 +31,13 @@ struct CapturedGraph {
     bool mutated = false;
     bool chained = false;                 // predicted: an earlier replay's output, used in place
     std::shared_ptr<InputBuffer> buffer;  // predicted: a site's input buffer, used in place
+    // An allocation site's buffer: `buffer` where captured; where restored from the graph cache,
+    // the buffer of this process's sites at that place, once there is one
+    // (Runtime::bind_site_buffers; until then a replay asks the sites whether a tensor holds it).
+    bool site_buffer = false;
+    // Whether a tensor holds the site's buffer that this placeholder is (`sites`: the function's,
+    // null without alias prediction), so that no copy may go there.
+    bool site_buffer_held(const InputSites* sites) const;
   };
   // Where an output's storage comes from, and so what a replay returns (docs/design.md, Capture).
   struct OutputStorage {

@@ -66,7 +66,7 @@ CallMemory describe_call(const CapturedGraph& g, const FlatCall& flat, GraphPool
     const size_t bytes = g.placeholders[i].bytes;
     m.inputs[i] = {s, core::make_range(t.data_ptr(), bytes), is_whole_storage(t, bytes)};
     m.placeholders[i] = {core::make_range(g.placeholders[i].ptr, bytes),
-                         g.placeholders[i].mutated, g.placeholders[i].buffer != nullptr};
+                         g.placeholders[i].mutated, g.placeholders[i].site_buffer};
   }
   return m;
 }
@@ -101,7 +101,7 @@ void feed_placeholders(const CapturedGraph& g, const FlatCall& flat, const CallM
   for (size_t i = 0; i < flat.tensors.size(); ++i) {
     const auto action = plan.actions[i];
     const auto& ph = g.placeholders[i];
-    if (ph.chained || ph.buffer) {
+    if (ph.chained || ph.site_buffer) {
       if (action == core::InputAction::kNone) {
         ++stats.alias_hits;
         stats.bytes_avoided += static_cast<int64_t>(ph.bytes);
@@ -205,8 +205,8 @@ ReplayOutcome replay(const CapturedGraph& g, FlatCall& flat, ReplayContext& cont
       core::plan_replay(memory.storages, memory.inputs, memory.placeholders);
   if (!plan.safe()) return refused(plan.unsafe_reason);
   for (size_t i = 0; i < flat.tensors.size(); ++i) {
-    const auto& buffer = g.placeholders[i].buffer;
-    if (buffer && plan.actions[i] != core::InputAction::kNone && buffer->in_use.load()) {
+    const auto& ph = g.placeholders[i];
+    if (plan.actions[i] != core::InputAction::kNone && ph.site_buffer_held(context.sites)) {
       return refused("the graph's input buffer for argument " + std::to_string(i) +
                      " is held by another tensor");
     }

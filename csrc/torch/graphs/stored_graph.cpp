@@ -193,12 +193,6 @@ bool restore_tree(const std::vector<StoredTreeNode>& tree, size_t& at, TreeSpec&
 
 // Why `graph`'s capture recorded something a stored entry cannot hold, or "".
 std::string unstorable_state(const CapturedGraph& graph) {
-  // A chained input's placeholder is arena memory like any (restored as a plain placeholder:
-  // a replay copies an input found elsewhere, Note [Liveness of graph outputs]); a site's
-  // buffer is not, since the site hands it out again.
-  for (const auto& p : graph.placeholders) {
-    if (p.buffer) return "an input read in place: an allocation site's buffer (site prediction)";
-  }
   for (const Effect& effect : graph.effects) {
     if (effect.leaf.defined()) return "a training step's state";
   }
@@ -242,7 +236,10 @@ std::optional<core::StoredEntry> store_entry(const CapturedGraph& graph, const G
       why = "a placeholder outside the arena";
       return std::nullopt;
     }
-    entry.placeholders.push_back({*span, p.mutated});
+    // A chained input's placeholder is restored as a plain one (a replay copies an input found
+    // elsewhere, Note [Liveness of graph outputs]); a site's buffer stays one (Note [Stored
+    // entries]).
+    entry.placeholders.push_back({*span, p.mutated, p.site_buffer});
   }
   using Source = CapturedGraph::OutputStorage::Source;
   for (size_t s = 0; s < graph.output_storages.size(); ++s) {
@@ -310,7 +307,8 @@ std::unique_ptr<CapturedGraph> restore_entry(
     return reinterpret_cast<void*>(lane.begin + span.offset);
   };
   for (const auto& p : entry.placeholders) {
-    graph->placeholders.push_back({address(p.span), p.span.bytes, p.mutated, false, nullptr});
+    graph->placeholders.push_back(
+        {address(p.span), p.span.bytes, p.mutated, false, nullptr, p.site_buffer});
   }
   using Source = core::StoredEntry::OutputStorage::Source;
   for (const auto& stored : entry.output_storages) {

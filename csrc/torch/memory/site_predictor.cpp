@@ -137,6 +137,30 @@ std::shared_ptr<InputBuffer> InputSites::buffer_of(const at::Tensor& t) const {
   return buffer->owner == id_ ? buffer : nullptr;
 }
 
+std::shared_ptr<InputBuffer> InputSites::buffer_at(const void* ptr, size_t bytes) const {
+  for (const auto& [site, classes] : buffers_) {
+    for (const auto& [size_class, buffers] : classes) {
+      for (const auto& b : buffers) {
+        if (b->block.get() == ptr && b->capacity >= bytes) return b;
+      }
+    }
+  }
+  return nullptr;
+}
+
+bool InputSites::holds(const void* ptr, size_t bytes) const {
+  const auto begin = reinterpret_cast<uintptr_t>(ptr);
+  for (const auto& [site, classes] : buffers_) {
+    for (const auto& [size_class, buffers] : classes) {
+      for (const auto& b : buffers) {
+        const auto at = reinterpret_cast<uintptr_t>(b->block.get());
+        if (b->in_use.load() && at < begin + bytes && begin < at + b->capacity) return true;
+      }
+    }
+  }
+  return false;
+}
+
 std::optional<c10::DataPtr> InputSites::hand_out(const core::Site& site, size_t bytes) {
   if (!pool_) return std::nullopt;
   GraphArena& arena = pool_->arena();
