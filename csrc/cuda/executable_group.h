@@ -44,6 +44,9 @@ struct ExecutableGroup {
   // Per topology of its members, their nodes' union nodes (UnionPlan::node_of), so that another
   // graph of that topology joins as it did, without aligning (which may pair it otherwise).
   std::unordered_map<uint64_t, std::vector<uint32_t>> node_of_topology;
+  // Per shape, the topology of the graph it came from: the graph cache reads a union's member
+  // out in its own topology's node order (SharedExecutables::params_of).
+  std::unordered_map<uint32_t, uint64_t> topology_of_shape;
   int64_t members = 0;
   // Resident slots (Note [Executable slots]): which shape each holds and when it was last
   // prepared, and its executable, by the same index. Empty while evicted.
@@ -52,7 +55,8 @@ struct ExecutableGroup {
   size_t executable_bytes = 0;  // each executable's charge (SharedExecutables::instantiate)
   // Which shapes get a slot of their own at a host-paced launch (core::SlotAdmission).
   core::SlotAdmission admission;
-  std::unordered_map<uint32_t, std::vector<uint64_t>> kernels;  // kernels_of, by shape
+  // Per shape, the kernel each node runs (cuda/union_graphs.cpp, kernel_swaps).
+  std::unordered_map<uint32_t, std::vector<uint64_t>> kernels;
 };
 
 }  // namespace grape::cuda

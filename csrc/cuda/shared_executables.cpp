@@ -35,40 +35,12 @@ size_t executable_charge(size_t nodes) {
   return std::max<size_t>(1, static_cast<size_t>(per_node * static_cast<double>(nodes)));
 }
 
-constexpr uint64_t kAbsentKernel = 1;  // kernels_of: the node runs as a no-op
-
 // A member as a key of SharedExecutables::successor_.
 uint64_t key(SharedExecutables::Member m) {
   return (static_cast<uint64_t>(m.group) << 32) | m.shape;
 }
 
 }  // namespace
-
-const std::vector<uint64_t>& SharedExecutables::kernels_of(Group& group, uint32_t shape) {
-  auto found = group.kernels.find(shape);
-  if (found != group.kernels.end()) return found->second;
-  std::vector<uint64_t> kernels(group.nodes.size(), 0);
-  core::Blob scratch;
-  for (uint32_t node = 0; node < kernels.size(); ++node) {
-    if (group.kinds[node] != NodeKind::kKernel) continue;
-    kernels[node] = kernel_in(group.params->view(shape, node, scratch)).value_or(kAbsentKernel);
-  }
-  return group.kernels.emplace(shape, std::move(kernels)).first->second;
-}
-
-size_t SharedExecutables::kernel_swaps(Group& group, uint32_t from, uint32_t to) {
-  const std::vector<uint64_t>& a = kernels_of(group, from);
-  const std::vector<uint64_t>& b = kernels_of(group, to);
-  // A shape cached before its union grew lacks the added nodes: they are no-ops for it.
-  size_t swaps = 0;
-  for (size_t node = 0; node < group.nodes.size(); ++node) {
-    if (group.kinds[node] != NodeKind::kKernel) continue;
-    const uint64_t x = node < a.size() ? a[node] : kAbsentKernel;
-    const uint64_t y = node < b.size() ? b[node] : kAbsentKernel;
-    swaps += x != y ? 1 : 0;
-  }
-  return swaps;
-}
 
 core::SlotChoice SharedExecutables::choose(Group& group, uint32_t shape, bool room) {
   core::SlotChoice choice = core::choose_slot(group.slots, shape, room);
@@ -298,6 +270,7 @@ std::optional<SharedExecutables::Member> SharedExecutables::join_a_group(
     // the same for every node, at several times the cost (docs/results.md).
     try {
       const uint32_t shape = join_as_is(it->second, contents.blobs, stream);
+      group.topology_of_shape[shape] = contents.topology;
       ++group.members;
       ++counters_.joins;
       return Member{it->second, shape};
@@ -349,6 +322,7 @@ SharedExecutables::Member SharedExecutables::start_group(GraphOwner& owner,
   group->kinds = std::move(contents.kinds);
   group->smallest_member = count;
   group->topologies = {contents.topology};
+  group->topology_of_shape[core::ParamTable::kBase] = contents.topology;
   if (!group->shape.order.empty()) {
     group->node_of_topology.emplace(contents.topology, group->shape.order);
   }
@@ -401,6 +375,7 @@ bool SharedExecutables::join_aligned(uint32_t index, const core::NodeGraph& grap
   Group& joined_group = *groups_[index];  // join_grown replaced it
   joined_group.smallest_member = smallest;
   joined_group.node_of_topology.emplace(contents.topology, plan->node_of);
+  joined_group.topology_of_shape[shape] = contents.topology;
   ++joined_group.members;
   if (std::find(joined_group.topologies.begin(), joined_group.topologies.end(),
                 contents.topology) == joined_group.topologies.end()) {
@@ -459,6 +434,7 @@ uint32_t SharedExecutables::join_grown(uint32_t index, const GraphContents& cont
   slots_refused_ = false;
   grown->params = std::move(group.params);
   grown->kernels = std::move(group.kernels);
+  grown->topology_of_shape = std::move(group.topology_of_shape);
   grown->admission = std::move(group.admission);
   grown->params->add_nodes(plan.added.size());
   const uint32_t shape = grown->params->add(blobs);
@@ -480,6 +456,7 @@ void SharedExecutables::remove(Member member) {
   if (group.params) {
     group.params->remove(member.shape);
     group.kernels.erase(member.shape);
+    group.topology_of_shape.erase(member.shape);
     group.admission.forget(member.shape);
     for (auto& slot : group.slots) {
       if (slot.shape != member.shape) continue;

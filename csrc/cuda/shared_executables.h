@@ -91,9 +91,10 @@ class SharedExecutables {
   // std::runtime_error (the graph destroyed) when it cannot be instantiated.
   Member add(cudaGraph_t graph, cudaStream_t stream);
   // A member's parameters as a stored graph needs them (the graph cache, Note [Relocating stored
-  // graphs]): its group's topology and node kinds, and its blobs in node order; nothing where its
-  // group cannot take a shape by blobs alone (unshareable, or a union whose node order is no
-  // captured graph's), and then `why` (where given) says which.
+  // graphs]): the topology of the graph it came from, and that graph's node kinds and blobs in
+  // its node order (a union's member too); nothing where its group cannot give them
+  // (unshareable, or no node order kept for its topology), and then `why` (where given) says
+  // which.
   struct MemberParams {
     uint64_t topology = 0;
     std::vector<NodeKind> kinds;
@@ -101,8 +102,9 @@ class SharedExecutables {
   };
   std::optional<MemberParams> params_of(Member member, std::string* why = nullptr);
   // A new member of `like`'s group with parameters `blobs` (a shape restored from the graph
-  // cache, never captured here), patched in as a join is, so the driver says now whether it
-  // takes them. Throws std::runtime_error where it does not, or where `like` cannot take one.
+  // cache, never captured here: `like`'s topology, in its node order), patched in as a join is,
+  // so the driver says now whether it takes them. Throws std::runtime_error where it does not,
+  // or where `like` cannot take one.
   Member add_shape(Member like, const std::vector<core::Blob>& blobs, cudaStream_t stream);
   // Releases a member; a group left without members frees its executable and base graph.
   void remove(Member member);
@@ -192,11 +194,6 @@ class SharedExecutables {
   size_t load(Group& group, uint32_t shape, cudaStream_t stream, bool host_paced);
   // choose_slot for `shape`, told which slots would change the fewest kernels.
   core::SlotChoice choose(Group& group, uint32_t shape, bool room);
-  // Per node of `shape`, the kernel it runs (its function or kernel handle; kAbsentKernel where
-  // the shape lacks the node; 0 for other nodes). Cached per shape.
-  const std::vector<uint64_t>& kernels_of(Group& group, uint32_t shape);
-  // How many kernel nodes run another kernel in `to` than in `from`.
-  size_t kernel_swaps(Group& group, uint32_t from, uint32_t to);
   // Whether the executable cache can take another slot of `group`.
   bool room_for_slot(const Group& group) const;
   // For kWhenGpuWaits, right after a patch for a host-paced launch on `stream`: whether the GPU

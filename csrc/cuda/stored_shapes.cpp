@@ -10,6 +10,28 @@
 
 namespace grape::cuda {
 
+namespace {
+
+// Group node of each node of a graph of `topology` in `group`: node i itself where the group is
+// that topology's graph; else the mapping its join kept (a union's member). Null where unknown.
+const std::vector<uint32_t>* nodes_of(const ExecutableGroup& group, uint64_t topology,
+                                      std::vector<uint32_t>& identity) {
+  if (group.start == nullptr && group.topologies.size() == 1 &&
+      group.topologies.front() == topology) {
+    identity.resize(group.nodes.size());
+    for (uint32_t i = 0; i < identity.size(); ++i) identity[i] = i;
+    return &identity;
+  }
+  const auto known = group.node_of_topology.find(topology);
+  if (known == group.node_of_topology.end()) return nullptr;
+  for (uint32_t node : known->second) {
+    if (node >= group.nodes.size()) return nullptr;
+  }
+  return &known->second;
+}
+
+}  // namespace
+
 std::optional<SharedExecutables::MemberParams> SharedExecutables::params_of(Member member,
                                                                             std::string* why) {
   wait_settled();
@@ -22,18 +44,22 @@ std::optional<SharedExecutables::MemberParams> SharedExecutables::params_of(Memb
   }
   const Group& group = *groups_[member.group];
   if (!group.params) return refuse("is unshareable");
-  if (group.start != nullptr || group.topologies.size() != 1) {
-    // Its node order is the union's, which a later process has no capture of.
-    return refuse("is a union of " + std::to_string(group.topologies.size()) +
-                  " near topologies");
+  const auto topology = group.topology_of_shape.find(member.shape);
+  if (!group.params->contains(member.shape) || topology == group.topology_of_shape.end()) {
+    return refuse("holds no parameters for it");
   }
-  if (!group.params->contains(member.shape)) return refuse("holds no parameters for it");
+  // A union's member is read out in its own graph's node order: a later process's capture of
+  // that topology holds the same nodes, whatever union this process grew.
+  std::vector<uint32_t> identity;
+  const std::vector<uint32_t>* nodes = nodes_of(group, topology->second, identity);
+  if (nodes == nullptr) return refuse("kept no node order for its topology");
   MemberParams out;
-  out.topology = group.topologies.front();
-  out.kinds = group.kinds;
-  out.blobs.resize(group.nodes.size());
-  for (uint32_t node = 0; node < group.nodes.size(); ++node) {
-    group.params->decode(member.shape, node, out.blobs[node]);
+  out.topology = topology->second;
+  out.kinds.reserve(nodes->size());
+  out.blobs.resize(nodes->size());
+  for (size_t i = 0; i < nodes->size(); ++i) {
+    out.kinds.push_back(group.kinds[(*nodes)[i]]);
+    group.params->decode(member.shape, (*nodes)[i], out.blobs[i]);
   }
   return out;
 }
@@ -47,11 +73,22 @@ SharedExecutables::Member SharedExecutables::add_shape(Member like,
     throw std::runtime_error("grape: the group to restore a shape into has ended");
   }
   Group& group = *groups_[like.group];
-  if (!group.params || group.start != nullptr || group.topologies.size() != 1 ||
-      blobs.size() != group.nodes.size()) {
+  const auto topology = group.topology_of_shape.find(like.shape);
+  std::vector<uint32_t> identity;
+  const std::vector<uint32_t>* nodes =
+      group.params && topology != group.topology_of_shape.end()
+          ? nodes_of(group, topology->second, identity)
+          : nullptr;
+  if (nodes == nullptr || nodes->size() != blobs.size()) {
     throw std::runtime_error("grape: a restored shape's nodes do not fit its group");
   }
-  const uint32_t shape = join_as_is(like.group, blobs, stream);
+  // In `like`'s place: a union's nodes its topology lacks are left empty, run as no-ops, as for
+  // a graph of that topology joining it (`like` shows the union holds that topology).
+  std::vector<core::Blob> placed(group.nodes.size());
+  for (size_t i = 0; i < blobs.size(); ++i) placed[(*nodes)[i]] = blobs[i];
+  const uint64_t restored_topology = topology->second;
+  const uint32_t shape = join_as_is(like.group, placed, stream);
+  group.topology_of_shape[shape] = restored_topology;
   ++group.members;
   ++counters_.joins;
   return {like.group, shape};

@@ -160,4 +160,38 @@ std::unique_ptr<ExecutableGroup> grow_union(const ExecutableGroup& group,
   return grown;
 }
 
+namespace {
+
+constexpr uint64_t kAbsentKernel = 1;  // kernels_of: the node runs as a no-op
+
+// Per node of `shape`, the kernel it runs (its function or kernel handle; kAbsentKernel where the
+// shape lacks the node; 0 for other nodes). Cached per shape.
+const std::vector<uint64_t>& kernels_of(ExecutableGroup& group, uint32_t shape) {
+  auto found = group.kernels.find(shape);
+  if (found != group.kernels.end()) return found->second;
+  std::vector<uint64_t> kernels(group.nodes.size(), 0);
+  core::Blob scratch;
+  for (uint32_t node = 0; node < kernels.size(); ++node) {
+    if (group.kinds[node] != NodeKind::kKernel) continue;
+    kernels[node] = kernel_in(group.params->view(shape, node, scratch)).value_or(kAbsentKernel);
+  }
+  return group.kernels.emplace(shape, std::move(kernels)).first->second;
+}
+
+}  // namespace
+
+size_t kernel_swaps(ExecutableGroup& group, uint32_t from, uint32_t to) {
+  const std::vector<uint64_t>& a = kernels_of(group, from);
+  const std::vector<uint64_t>& b = kernels_of(group, to);
+  // A shape cached before its union grew lacks the added nodes: they are no-ops for it.
+  size_t swaps = 0;
+  for (size_t node = 0; node < group.nodes.size(); ++node) {
+    if (group.kinds[node] != NodeKind::kKernel) continue;
+    const uint64_t x = node < a.size() ? a[node] : kAbsentKernel;
+    const uint64_t y = node < b.size() ? b[node] : kAbsentKernel;
+    swaps += x != y ? 1 : 0;
+  }
+  return swaps;
+}
+
 }  // namespace grape::cuda

@@ -1,8 +1,9 @@
 #pragma once
 // A topology group's graph as the union of near topologies (Note [Near topologies]), in CUDA
 // graphs: how near a captured graph must be to join, the plan by which it joins (aligned by
-// core/topology_union.h, which knows no CUDA) and the union's graph grown by that plan. What a
-// group holds besides (executables, parameters, counters) is cuda/shared_executables.cpp's.
+// core/topology_union.h, which knows no CUDA), the union's graph grown by that plan, and the
+// kernels its shapes swap. What a group holds besides (executables, parameters, counters) is
+// cuda/shared_executables.cpp's.
 
 #include <cstddef>
 #include <memory>
@@ -53,5 +54,10 @@ bool union_holds(const ExecutableGroup& group, const core::UnionPlan& plan);
 std::unique_ptr<ExecutableGroup> grow_union(const ExecutableGroup& group,
                                             const GraphContents& contents,
                                             const core::UnionPlan& plan);
+
+// How many of `group`'s kernel nodes run another kernel in shape `to` than in shape `from` (a
+// union pairs kernel nodes of other kernels: swaps), from each shape's kernels, cached in
+// `group.kernels`.
+size_t kernel_swaps(ExecutableGroup& group, uint32_t from, uint32_t to);
 
 }  // namespace grape::cuda

@@ -389,7 +389,8 @@ std::string GraphCache::save(const std::vector<ShapeToStore>& shapes, const std:
                                   static_cast<uintptr_t>(value) + 1};
     return host.contains(word) || unmapped.contains(word);
   };
-  std::map<uint32_t, core::StoredGroup> groups;  // by executable group
+  // By executable group and topology: a union's members are stored by their own topologies.
+  std::map<std::pair<uint32_t, uint64_t>, core::StoredGroup> groups;
   std::map<std::string, int64_t> unstored;
   int64_t stored = 0;
   bool anything_new = false;
@@ -407,7 +408,7 @@ std::string GraphCache::save(const std::vector<ShapeToStore>& shapes, const std:
       ++unstored[why];
       continue;
     }
-    core::StoredGroup& group = groups[item.graph->member.group];
+    core::StoredGroup& group = groups[{item.graph->member.group, params->topology}];
     group.topology = params->topology;
     group.host = host_addresses;
     core::StoreResult result = core::store_shape(params->blobs, layouts_of(*params), context,
