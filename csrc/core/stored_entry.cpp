@@ -170,6 +170,7 @@ Blob encode_entry(const StoredEntry& e) {
   for (const auto& p : e.placeholders) {
     write_span(w, p.span);
     w.u8(p.mutated);
+    w.u8(p.chained);
     w.u8(p.site_buffer);
   }
   w.u64(e.output_storages.size());
@@ -205,11 +206,13 @@ std::optional<StoredEntry> decode_entry(const Blob& bytes, std::string& why) {
   StoredEntry e;
   try {
     ByteReader r(bytes.data(), bytes.size());
-    e.placeholders.resize(r.count(22));
+    e.placeholders.resize(r.count(23));
     for (auto& p : e.placeholders) {
       p.span = read_span(r);
       p.mutated = r.u8() != 0;
+      p.chained = r.u8() != 0;
       p.site_buffer = r.u8() != 0;
+      if (p.chained && p.site_buffer) throw std::invalid_argument("a placeholder of two kinds");
     }
     e.output_storages.resize(r.count(33));
     for (auto& s : e.output_storages) {

@@ -6,9 +6,10 @@
 // placeholder, an arena span), how the function's result is rebuilt (each output tensor's storage
 // and view, and the result's tree: containers, their types by qualified name, constant leaves by
 // value), and the module tensors it reads as static state, by name. An input alias prediction
-// read in place is a placeholder like any: an earlier replay's output (chain prediction) is arena
-// memory, and an allocation site's buffer (site prediction) is memory the later process's sites
-// hand out, which a replay must not write while a tensor holds it (`site_buffer`). A shape whose
+// read in place is a placeholder like any, with its kind: an earlier replay's output (chain
+// prediction, `chained`) is arena memory, and an allocation site's buffer (site prediction,
+// `site_buffer`) is memory the later process's sites hand out, which a replay must not write
+// while a tensor holds it. A shape whose
 // capture recorded anything else (gradients it replaces, an optimizer's settings, pinned host
 // constants, a leaf the tree cannot name) is not stored: the runtime says why, before it builds
 // one of these.
@@ -70,9 +71,11 @@ struct StoredEntry {
   struct Placeholder {
     ArenaSpan span;
     bool mutated = false;
+    bool chained = false;      // an earlier replay's output, read in place
     bool site_buffer = false;  // an allocation site's buffer (in the arena's input lane)
     friend bool operator==(const Placeholder& a, const Placeholder& b) {
-      return a.span == b.span && a.mutated == b.mutated && a.site_buffer == b.site_buffer;
+      return a.span == b.span && a.mutated == b.mutated && a.chained == b.chained &&
+             a.site_buffer == b.site_buffer;
     }
   };
   struct OutputStorage {

@@ -59,13 +59,6 @@ bool Runtime::site_buffer_held(const CapturedGraph& g, const FlatCall& flat) con
   return false;
 }
 
-void Runtime::bind_site_buffers(CapturedGraph& g) const {
-  if (g.graph || !sites_) return;  // captured here: bound at capture
-  for (auto& ph : g.placeholders) {
-    if (ph.site_buffer && !ph.buffer) ph.buffer = sites_->buffer_at(ph.ptr, ph.bytes);
-  }
-}
-
 bool Runtime::outputs_read_in_place(const Entry& entry) {
   if (*entry.graph->outputs_read_in_place) return true;
   for (const auto& variant : entry.chain_variants) {

@@ -147,9 +147,6 @@ class Runtime {
   // Whether `graph` would copy an input into a site buffer that another tensor holds (its replay
   // is refused then).
   bool site_buffer_held(const CapturedGraph& graph, const FlatCall& flat) const;
-  // A shape restored from the graph cache learns the site buffers its placeholders are, once
-  // this process's sites have them (CapturedGraph::Placeholder::site_buffer).
-  void bind_site_buffers(CapturedGraph& graph) const;
   // Whether another graph reads the outputs of one of `entry`'s graphs in place, so that a chain
   // variant laying them out anew would break that chain (Note [Chain variants]).
   static bool outputs_read_in_place(const Entry& entry);

@@ -398,7 +398,6 @@ GraphPool& Runtime::pool_for(int device) {
 
 CapturedGraph& Runtime::select_graph(Entry& entry, bool repeated, FlatCall& flat,
                                      const py::args& args, const py::kwargs& kwargs) {
-  bind_site_buffers(*entry.graph);
   const core::GraphChoice choice = core::choose_graph(
       chain_, entry.chain_variants.size(),
       [&](size_t i) { return fits(i == 0 ? *entry.graph : *entry.chain_variants[i - 1], flat); },

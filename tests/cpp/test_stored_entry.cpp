@@ -30,7 +30,8 @@ StoredValue text(const std::string& s) {
 StoredEntry model_step() {
   StoredEntry e;
   // The ids an allocation site's buffer (site prediction), and the cache's tensor.
-  e.placeholders = {{ArenaSpan{3, 0, 64}, false, true}, {ArenaSpan{2, 512, 4096}, true, false}};
+  e.placeholders = {{ArenaSpan{3, 0, 64}, false, false, true},
+                    {ArenaSpan{2, 512, 4096}, true, true, false}};
   StoredEntry::OutputStorage pool;
   pool.source = Source::kPool;
   pool.span = {4, 1 << 20, 1 << 16};
@@ -83,9 +84,13 @@ TEST(StoredEntry, WhatIsWrittenIsReadBack) {
   ASSERT_TRUE(read.has_value()) << why;
   expect_equal(*read, model_step());
   EXPECT_TRUE(read->placeholders[0].site_buffer && !read->placeholders[1].site_buffer);
+  EXPECT_TRUE(read->placeholders[1].chained && !read->placeholders[0].chained);
   StoredEntry plain = model_step();
   plain.placeholders[0].site_buffer = false;
   EXPECT_FALSE(grape::core::same_replay(plain, model_step())) << "a site's buffer is not plain";
+  StoredEntry both = model_step();
+  both.placeholders[0].chained = true;
+  EXPECT_FALSE(decode_entry(encode_entry(both), why).has_value()) << "one kind per placeholder";
   const auto empty = decode_entry(encode_entry(StoredEntry{}), why);
   EXPECT_FALSE(empty.has_value()) << "a result needs a tree";
 }

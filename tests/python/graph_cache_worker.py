@@ -92,8 +92,7 @@ def main() -> None:
         def step(x):
             return model(x)
 
-    # Alias prediction only where the variant tests it: its inputs of other kinds (an allocation
-    # site's buffers) are not stored.
+    # Alias prediction only where the variant tests it (the others count captures as if off).
     compiled = grape.compile(step, cache_dir=args.cache_dir,
                              alias_prediction=args.variant in ("chained", "site"))
     if args.barrier:

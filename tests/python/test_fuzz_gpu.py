@@ -664,9 +664,10 @@ def test_fuzz_with_compile_options(options):
     print(summary)
 
 
-def test_fuzz_with_a_cache_filled_by_an_earlier_process(tmp_path):
-    # Alias prediction off: the shapes whose inputs it reads in place are not stored.
-    options = dict(alias_prediction=False, cache_dir=str(tmp_path))
+@pytest.mark.parametrize("alias_prediction", [False, True])
+def test_fuzz_with_a_cache_filled_by_an_earlier_process(tmp_path, alias_prediction):
+    # With alias prediction, restored shapes read chained inputs and site buffers in place.
+    options = dict(alias_prediction=alias_prediction, cache_dir=str(tmp_path))
     calls = max(400, CALLS // 4)
     fill = (f"from tests.python import test_fuzz_gpu as f; "
             f"f.run_fuzz({calls}, {options!r}, f.specs())")

@@ -32,8 +32,8 @@ struct CapturedGraph {
     bool chained = false;                 // predicted: an earlier replay's output, used in place
     std::shared_ptr<InputBuffer> buffer;  // predicted: a site's input buffer, used in place
     // An allocation site's buffer: `buffer` where captured; where restored from the graph cache,
-    // the buffer of this process's sites at that place, once there is one
-    // (Runtime::bind_site_buffers; until then a replay asks the sites whether a tensor holds it).
+    // the memory this process's sites hand out there (a replay asks them whether a tensor holds
+    // a buffer over it).
     bool site_buffer = false;
     // Whether a tensor holds the site's buffer that this placeholder is (`sites`: the function's,
     // null without alias prediction), so that no copy may go there.

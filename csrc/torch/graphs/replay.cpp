@@ -105,6 +105,13 @@ void feed_placeholders(const CapturedGraph& g, const FlatCall& flat, const CallM
       if (action == core::InputAction::kNone) {
         ++stats.alias_hits;
         stats.bytes_avoided += static_cast<int64_t>(ph.bytes);
+        // A shape restored from the graph cache reads the output in place from its first
+        // replay, as a capture does from then on (Note [Chain variants]).
+        const GraphPool::LiveStorage* live =
+            ph.chained && !g.graph
+                ? context.pool.find_live(m.impls[static_cast<size_t>(m.inputs[i].storage)])
+                : nullptr;
+        if (live != nullptr && live->read_in_place) *live->read_in_place = true;
       } else {
         ++stats.alias_misses;
       }

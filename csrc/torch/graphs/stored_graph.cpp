@@ -236,10 +236,7 @@ std::optional<core::StoredEntry> store_entry(const CapturedGraph& graph, const G
       why = "a placeholder outside the arena";
       return std::nullopt;
     }
-    // A chained input's placeholder is restored as a plain one (a replay copies an input found
-    // elsewhere, Note [Liveness of graph outputs]); a site's buffer stays one (Note [Stored
-    // entries]).
-    entry.placeholders.push_back({*span, p.mutated, p.site_buffer});
+    entry.placeholders.push_back({*span, p.mutated, p.chained, p.site_buffer});
   }
   using Source = CapturedGraph::OutputStorage::Source;
   for (size_t s = 0; s < graph.output_storages.size(); ++s) {
@@ -307,8 +304,14 @@ std::unique_ptr<CapturedGraph> restore_entry(
     return reinterpret_cast<void*>(lane.begin + span.offset);
   };
   for (const auto& p : entry.placeholders) {
+    // Only a site's buffers lie in the input lane: a placeholder there that is no site's could
+    // be copied into while a tensor holds it.
+    if (p.site_buffer != (p.span.lane == static_cast<uint32_t>(ArenaLane::kInput))) {
+      why = "a placeholder of another kind than its arena lane";
+      return nullptr;
+    }
     graph->placeholders.push_back(
-        {address(p.span), p.span.bytes, p.mutated, false, nullptr, p.site_buffer});
+        {address(p.span), p.span.bytes, p.mutated, p.chained, nullptr, p.site_buffer});
   }
   using Source = core::StoredEntry::OutputStorage::Source;
   for (const auto& stored : entry.output_storages) {

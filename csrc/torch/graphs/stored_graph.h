@@ -26,9 +26,9 @@ struct NamedTensors {
 };
 
 // `graph`'s stored entry, or nothing with `why` set: a graph whose capture recorded what a stored
-// entry cannot hold (an input read in place, effects on argument objects, a training step's
-// state, pinned host constants, random numbers, an output or static tensor outside the arena and
-// the named tensors, a result the tree cannot name).
+// entry cannot hold (a training step's state, pinned host constants, random numbers, a
+// placeholder, output or static tensor outside the arena and the named tensors, a result the tree
+// cannot name).
 std::optional<core::StoredEntry> store_entry(const CapturedGraph& graph, const GraphArena& arena,
                                              const NamedTensors& named, std::string& why);
 

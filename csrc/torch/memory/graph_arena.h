@@ -7,7 +7,9 @@
 //                   caller holds do not split the large lane's free space;
 //   - kPlaceholder: the graphs' input placeholders, allocated before each capture begins;
 //   - kInput:       buffers handed to the caller's allocations at predicted sites (Note
-//                   [Allocation-site prediction]); a graph writes one only as its own placeholder;
+//                   [Allocation-site prediction]); a graph writes one only as its own placeholder
+//                   (a graph restored from the graph cache may before the buffer exists, never
+//                   while a tensor holds one there);
 //   - kOutput:      capture allocations up to kSmallLimit predicted to outlive the capture or to
 //                   change size with the shape, kept apart from the small lane's temporaries
 //                   (Note [Outputs apart from temporaries] in core/survivor_prediction.h).

@@ -137,17 +137,6 @@ std::shared_ptr<InputBuffer> InputSites::buffer_of(const at::Tensor& t) const {
   return buffer->owner == id_ ? buffer : nullptr;
 }
 
-std::shared_ptr<InputBuffer> InputSites::buffer_at(const void* ptr, size_t bytes) const {
-  for (const auto& [site, classes] : buffers_) {
-    for (const auto& [size_class, buffers] : classes) {
-      for (const auto& b : buffers) {
-        if (b->block.get() == ptr && b->capacity >= bytes) return b;
-      }
-    }
-  }
-  return nullptr;
-}
-
 bool InputSites::holds(const void* ptr, size_t bytes) const {
   const auto begin = reinterpret_cast<uintptr_t>(ptr);
   for (const auto& [site, classes] : buffers_) {

@@ -63,11 +63,8 @@ class InputSites {
 
   // The buffer whose hand-out `t`'s storage is, if it is one of this function's.
   std::shared_ptr<InputBuffer> buffer_of(const at::Tensor& t) const;
-  // For a graph restored from the graph cache, whose placeholder is memory these sites hand out
-  // (their buffers lie where the storing process's did when learned alike): the buffer at `ptr`
-  // holding `bytes`, if there is one now; and whether any buffer over [ptr, ptr + bytes) is
-  // handed out now.
-  std::shared_ptr<InputBuffer> buffer_at(const void* ptr, size_t bytes) const;
+  // Whether a buffer over [ptr, ptr + bytes) is handed out now: asked for a graph restored from
+  // the graph cache, whose placeholder is memory these sites hand out.
   bool holds(const void* ptr, size_t bytes) const;
 
   const core::SiteStats& stats() const { return stats_; }
