@@ -2,11 +2,11 @@
 own unchanged `generate` (decoders and encoder-decoders: batch 1, a 16-token prompt, greedy) or a
 forward over 6 lengths (encoders), eager against grape.compile(model) on the same weights, and
 grape_plan_free (grape.compile(model, plan_free_attention=True): captures run attention on
-backends that build no per-shape plan); grape_cached (when asked for; decoders and
-encoder-decoders): grape.compile(model) with a graph cache directory, which a first process of
-this script fills, then measured in a second, fresh one, grape alone (its first call from a cold
-process), its tokens compared with this process's eager's; the filling process's graph_cache
-stats are filling_graph_cache, the measured one's graph_cache.
+backends that build no per-shape plan); grape_cached and grape_plan_free_cached (when asked
+for; decoders and encoder-decoders): the same with a graph cache directory, which a first process
+of this script fills, then measured in a second, fresh one, that mode alone (its first call from
+a cold process), its tokens compared with this process's eager's; the filling process's
+graph_cache stats are filling_graph_cache, the measured one's graph_cache.
 
     python -m benchmarks.hf_zoo                        # every architecture, 64 new tokens
     python -m benchmarks.hf_zoo --quick                # smoke run: 8 new tokens, 1 rep
@@ -46,7 +46,8 @@ import torch
 from benchmarks import generation, harness
 
 MODES = ["eager", "grape", "grape_plan_free"]  # the default
-CACHED = "grape_cached"  # when asked for: two processes of its own (cached_mode)
+# When asked for, each in two processes of its own (cached_mode): the mode without the suffix.
+CACHED = ("grape_cached", "grape_plan_free_cached")
 PROMPT = 16
 ENCODER_LENGTHS = (8, 16, 24, 32, 48, 64)  # one encoder call: a forward at each
 
@@ -148,7 +149,7 @@ def call(model, kind: str, args: dict, new_tokens: int):
 
 def run_mode(base, kind: str, args: dict, mode: str, new_tokens: int, reps: int,
              steady_calls: int, cache_dir: str | None = None) -> dict:
-    """One mode's figures; `cache_dir` (grape: a graph cache process of grape_cached): grape
+    """One mode's figures; `cache_dir` (a process of a cached mode, CACHED): grape
     compiles with that cache directory, saves it at the end, and its tokens are kept as a list
     (they travel in the results file)."""
     import grape
@@ -178,21 +179,23 @@ def run_mode(base, kind: str, args: dict, mode: str, new_tokens: int, reps: int,
     return result
 
 
-def cached_mode(name: str, device: str, new_tokens: int, reps: int) -> dict:
-    """grape_cached: a fresh process of this script fills a graph cache directory for case
-    `name` (grape alone), then a second one is measured; its figures, with the filling process's
-    graph_cache as filling_graph_cache and its tokens as outputs."""
+def cached_mode(name: str, mode: str, device: str, new_tokens: int, reps: int) -> dict:
+    """A cached mode (one of CACHED): a fresh process of this script fills a graph cache
+    directory for case `name` (the mode without its suffix, alone), then a second one is measured;
+    its figures, with the filling process's graph_cache as filling_graph_cache and its tokens as
+    outputs."""
+    uncached = mode.removesuffix("_cached")
     with tempfile.TemporaryDirectory() as folder:
         runs = {}
         for kind in ("filling", "measured"):
             command = [sys.executable, "-m", "benchmarks.hf_zoo", "--cases", name, "--modes",
-                       "grape", "--cache-dir", os.path.join(folder, "cache"), "--device", device,
+                       uncached, "--cache-dir", os.path.join(folder, "cache"), "--device", device,
                        "--new-tokens", str(new_tokens), "--reps", str(reps),
                        "--out", os.path.join(folder, kind)]
             subprocess.run(command, check=True, cwd=Path(__file__).resolve().parent.parent,
                            stdout=subprocess.DEVNULL)
             written, = Path(folder, kind).glob("hf_zoo*.json")
-            runs[kind] = json.loads(written.read_text())["cases"][0]["modes"]["grape"]
+            runs[kind] = json.loads(written.read_text())["cases"][0]["modes"][uncached]
     result = runs["measured"]
     if "error" in result:
         raise RuntimeError(result["error"])
@@ -220,14 +223,14 @@ def run_case(name: str, modes: list[str], device: str, new_tokens: int, reps: in
     args = inputs(base, kind, device)
 
     def run(mode: str) -> dict:
-        if mode != CACHED:
+        if mode not in CACHED:
             return run_mode(base, kind, args, mode, new_tokens, reps, 2, cache_dir)
-        result = cached_mode(name, device, new_tokens, reps)
+        result = cached_mode(name, mode, device, new_tokens, reps)
         result["outputs"] = result["outputs"].to(device)
         return result
 
     if kind == "encoder":  # grape_cached measures generate's first call
-        modes = [mode for mode in modes if mode != CACHED]
+        modes = [mode for mode in modes if mode not in CACHED]
     with torch.no_grad():
         results = harness.run_modes(modes, run)
     harness.compare_with_eager(results, ratios={"first_call_s": "first_call_ratio_to_eager"})
@@ -254,7 +257,7 @@ def main(argv=None) -> list[dict]:
     parser.add_argument("--cache-dir", default=None,
                         help="a grape_cached process's: grape compiles with this graph cache "
                              "directory, and the tokens go in the results")
-    args, modes = harness.parse(parser, argv, MODES + [CACHED], None)
+    args, modes = harness.parse(parser, argv, MODES + list(CACHED), None)
     if args.device == "cuda" and not torch.cuda.is_available():
         raise SystemExit(NEEDS)
     unknown = set(args.cases.split(",")) - set(ZOO)

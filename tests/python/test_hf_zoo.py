@@ -45,11 +45,14 @@ def test_the_script_runs_on_the_cpu_and_writes_every_figure(tmp_path):
 
 def test_the_cached_mode_runs_two_processes_of_its_own_and_compares_their_tokens(tmp_path):
     cases = hf_zoo.main(["--quick", "--device", "cpu", "--cases", "whisper,bert",
-                         "--modes", "eager,grape_cached", "--out", str(tmp_path)])
-    cached = cases[0]["modes"]["grape_cached"]
-    assert cached["correct"] is True and cached["first_call_ratio_to_eager"] > 0
-    assert cached["captures_per_call"] == [0, 0, 0, 0]  # grape runs eagerly on the CPU
-    assert "filling_graph_cache" in cached and "tokens" not in cached
+                         "--modes", "eager,grape_cached,grape_plan_free_cached",
+                         "--out", str(tmp_path)])
+    for mode in ("grape_cached", "grape_plan_free_cached"):
+        cached = cases[0]["modes"][mode]
+        assert cached["correct"] is True and cached["first_call_ratio_to_eager"] > 0
+        assert cached["captures_per_call"] == [0, 0, 0, 0]  # grape runs eagerly on the CPU
+        assert "filling_graph_cache" in cached and "tokens" not in cached
+    assert cases[0]["modes"]["grape_plan_free_cached"]["numerics_may_differ"] is True
     assert list(cases[1]["modes"]) == ["eager"], "an encoder has no generate to measure"
 
 
