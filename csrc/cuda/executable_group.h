@@ -41,8 +41,10 @@ struct ExecutableGroup {
   static constexpr uint8_t kFromStart = 1, kToEnd = 2;  // flags of `anchored`
   size_t smallest_member = 0;    // node count of its smallest member
   std::vector<uint64_t> topologies;  // its keys in SharedExecutables::by_topology_
-  // Per topology of its members, their nodes' union nodes (UnionPlan::node_of), so that another
-  // graph of that topology joins as it did, without aligning (which may pair it otherwise).
+  // Per topology of its members, their nodes' union nodes (UnionPlan::node_of; the base's: its
+  // alignment order, node i itself), so that another graph of that topology joins as it did,
+  // without aligning (which may pair it otherwise), and the graph cache reads a member out in
+  // its own node order.
   std::unordered_map<uint64_t, std::vector<uint32_t>> node_of_topology;
   // Per shape, the topology of the graph it came from: the graph cache reads a union's member
   // out in its own topology's node order (SharedExecutables::params_of).

@@ -374,8 +374,13 @@ bool SharedExecutables::join_aligned(uint32_t index, const core::NodeGraph& grap
   }
   Group& joined_group = *groups_[index];  // join_grown replaced it
   joined_group.smallest_member = smallest;
-  joined_group.node_of_topology.emplace(contents.topology, plan->node_of);
-  joined_group.topology_of_shape[shape] = contents.topology;
+  const auto [known, added] =
+      joined_group.node_of_topology.emplace(contents.topology, plan->node_of);
+  // A graph of a known topology whose nodes paired otherwise (per-node keys the topology leaves
+  // out: a copy's memory kinds) has no node order kept: the graph cache reads it out never.
+  if (added || known->second == plan->node_of) {
+    joined_group.topology_of_shape[shape] = contents.topology;
+  }
   ++joined_group.members;
   if (std::find(joined_group.topologies.begin(), joined_group.topologies.end(),
                 contents.topology) == joined_group.topologies.end()) {

@@ -93,8 +93,8 @@ class SharedExecutables {
   // A member's parameters as a stored graph needs them (the graph cache, Note [Relocating stored
   // graphs]): the topology of the graph it came from, and that graph's node kinds and blobs in
   // its node order (a union's member too); nothing where its group cannot give them
-  // (unshareable, or no node order kept for its topology), and then `why` (where given) says
-  // which.
+  // (unshareable, removed, or no node order kept for its topology), and then `why` (where
+  // given) says which.
   struct MemberParams {
     uint64_t topology = 0;
     std::vector<NodeKind> kinds;
@@ -102,10 +102,11 @@ class SharedExecutables {
   };
   std::optional<MemberParams> params_of(Member member, std::string* why = nullptr);
   // A new member of `like`'s group with parameters `blobs` (a shape restored from the graph
-  // cache, never captured here: `like`'s topology, in its node order), patched in as a join is,
-  // so the driver says now whether it takes them. Throws std::runtime_error where it does not,
-  // or where `like` cannot take one.
-  Member add_shape(Member like, const std::vector<core::Blob>& blobs, cudaStream_t stream);
+  // cache, never captured here: a graph of `topology`, which the group holds, in its node order),
+  // patched in as a join is, so the driver says now whether it takes them. Throws
+  // std::runtime_error where it does not, or where the group cannot take one.
+  Member add_shape(Member like, uint64_t topology, const std::vector<core::Blob>& blobs,
+                   cudaStream_t stream);
   // Releases a member; a group left without members frees its executable and base graph.
   void remove(Member member);
   // The executable holding `member`'s parameters, instantiated (`stream` receives its upload) and

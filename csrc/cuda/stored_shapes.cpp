@@ -64,7 +64,7 @@ std::optional<SharedExecutables::MemberParams> SharedExecutables::params_of(Memb
   return out;
 }
 
-SharedExecutables::Member SharedExecutables::add_shape(Member like,
+SharedExecutables::Member SharedExecutables::add_shape(Member like, uint64_t topology,
                                                        const std::vector<core::Blob>& blobs,
                                                        cudaStream_t stream) {
   settle();
@@ -73,22 +73,18 @@ SharedExecutables::Member SharedExecutables::add_shape(Member like,
     throw std::runtime_error("grape: the group to restore a shape into has ended");
   }
   Group& group = *groups_[like.group];
-  const auto topology = group.topology_of_shape.find(like.shape);
   std::vector<uint32_t> identity;
   const std::vector<uint32_t>* nodes =
-      group.params && topology != group.topology_of_shape.end()
-          ? nodes_of(group, topology->second, identity)
-          : nullptr;
+      group.params ? nodes_of(group, topology, identity) : nullptr;
   if (nodes == nullptr || nodes->size() != blobs.size()) {
     throw std::runtime_error("grape: a restored shape's nodes do not fit its group");
   }
-  // In `like`'s place: a union's nodes its topology lacks are left empty, run as no-ops, as for
-  // a graph of that topology joining it (`like` shows the union holds that topology).
+  // Where a graph of `topology` joined: a union's nodes it lacks are left empty, run as no-ops,
+  // as for a graph of that topology joining it (the union holds one already).
   std::vector<core::Blob> placed(group.nodes.size());
   for (size_t i = 0; i < blobs.size(); ++i) placed[(*nodes)[i]] = blobs[i];
-  const uint64_t restored_topology = topology->second;
   const uint32_t shape = join_as_is(like.group, placed, stream);
-  group.topology_of_shape[shape] = restored_topology;
+  group.topology_of_shape[shape] = topology;
   ++group.members;
   ++counters_.joins;
   return {like.group, shape};

@@ -341,7 +341,7 @@ TEST_F(SharedExecutablesOnGpu, AUnionHoldsVariantsFartherApartThanOneGraphMayBri
   // Note [Near topologies]: a graph may bring at most 8 nodes a union lacks, but the union's
   // own extra nodes are bounded only by its growth over its smallest member (16 here). A graph
   // with 12 memsets more, then the plain one, share one executable; each runs its own nodes.
-  Buffers b(stream_, 2);
+  Buffers b(stream_, 3);
   SharedExecutables ex(Sharing::kNearTopologies, 0);
   const std::vector<size_t> sizes = {1000, 2048};
   const std::vector<int> extras = {12, 0};
@@ -358,18 +358,35 @@ TEST_F(SharedExecutablesOnGpu, AUnionHoldsVariantsFartherApartThanOneGraphMayBri
   }
   // The graph cache reads each member out in its own graph's node order; a shape restored from
   // those parameters into the union replays as that member does (after the other member ran).
-  for (size_t i : {0, 1}) {
-    const auto params = ex.params_of(members[i]);
-    ASSERT_TRUE(params.has_value());
-    const SharedExecutables::Member restored = ex.add_shape(members[i], params->blobs, stream_);
-    ASSERT_NO_FATAL_FAILURE(replay(ex, members[1 - i], b, stream_));
-    ASSERT_NO_FATAL_FAILURE(replay(ex, restored, b, stream_));
-    expect_shape(b, static_cast<int>(i), sizes[i], extras[i]);
-  }
   const auto wide = ex.params_of(members[0]), plain = ex.params_of(members[1]);
   ASSERT_TRUE(wide.has_value() && plain.has_value());
   EXPECT_NE(wide->topology, plain->topology);
   EXPECT_EQ(wide->blobs.size(), plain->blobs.size() + 12) << "each in its own graph's nodes";
+  for (size_t i : {0, 1}) {
+    const auto& params = i == 0 ? *wide : *plain;
+    const SharedExecutables::Member restored =
+        ex.add_shape(members[i], params.topology, params.blobs, stream_);
+    ASSERT_NO_FATAL_FAILURE(replay(ex, members[1 - i], b, stream_));
+    ASSERT_NO_FATAL_FAILURE(replay(ex, restored, b, stream_));
+    expect_shape(b, static_cast<int>(i), sizes[i], extras[i]);
+  }
+  // As a later process restores it: into a group of that topology alone (another shape of it
+  // captured live), then after that live shape is gone.
+  SharedExecutables later(Sharing::kNearTopologies, 0);
+  const SharedExecutables::Member live =
+      later.add(capture_shape(b, 2, 1500, stream_, extras[1]), stream_);
+  const SharedExecutables::Member restored =
+      later.add_shape(live, plain->topology, plain->blobs, stream_);
+  ASSERT_NO_FATAL_FAILURE(replay(later, live, b, stream_));
+  ASSERT_NO_FATAL_FAILURE(replay(later, restored, b, stream_));
+  expect_shape(b, 1, sizes[1], extras[1]);
+  later.remove(live);
+  const SharedExecutables::Member again =
+      later.add_shape(restored, plain->topology, plain->blobs, stream_);
+  ASSERT_NO_FATAL_FAILURE(replay(later, again, b, stream_));
+  expect_shape(b, 1, sizes[1], extras[1]);
+  later.remove(restored);
+  later.remove(again);
 }
 
 TEST_F(SharedExecutablesOnGpu, NearTopologiesShareOneUnionAndRunOnlyTheirOwnNodes) {

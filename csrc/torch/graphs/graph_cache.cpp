@@ -195,7 +195,8 @@ void GraphCache::settle(const CapturedGraph* current, bool replayed,
     const auto start = core::Clock::now();
     std::string failed;
     try {
-      same = same_outputs(*current, executables, pending.variant, failed);
+      same = same_outputs(*current, groups_[pending.found.group].topology, executables,
+                          pending.variant, failed);
     } catch (const std::exception& e) {
       failed = std::string("the run failed: ") + e.what();
     }
@@ -211,7 +212,8 @@ void GraphCache::settle(const CapturedGraph* current, bool replayed,
   validate(pending.found, *current, executables, named, /*may_run=*/false);  // matches now
 }
 
-bool GraphCache::same_outputs(const CapturedGraph& graph, cuda::SharedExecutables& executables,
+bool GraphCache::same_outputs(const CapturedGraph& graph, uint64_t topology,
+                              cuda::SharedExecutables& executables,
                               const std::vector<core::Blob>& variant, std::string& why) {
   // What the run may change that the call's replay left: its outputs in the pool. It writes no
   // input (validate runs none that does) and no module tensor (none whose version moved), and
@@ -233,7 +235,7 @@ bool GraphCache::same_outputs(const CapturedGraph& graph, cuda::SharedExecutable
   }
   const cudaStream_t stream = at::cuda::getCurrentCUDAStream(device.index()).stream();
   const cuda::SharedExecutables::Member member =
-      executables.add_shape(graph.member, variant, stream);
+      executables.add_shape(graph.member, topology, variant, stream);
   bool same = true;
   try {
     C10_CUDA_CHECK(cudaGraphLaunch(executables.prepare(member, stream), stream));
@@ -342,7 +344,7 @@ std::unique_ptr<CapturedGraph> GraphCache::restore(
     try {
       const c10::cuda::CUDAGuard device_guard(pool->device());
       const cudaStream_t stream = at::cuda::getCurrentCUDAStream(pool->device()).stream();
-      graph->member = executables->add_shape(group.live, blobs.blobs, stream);
+      graph->member = executables->add_shape(group.live, stored.topology, blobs.blobs, stream);
     } catch (const std::exception& e) {
       why = std::string("the driver refused its parameters: ") + e.what();
       graph.reset();

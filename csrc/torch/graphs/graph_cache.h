@@ -136,10 +136,11 @@ class GraphCache {
                     cuda::SharedExecutables& executables, const NamedTensors& named,
                     GroupRestore& group);
 
-  // Whether running `graph` with `variant`'s parameters leaves its outputs as the call's replay
-  // left them (they are put back where not), or why it cannot tell (`why`).
-  bool same_outputs(const CapturedGraph& graph, cuda::SharedExecutables& executables,
-                    const std::vector<core::Blob>& variant, std::string& why);
+  // Whether running `graph` (of `topology`) with `variant`'s parameters leaves its outputs as
+  // the call's replay left them (they are put back where not), or why it cannot tell (`why`).
+  bool same_outputs(const CapturedGraph& graph, uint64_t topology,
+                    cuda::SharedExecutables& executables, const std::vector<core::Blob>& variant,
+                    std::string& why);
 
   // A group whose live capture differs in literal bytes only, until settle().
   struct Pending {
