@@ -16,7 +16,7 @@ namespace grape {
 bool CapturedGraph::Placeholder::site_buffer_held(const InputSites* sites) const {
   if (!site_buffer) return false;
   if (buffer) return buffer->in_use.load();
-  return sites != nullptr && sites->holds(ptr, bytes);  // restored, and no buffer bound yet
+  return sites != nullptr && sites->holds(ptr, bytes);  // restored from the graph cache
 }
 
 uint64_t CapturedGraph::next_id() {
