@@ -6,13 +6,15 @@ backends that build no per-shape plan); grape_cached and grape_plan_free_cached 
 for; decoders and encoder-decoders): the same with a graph cache directory, which a first process
 of this script fills, then measured in a second, fresh one, that mode alone (its first call from
 a cold process), its tokens compared with this process's eager's; the filling process's
-graph_cache stats are filling_graph_cache, the measured one's graph_cache.
+graph_cache stats are filling_graph_cache, the measured one's graph_cache; eager_cold (when asked
+for): eager alone in a fresh process, the cold first call the cached modes' is compared with
+(first_call_ratio_to_cold_eager).
 
     python -m benchmarks.hf_zoo                        # every architecture, 64 new tokens
     python -m benchmarks.hf_zoo --quick                # smoke run: 8 new tokens, 1 rep
     python -m benchmarks.hf_zoo --cases llama,bert     # some of them
     python -m benchmarks.hf_zoo --quick --device cpu   # the script itself (grape runs eagerly)
-    python -m benchmarks.hf_zoo --modes eager,grape_cached --cases whisper,llama
+    python -m benchmarks.hf_zoo --modes eager,eager_cold,grape_plan_free_cached --cases whisper,llama
 
 A case is an architecture (its name in ZOO); its config is the model type and the small sizes it
 was built with. Modes run one after another in one process, eager first, each on a copy of the
@@ -46,8 +48,11 @@ import torch
 from benchmarks import generation, harness
 
 MODES = ["eager", "grape", "grape_plan_free"]  # the default
-# When asked for, each in two processes of its own (cached_mode): the mode without the suffix.
+# When asked for, each in processes of its own (fresh_process_mode): the cached modes in two
+# (the mode without the suffix), eager_cold in one.
 CACHED = ("grape_cached", "grape_plan_free_cached")
+EAGER_COLD = "eager_cold"
+FRESH = CACHED + (EAGER_COLD,)
 PROMPT = 16
 ENCODER_LENGTHS = (8, 16, 24, 32, 48, 64)  # one encoder call: a forward at each
 
@@ -179,19 +184,21 @@ def run_mode(base, kind: str, args: dict, mode: str, new_tokens: int, reps: int,
     return result
 
 
-def cached_mode(name: str, mode: str, device: str, new_tokens: int, reps: int) -> dict:
-    """A cached mode (one of CACHED): a fresh process of this script fills a graph cache
-    directory for case `name` (the mode without its suffix, alone), then a second one is measured;
-    its figures, with the filling process's graph_cache as filling_graph_cache and its tokens as
+def fresh_process_mode(name: str, mode: str, device: str, new_tokens: int, reps: int) -> dict:
+    """A mode of FRESH for case `name`, in fresh processes of this script: eager_cold, eager
+    alone in one; a cached mode, the mode without its suffix alone, in one that fills a graph
+    cache directory, then in a second one, measured. The measured process's figures; a cached
+    mode's with the filling process's graph_cache as filling_graph_cache and its tokens as
     outputs."""
-    uncached = mode.removesuffix("_cached")
+    cached = mode in CACHED
+    uncached = mode.removesuffix("_cached") if cached else "eager"
     with tempfile.TemporaryDirectory() as folder:
         runs = {}
-        for kind in ("filling", "measured"):
+        for kind in ("filling", "measured") if cached else ("measured",):
+            cache = ["--cache-dir", os.path.join(folder, "cache")] if cached else []
             command = [sys.executable, "-m", "benchmarks.hf_zoo", "--cases", name, "--modes",
-                       uncached, "--cache-dir", os.path.join(folder, "cache"), "--device", device,
-                       "--new-tokens", str(new_tokens), "--reps", str(reps),
-                       "--out", os.path.join(folder, kind)]
+                       uncached, *cache, "--device", device, "--new-tokens", str(new_tokens),
+                       "--reps", str(reps), "--out", os.path.join(folder, kind)]
             subprocess.run(command, check=True, cwd=Path(__file__).resolve().parent.parent,
                            stdout=subprocess.DEVNULL)
             written, = Path(folder, kind).glob("hf_zoo*.json")
@@ -199,8 +206,11 @@ def cached_mode(name: str, mode: str, device: str, new_tokens: int, reps: int) -
     result = runs["measured"]
     if "error" in result:
         raise RuntimeError(result["error"])
-    result["filling_graph_cache"] = runs["filling"].get("graph_cache")
-    result["outputs"] = torch.tensor(result.pop("tokens"))
+    for key in ("correct", "first_call_ratio_to_eager", "speedup_vs_eager"):
+        result.pop(key, None)  # that process's own comparisons: this one's are made here
+    if cached:
+        result["filling_graph_cache"] = runs["filling"].get("graph_cache")
+        result["outputs"] = torch.tensor(result.pop("tokens"))
     return result
 
 
@@ -223,10 +233,11 @@ def run_case(name: str, modes: list[str], device: str, new_tokens: int, reps: in
     args = inputs(base, kind, device)
 
     def run(mode: str) -> dict:
-        if mode not in CACHED:
+        if mode not in FRESH:
             return run_mode(base, kind, args, mode, new_tokens, reps, 2, cache_dir)
-        result = cached_mode(name, mode, device, new_tokens, reps)
-        result["outputs"] = result["outputs"].to(device)
+        result = fresh_process_mode(name, mode, device, new_tokens, reps)
+        if "outputs" in result:
+            result["outputs"] = result["outputs"].to(device)
         return result
 
     if kind == "encoder":  # grape_cached measures generate's first call
@@ -234,6 +245,10 @@ def run_case(name: str, modes: list[str], device: str, new_tokens: int, reps: in
     with torch.no_grad():
         results = harness.run_modes(modes, run)
     harness.compare_with_eager(results, ratios={"first_call_s": "first_call_ratio_to_eager"})
+    cold = results.get(EAGER_COLD, {}).get("first_call_s")
+    for mode in CACHED:
+        if cold and results.get(mode, {}).get("first_call_s"):
+            results[mode]["first_call_ratio_to_cold_eager"] = results[mode]["first_call_s"] / cold
     return {"name": name, "config": config, "modes": results}
 
 
@@ -257,7 +272,7 @@ def main(argv=None) -> list[dict]:
     parser.add_argument("--cache-dir", default=None,
                         help="a grape_cached process's: grape compiles with this graph cache "
                              "directory, and the tokens go in the results")
-    args, modes = harness.parse(parser, argv, MODES + list(CACHED), None)
+    args, modes = harness.parse(parser, argv, MODES + list(FRESH), None)
     if args.device == "cuda" and not torch.cuda.is_available():
         raise SystemExit(NEEDS)
     unknown = set(args.cases.split(",")) - set(ZOO)
