@@ -14,7 +14,7 @@ for): eager alone in a fresh process, the cold first call the cached modes' is c
     python -m benchmarks.hf_zoo --quick                # smoke run: 8 new tokens, 1 rep
     python -m benchmarks.hf_zoo --cases llama,bert     # some of them
     python -m benchmarks.hf_zoo --quick --device cpu   # the script itself (grape runs eagerly)
-    python -m benchmarks.hf_zoo --modes eager,eager_cold,grape_plan_free_cached --cases whisper,llama
+    python -m benchmarks.hf_zoo --modes eager,eager_cold,grape_plan_free_cached --cases whisper
 
 A case is an architecture (its name in ZOO); its config is the model type and the small sizes it
 was built with. Modes run one after another in one process, eager first, each on a copy of the
