@@ -183,6 +183,7 @@ py::object Runtime::graph_cache_stats() const {
   d["unrestored"] = counts(f.unrestored);
   d["cache_load_seconds"] = core::seconds(f.load_ns);
   d["restore_seconds"] = core::seconds(f.restore_ns);
+  d["restore_join_seconds"] = core::seconds(f.restore_join_ns);
   d["saved_shapes"] = f.saved_shapes;
   d["unstored"] = counts(f.unstored);
   d["store_seconds"] = core::seconds(f.store_ns);

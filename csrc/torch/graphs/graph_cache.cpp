@@ -344,7 +344,9 @@ std::unique_ptr<CapturedGraph> GraphCache::restore(
     try {
       const c10::cuda::CUDAGuard device_guard(pool->device());
       const cudaStream_t stream = at::cuda::getCurrentCUDAStream(pool->device()).stream();
+      const auto join_start = core::Clock::now();
       graph->member = executables->add_shape(group.live, stored.topology, blobs.blobs, stream);
+      figures_.restore_join_ns += core::elapsed_ns(join_start);
     } catch (const std::exception& e) {
       why = std::string("the driver refused its parameters: ") + e.what();
       graph.reset();
