@@ -37,8 +37,6 @@ is what the pass that captures every shape added to the process's resident memor
 
 from __future__ import annotations
 
-import json
-import subprocess
 import sys
 import tempfile
 import time
@@ -515,14 +513,9 @@ def main(argv=None):
                 child = [a for a in (argv if argv is not None else sys.argv[1:])]
                 child = strip_option(strip_option(child, "--batch"), "--out")
                 # A child whose results differ from eager exits with an error, results written.
-                done = subprocess.run([sys.executable, "-m", "benchmarks.gpt2_decode", *child,
-                                       "--batch", str(batch), "--out", out])
-                written = list(Path(out).glob("*.json"))
-                if len(written) != 1:
-                    raise RuntimeError(f"batch {batch}: the run wrote no results "
-                                       f"(exit status {done.returncode})")
-                (result,) = written
-                cases += json.loads(result.read_text())["cases"]
+                cases += harness.fresh_process_cases("benchmarks.gpt2_decode",
+                                                     [*child, "--batch", str(batch)], Path(out),
+                                                     check=False)
             path = harness.write_results(name + ("-quick" if args.quick else ""), cases, args.out)
         print(f"\nwrote {path}")
         return cases

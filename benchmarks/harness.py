@@ -37,6 +37,7 @@ import math
 import os
 import statistics
 import subprocess
+import sys
 import time
 from pathlib import Path
 from typing import Callable, Iterable, Mapping, Sequence
@@ -463,6 +464,23 @@ def write_results(benchmark: str, cases: list[dict], out_dir: Path | None = None
     path = out_dir / f"{benchmark}-{gpu}.json"
     path.write_text(json.dumps({"benchmark": benchmark, **env, "cases": cases}, indent=2) + "\n")
     return path
+
+
+def fresh_process_cases(module: str, args: Sequence[str], out: Path,
+                        env: Mapping[str, str] | None = None, check: bool = True,
+                        quiet: bool = False) -> list[dict]:
+    """The cases that `python -m <module> <args> --out <out>` writes, run in a fresh process of
+    its own (what a benchmark measures cold, or keeps apart): its one results file under `out`.
+    `check`: a child that exits with an error raises; else only one that wrote no results does.
+    `quiet`: its standard output is dropped."""
+    command = [sys.executable, "-m", module, *args, "--out", str(out)]
+    done = subprocess.run(command, check=check, cwd=Path(__file__).resolve().parent.parent,
+                          env=env, stdout=subprocess.DEVNULL if quiet else None)
+    written = list(Path(out).glob("*.json"))
+    if len(written) != 1:
+        raise RuntimeError(f"{' '.join(command[1:])}: no results written "
+                           f"(exit status {done.returncode})")
+    return json.loads(written[0].read_text())["cases"]
 
 
 def print_table(case: dict) -> None:

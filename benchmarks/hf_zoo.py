@@ -35,9 +35,7 @@ a markdown table (benchmarks/results/ on a GPU).
 from __future__ import annotations
 
 import copy
-import json
 import os
-import subprocess
 import sys
 import tempfile
 import warnings
@@ -196,13 +194,11 @@ def fresh_process_mode(name: str, mode: str, device: str, new_tokens: int, reps:
         runs = {}
         for kind in ("filling", "measured") if cached else ("measured",):
             cache = ["--cache-dir", os.path.join(folder, "cache")] if cached else []
-            command = [sys.executable, "-m", "benchmarks.hf_zoo", "--cases", name, "--modes",
-                       uncached, *cache, "--device", device, "--new-tokens", str(new_tokens),
-                       "--reps", str(reps), "--out", os.path.join(folder, kind)]
-            subprocess.run(command, check=True, cwd=Path(__file__).resolve().parent.parent,
-                           stdout=subprocess.DEVNULL)
-            written, = Path(folder, kind).glob("hf_zoo*.json")
-            runs[kind] = json.loads(written.read_text())["cases"][0]["modes"][uncached]
+            args = ["--cases", name, "--modes", uncached, *cache, "--device", device,
+                    "--new-tokens", str(new_tokens), "--reps", str(reps)]
+            cases = harness.fresh_process_cases("benchmarks.hf_zoo", args, Path(folder, kind),
+                                                quiet=True)
+            runs[kind] = cases[0]["modes"][uncached]
     result = runs["measured"]
     if "error" in result:
         raise RuntimeError(result["error"])

@@ -90,11 +90,9 @@ from __future__ import annotations
 import contextlib
 import copy
 import itertools
-import json
 import operator
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -470,18 +468,16 @@ def cold_processes(argv: Sequence[str], modes: Sequence[str], out: Path) -> list
             # A first process of the mode fills the cache directory; the second is measured.
             env[CACHE_VARIABLE] = str(out / f"{mode}-cache")
             passes = ["filling", "measured"]
+        written = {}
         for kind in passes:
-            folder = out / mode / kind
-            command = [sys.executable, "-m", "benchmarks.time_to_speed", *argv, "--modes", mode,
-                       "--out", str(folder)]
-            print(f"cold process for {mode} ({kind}): {' '.join(command[1:])}", flush=True)
-            subprocess.run(command, check=True, cwd=Path(__file__).resolve().parent.parent,
-                           env=env)
-        written, = folder.glob("time_to_speed*.json")
-        cases = json.loads(written.read_text())["cases"]
+            folder, args = out / mode / kind, [*argv, "--modes", mode]
+            print(f"cold process for {mode} ({kind}): -m benchmarks.time_to_speed "
+                  f"{' '.join(args)} --out {folder}", flush=True)
+            written[kind] = harness.fresh_process_cases("benchmarks.time_to_speed", args, folder,
+                                                        env=env)
+        cases = written["measured"]
         if mode in CACHED_MODES:
-            filled, = (out / mode / "filling").glob("time_to_speed*.json")
-            for case, filling in zip(cases, json.loads(filled.read_text())["cases"]):
+            for case, filling in zip(cases, written["filling"]):
                 case["modes"][mode]["filling_graph_cache"] = (
                     filling["modes"][mode].get("graph_cache"))
         runs.append(cases)

@@ -189,6 +189,17 @@ size_t take_leftover_halves(Blob& live, const Blob& stored, size_t from,
   return taken;
 }
 
+// `from`'s bytes into `to` where `mask` (of their size) is set; how many of them changed `to`.
+size_t take_masked(const Blob& mask, const Blob& from, Blob& to) {
+  size_t changed = 0;
+  for (size_t at = 0; at < to.size(); ++at) {
+    if (!mask[at] || to[at] == from[at]) continue;
+    to[at] = from[at];
+    ++changed;
+  }
+  return changed;
+}
+
 // Node `node`'s group bytes in `context`, where it has them for a blob of `bytes`.
 const Blob* group_bytes_of(const RestoreContext& context, size_t node, size_t bytes) {
   if (node >= context.group_bytes.size() || context.group_bytes[node].size() != bytes) {
@@ -399,15 +410,11 @@ struct LiteralTally {
 // `differing[node]`. A run may tell only bytes of a kernel's arguments (what precedes them is
 // the launch's own) none of whose stored words is an address here.
 void compare_literal_bytes(size_t node, const StoredNode& s, const StoredNames& names,
-                           const Blob* group, const RestoreContext& context, Blob& rewritten, LiteralTally& tally,
-                           std::string& differences, std::vector<Blob>& differing) {
-  if (group) {  // the group's bytes are this process's, whatever they hold
-    for (size_t at = 0; at < rewritten.size(); ++at) {
-      if (!(*group)[at] || rewritten[at] == s.words[at]) continue;
-      rewritten[at] = s.words[at];
-      ++tally.taken;
-    }
-  }
+                           const Blob* group, const RestoreContext& context, Blob& rewritten,
+                           LiteralTally& tally, std::string& differences,
+                           std::vector<Blob>& differing) {
+  // The group's bytes are this process's, whatever they hold.
+  if (group) tally.taken += take_masked(*group, s.words, rewritten);
   const bool arguments = s.layout.kernel_word && s.layout.arguments_begin > 0;
   // Halves only from the first address word on: an int before it is a size, not a slot.
   if (rewritten != s.words && context.stored_host && context.live_host && arguments &&
@@ -416,11 +423,7 @@ void compare_literal_bytes(size_t node, const StoredNode& s, const StoredNames& 
                                          *context.stored_host, *context.live_host);
   }
   if (node < context.unread.size() && context.unread[node].size() == rewritten.size()) {
-    for (size_t at = 0; at < rewritten.size(); ++at) {
-      if (!context.unread[node][at] || rewritten[at] == s.words[at]) continue;
-      rewritten[at] = s.words[at];
-      ++tally.unread;
-    }
+    tally.unread += take_masked(context.unread[node], s.words, rewritten);
   }
   if (rewritten == s.words) return;
   // Literal bytes that differ are gathered over every node, so that the reason says all of them.
@@ -565,9 +568,7 @@ std::vector<Blob> with_stored_bytes(std::vector<Blob> live, const std::vector<St
         stored[node].words.size() != live[node].size()) {
       continue;
     }
-    for (size_t at = 0; at < live[node].size(); ++at) {
-      if (differing[node][at]) live[node][at] = stored[node].words[at];
-    }
+    take_masked(differing[node], stored[node].words, live[node]);
   }
   return live;
 }
@@ -655,11 +656,7 @@ RelocateResult relocate_shape(const std::vector<StoredNode>& stored, const Store
         }
       }
     }
-    if (group) {
-      for (size_t at = 0; at < blob.size(); ++at) {
-        if ((*group)[at]) blob[at] = (*live)[at];
-      }
-    }
+    if (group) take_masked(*group, *live, blob);
     result.blobs.push_back(std::move(blob));
   }
   return result;

@@ -81,9 +81,12 @@ SharedExecutables::Member SharedExecutables::add_shape(Member like, uint64_t top
   }
   // Where a graph of `topology` joined: a union's nodes it lacks are left empty, run as no-ops,
   // as for a graph of that topology joining it (the union holds one already).
-  std::vector<core::Blob> placed(group.nodes.size());
-  for (size_t i = 0; i < blobs.size(); ++i) placed[(*nodes)[i]] = blobs[i];
-  const uint32_t shape = join_as_is(like.group, placed, stream);
+  std::vector<core::Blob> placed;
+  if (nodes != &identity) {
+    placed.resize(group.nodes.size());
+    for (size_t i = 0; i < blobs.size(); ++i) placed[(*nodes)[i]] = blobs[i];
+  }
+  const uint32_t shape = join_as_is(like.group, nodes == &identity ? blobs : placed, stream);
   group.topology_of_shape[shape] = topology;
   ++group.members;
   ++counters_.joins;
