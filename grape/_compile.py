@@ -11,7 +11,7 @@ from typing import Any, Callable, Optional, Union
 
 import torch
 
-from grape import _C, _graph_cache, _hooks, _rewrite, _stats
+from grape import _C, _attention, _graph_cache, _hooks, _rewrite, _stats
 from grape._hooks import FallbackWarning
 
 __all__ = ["CompiledFunction", "FallbackWarning", "compile", "save_graph_cache", "stats"]
@@ -39,6 +39,11 @@ class CompiledFunction(_C.Runtime):
                  memory_budget: Optional[int] = None, plan_free_attention: bool = False,
                  cache_dir: Any = None):
         run, why = _rewrite.rewrite(fn, on_unsupported) if rewrite else (fn, "rewrite=False")
+        # Whether tensor-dependent control flow in fn is predicated (docs/semantics.md); else why not.
+        self.rewritten = run is not fn
+        self.rewrite_note = why
+        if plan_free_attention:
+            run = _attention.calling_plan_free(run)
         sharing = {False: "none", True: "near"}.get(share_executables, share_executables)
         name = name or getattr(fn, "__name__", type(fn).__name__)
         qualname = getattr(fn, "__qualname__", name)
@@ -46,9 +51,6 @@ class CompiledFunction(_C.Runtime):
         self._hooks = _hooks.RuntimeHooks(qualname, plan_free_attention)
         super().__init__(run, warmup, warmup_each_signature, module, alias_prediction, sharing,
                          executable_cache, memory_budget, self._hooks)
-        # Whether tensor-dependent control flow in fn is predicated (docs/semantics.md); else why not.
-        self.rewritten = run is not fn
-        self.rewrite_note = why
         self.__wrapped__ = fn
         self.__name__ = name
         self.__qualname__ = qualname
@@ -171,11 +173,11 @@ def compile(fn: Any = _UNSET, *, warmup: int = 1, warmup_each_signature: bool = 
     rebuilt when needed), and a capture that does not fit runs eagerly, with the reason. None (the
     default, see :func:`grape.set_memory_budget`): no budget. See docs/semantics.md, "Graph memory".
 
-    ``plan_free_attention``: captures run scaled_dot_product_attention on backends that build no
-    per-shape plan (flash, memory-efficient, math; not cuDNN's), so that capturing a new shape,
-    such as each decode length of a Hugging Face ``generate``, pays no library planning. The
-    captured calls may then run another attention kernel than eager, with other rounding; off by
-    default. See docs/semantics.md, "Attention without plans".
+    ``plan_free_attention``: every call (warm-ups and eager calls too) runs
+    scaled_dot_product_attention on backends that build no per-shape plan (flash,
+    memory-efficient, math; not cuDNN's), so that capturing a new shape, such as each decode length
+    of a Hugging Face ``generate``, pays no library planning. The calls may then run another
+    attention kernel than eager, with other rounding; off by default. See docs/semantics.md, "Attention without plans".
 
     ``cache_dir``: a directory where the function keeps what it captured (default: the
     ``GRAPE_CACHE_DIR`` environment variable, else none), written at exit and by

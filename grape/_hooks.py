@@ -14,11 +14,11 @@ import os
 import sys
 import traceback
 import warnings
-from typing import Any, Iterator, Optional
+from typing import Any, Optional
 
 import torch
 
-from grape import _attention, _masks, _predicate, _rewrite, _training
+from grape import _masks, _predicate, _rewrite, _training
 from grape._host_constants import PinnedHostConstants
 
 __all__ = ["FallbackWarning", "RuntimeHooks", "advice"]
@@ -59,13 +59,6 @@ def advice(kind: str, reason: str) -> str:
 def _is_library_file(filename: str) -> bool:
     path = os.path.abspath(filename)
     return path.startswith(_PACKAGE_DIR) or path.startswith(_TORCH_DIR) or filename.startswith("<frozen")
-
-
-@contextlib.contextmanager
-def _capture_settings(plan_free_attention: bool) -> Iterator[None]:
-    with _masks.eager_mask_rules(), (_attention.plan_free_attention() if plan_free_attention
-                                     else contextlib.nullcontext()):
-        yield
 
 
 def _user_frame() -> Optional[Any]:
@@ -157,10 +150,9 @@ class RuntimeHooks:
 
     def capture_settings(self) -> contextlib.AbstractContextManager:
         """The context every capture of the function runs in: transformers' mask rules as in
-        eager calls (Note [Masks of unpadded batches under capture]), and attention backends that
-        build no per-shape plan where the function asked (Note [Attention without plans under
-        capture])."""
-        return _capture_settings(self.plan_free_attention)
+        eager calls (Note [Masks of unpadded batches under capture]). Attention backends without
+        plans apply to every call, not only captures (grape/_compile.py)."""
+        return _masks.eager_mask_rules()
 
     # --- the graph cache (Note [The graph cache in the runtime]) ----------------------------------
     def graph_cache_file(self):

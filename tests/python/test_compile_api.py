@@ -143,25 +143,32 @@ def test_alias_prediction_must_be_a_bool():
     assert grape.stats(grape.compile(lambda x: x, alias_prediction=False))["alias_prediction"] is False
 
 
-def test_plan_free_attention_is_a_checked_bool_whose_captures_leave_cudnn_attention_out():
+def test_plan_free_attention_is_a_checked_bool_whose_calls_leave_cudnn_attention_out():
     with pytest.raises(TypeError, match="plan_free_attention must be a bool"):
         grape.compile(lambda x: x, plan_free_attention=1)
-    plain = grape.compile(lambda x: x)
-    assert grape.stats(plain)["plan_free_attention"] is False
     backends = torch.backends.cuda
-    before = (backends.cudnn_sdp_enabled(), backends.flash_sdp_enabled(),
-              backends.mem_efficient_sdp_enabled(), backends.math_sdp_enabled())
+
+    def allowed(x):
+        return (backends.cudnn_sdp_enabled(), backends.flash_sdp_enabled(),
+                backends.mem_efficient_sdp_enabled(), backends.math_sdp_enabled())
+
+    before = allowed(None)
+    plain = grape.compile(allowed)
+    assert grape.stats(plain)["plan_free_attention"] is False
+    assert plain.__wrapped__(None) == before
     with plain._hooks.capture_settings():
-        assert (backends.cudnn_sdp_enabled(), backends.flash_sdp_enabled(),
-                backends.mem_efficient_sdp_enabled(), backends.math_sdp_enabled()) == before
-    planless = grape.compile(lambda x: x, plan_free_attention=True)
+        assert allowed(None) == before
+    planless = grape.compile(allowed, plan_free_attention=True)
     assert grape.stats(planless)["plan_free_attention"] is True
-    with planless._hooks.capture_settings():
-        assert not backends.cudnn_sdp_enabled()
-        assert backends.flash_sdp_enabled() and backends.mem_efficient_sdp_enabled()
-        assert backends.math_sdp_enabled()
-    assert (backends.cudnn_sdp_enabled(), backends.flash_sdp_enabled(),
-            backends.mem_efficient_sdp_enabled(), backends.math_sdp_enabled()) == before
+    x = torch.zeros(1, device="cuda" if torch.cuda.is_available() else "cpu")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", grape.FallbackWarning)  # no CUDA: eager calls
+        # Every call runs without cuDNN's attention: warm-ups and eager calls as well as captures.
+        assert [planless(x) for _ in range(3)] == [(False, True, True, True)] * 3
+        assert allowed(None) == before
+        with pytest.raises(ZeroDivisionError):  # the backends come back when the function raises
+            grape.compile(lambda t: 1 // 0, plan_free_attention=True)(x)
+    assert allowed(None) == before
 
 
 def test_warmup_each_signature_is_a_checked_bool_reported_in_stats():
