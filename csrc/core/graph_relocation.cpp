@@ -574,7 +574,7 @@ std::vector<Blob> with_stored_bytes(std::vector<Blob> live, const std::vector<St
 }
 
 RelocateResult relocate_shape(const std::vector<StoredNode>& stored, const StoredNames& names,
-                              const RestoreContext& context) {
+                              RestoreContext& context) {
   RelocateResult result;
   result.blobs.reserve(stored.size());
   for (size_t node = 0; node < stored.size(); ++node) {
@@ -645,7 +645,12 @@ RelocateResult relocate_shape(const std::vector<StoredNode>& stored, const Store
           if (known != context.kernels.end()) {
             handle = known->second;
           } else if (context.find_kernel) {
-            handle = context.find_kernel(name, at);
+            const std::string asked = name + '@' + std::to_string(at);
+            const auto found = context.found_kernels.find(asked);
+            handle = found != context.found_kernels.end()
+                         ? found->second
+                         : context.found_kernels.emplace(asked, context.find_kernel(name, at))
+                               .first->second;
           }
           if (!handle) {
             result.why_not = where + ": a kernel no live capture ran nor is found: " + name;

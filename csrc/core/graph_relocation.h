@@ -144,6 +144,9 @@ struct RestoreContext {
   // A kernel no live capture ran, by its stored name and the byte of the blob its handle sits
   // at; nothing where there is none (may be empty).
   std::function<std::optional<uint64_t>(const std::string& name, uint32_t at)> find_kernel;
+  // What find_kernel answered, by name and byte (relocate_shape's): each is asked once per
+  // group, not once per shape (a search through driver modules, at every decode length).
+  std::unordered_map<std::string, std::optional<uint64_t>> found_kernels;
   // The storing process's host addresses and this one's (both null: none are looked for), and
   // how many 4-byte units the last match took for halves of them.
   const HostAddresses* stored_host = nullptr;
@@ -180,12 +183,12 @@ std::vector<Blob> with_stored_bytes(std::vector<Blob> live, const std::vector<St
                                     const std::vector<Blob>& differing);
 
 // A stored shape's blobs for this process, or why not (`why_not`: a name or value that no live
-// capture resolved, a lane or tensor too short).
+// capture resolved, a lane or tensor too short). Learns `context.found_kernels`.
 struct RelocateResult {
   std::vector<Blob> blobs;
   std::string why_not;
 };
 RelocateResult relocate_shape(const std::vector<StoredNode>& stored, const StoredNames& names,
-                              const RestoreContext& context);
+                              RestoreContext& context);
 
 }  // namespace grape::core

@@ -381,11 +381,14 @@ TEST(GraphRelocation, AKernelNoLiveCaptureRanIsLookedUpByName) {
   RestoreContext later = kLater.restore_context();
   ASSERT_EQ(match_live_shape(a, names, shape_blobs(kLater, 3), later), "");
   later.kernels.erase("libcublasLt:gemm_128x64");
+  RestoreContext without_gemm = later;
   std::string asked;
   uint32_t asked_at = 99;
+  int asks = 0;
   later.find_kernel = [&](const std::string& name, uint32_t at) -> std::optional<uint64_t> {
     asked = name;
     asked_at = at;
+    ++asks;
     return kLater.gemm;
   };
   const auto b = store(shape_blobs(kStoring, 7), names);
@@ -394,9 +397,23 @@ TEST(GraphRelocation, AKernelNoLiveCaptureRanIsLookedUpByName) {
   EXPECT_EQ(found.blobs, shape_blobs(kLater, 7));
   EXPECT_EQ(asked, "libcublasLt:gemm_128x64");
   EXPECT_EQ(asked_at, 0u);
-  later.find_kernel = [](const std::string&, uint32_t) { return std::optional<uint64_t>(); };
-  EXPECT_NE(relocate_shape(b, names, later).why_not.find("nor is found: libcublasLt:gemm_128x64"),
-            std::string::npos);
+  // Asked once per group: another shape takes the answer.
+  const auto c = store(shape_blobs(kStoring, 9), names);
+  const auto found_again = relocate_shape(c, names, later);
+  ASSERT_EQ(found_again.why_not, "");
+  EXPECT_EQ(found_again.blobs, shape_blobs(kLater, 9));
+  EXPECT_EQ(asks, 1);
+  int misses = 0;
+  without_gemm.find_kernel = [&misses](const std::string&, uint32_t) {
+    ++misses;
+    return std::optional<uint64_t>();
+  };
+  for (int i = 0; i < 2; ++i) {
+    EXPECT_NE(relocate_shape(b, names, without_gemm).why_not.find(
+                  "nor is found: libcublasLt:gemm_128x64"),
+              std::string::npos);
+  }
+  EXPECT_EQ(misses, 1) << "a miss is remembered too";
 }
 
 TEST(GraphRelocation, HalvesOfHostAddressesInFourByteFieldsAreLeftovers) {
