@@ -184,6 +184,8 @@ py::object Runtime::graph_cache_stats() const {
   d["cache_load_seconds"] = core::seconds(f.load_ns);
   d["restore_seconds"] = core::seconds(f.restore_ns);
   d["restore_join_seconds"] = core::seconds(f.restore_join_ns);
+  d["restore_validate_seconds"] = core::seconds(f.restore_validate_ns);
+  d["restore_relocate_seconds"] = core::seconds(f.restore_relocate_ns);
   d["saved_shapes"] = f.saved_shapes;
   d["unstored"] = counts(f.unstored);
   d["store_seconds"] = core::seconds(f.store_ns);

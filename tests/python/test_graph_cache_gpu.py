@@ -50,6 +50,9 @@ def test_a_later_process_restores_the_shapes_one_live_capture_validates(tmp_path
     assert cache["validated_groups"] == 1 and cache["dropped_groups"] == [], cache
     assert cache["restored_shapes"] == 2, cache
     assert 0 < cache["restore_join_seconds"] <= cache["restore_seconds"], cache
+    parts = ("restore_validate_seconds", "restore_relocate_seconds", "restore_join_seconds")
+    assert all(cache[part] > 0 for part in parts), cache
+    assert sum(cache[part] for part in parts) <= cache["restore_seconds"] + 1e-9, cache
     # One live capture (length 3, after its warm-up); 5 and 9 replay from their first call.
     assert later["stats"]["captures"] == 1
     assert later["stats"]["replays"] == 5

@@ -178,7 +178,9 @@ void GraphCache::validate(const Found& found, const CapturedGraph& graph,
   } else {
     drop(group, found.group, why);
   }
-  figures_.restore_ns += core::elapsed_ns(start);
+  const int64_t took = core::elapsed_ns(start);
+  figures_.restore_ns += took;
+  figures_.restore_validate_ns += took;
 }
 
 void GraphCache::settle(const CapturedGraph* current, bool replayed,
@@ -200,7 +202,9 @@ void GraphCache::settle(const CapturedGraph* current, bool replayed,
     } catch (const std::exception& e) {
       failed = std::string("the run failed: ") + e.what();
     }
-    figures_.restore_ns += core::elapsed_ns(start);
+    const int64_t took = core::elapsed_ns(start);
+    figures_.restore_ns += took;
+    figures_.restore_validate_ns += took;
     why += failed.empty() ? "(a run with the stored bytes gave other outputs)" : "(" + failed + ")";
   }
   if (!same) {
@@ -333,8 +337,10 @@ std::unique_ptr<CapturedGraph> GraphCache::restore(
   if (entry && why.empty()) {
     // The module tensors as they are now: a weight moved since the group was validated is read
     // where it is.
+    const auto relocate_start = core::Clock::now();
     group.context.tensors = tensor_map(named);
     blobs = core::relocate_shape(shape.nodes, stored.names, group.context);
+    figures_.restore_relocate_ns += core::elapsed_ns(relocate_start);
     why = blobs.why_not;
   }
   if (entry && why.empty()) {

@@ -110,6 +110,8 @@ class GraphCache {
     int64_t load_ns = 0;     // reading the file
     int64_t restore_ns = 0;  // validating groups and restoring shapes
     int64_t restore_join_ns = 0;  // of restore_ns: restored shapes joining their groups
+    int64_t restore_validate_ns = 0;  // of restore_ns: matching live captures, and runs
+    int64_t restore_relocate_ns = 0;  // of restore_ns: rewriting stored words for this process
     int64_t saved_shapes = -1;                  // at the last save that wrote; -1: none
     int64_t writes = 0;                         // saves that wrote the file
     std::map<std::string, int64_t> unstored;  // at the last save, by reason
