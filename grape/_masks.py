@@ -15,6 +15,13 @@ mask whose values would be read, which a capture cannot) keeps the installed rul
 does every call outside the context, on other threads, or while torch.compile traces. The rules
 are wrapped once per process, and only where the installed release needs it (checked by asking
 the rule itself); nothing is wrapped where transformers is not imported.
+
+So a capture of a call with a padding mask (Hugging Face's ``generate`` always passes one) still
+builds the mask that eager skips once it has read the mask's values. With PyTorch's default
+backends both run cuDNN's attention, and the zoo's tokens equal eager's. With
+``plan_free_attention`` the masked call takes memory-efficient attention where eager takes
+flash's, and TinyLlama's greedy tokens part from eager's on the same backends (docs/results.md).
+Skipping the mask would need the values as a guard of the graph.
 """
 
 from __future__ import annotations
