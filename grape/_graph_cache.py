@@ -45,6 +45,17 @@ def cache_directory(cache_dir: Any) -> Optional[str]:
     return os.path.abspath(os.fspath(cache_dir))
 
 
+def _members_of(module: torch.nn.Module, prefix: str, members: str,
+                named: list[tuple[str, torch.Tensor]]) -> None:
+    """Appends `module`'s tensors of `members` and its submodules', in named_modules' order."""
+    for name, tensor in getattr(module, members).items():
+        if tensor is not None:
+            named.append((prefix + name, tensor))
+    for name, child in module._modules.items():
+        if child is not None:
+            _members_of(child, f"{prefix}{name}.", members, named)
+
+
 class CacheFile:
     """A compiled function's cache file: its path, its key now, and its modules' tensors by
     name."""
@@ -70,15 +81,16 @@ class CacheFile:
         return _cache_key.cache_key(self.fn) + "".join(lines)
 
     def named_tensors(self) -> list[tuple[str, torch.Tensor]]:
+        """named_parameters, then named_buffers (without removing duplicates) of each module the
+        function reaches, as `prefix.name`. Asked at each restored shape's first call, so walked
+        by hand: Module.named_parameters costs several times more."""
         modules, _ = _cache_key.reached(self.fn)
         named: list[tuple[str, torch.Tensor]] = []
         for prefix, module in modules:
-            for name, tensor in module.named_parameters(remove_duplicate=False):
-                named.append((f"{prefix}.{name}", tensor))
-            for name, tensor in module.named_buffers(remove_duplicate=False):
-                named.append((f"{prefix}.{name}", tensor))
+            for members in ("_parameters", "_buffers"):
+                _members_of(module, f"{prefix}.", members, named)
         # Dense tensors only: a graph reads a sparse or opaque one through tensors of its own.
-        return [(name, t) for name, t in named if t is not None and t.layout == torch.strided]
+        return [(name, t) for name, t in named if t.layout == torch.strided]
 
     def describe(self) -> Optional[tuple[str, str]]:
         """What the runtime asks for: (path, key); None where the directory cannot be made (with

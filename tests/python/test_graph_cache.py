@@ -78,6 +78,24 @@ def test_a_compiled_module_names_its_own_tensors(tmp_path):
                                                           "self.scale"]
 
 
+def test_tensors_are_named_as_named_parameters_then_named_buffers_name_them(tmp_path):
+    # Tied and shared tensors under every name, an unset parameter and a non-persistent buffer,
+    # in the order of Module.named_parameters and named_buffers (without removing duplicates).
+    shared = torch.nn.Linear(2, 2)
+    model = torch.nn.Sequential(shared, torch.nn.Sequential(shared, torch.nn.Linear(2, 2)),
+                                torch.nn.BatchNorm1d(2))
+    model[1][1].weight = model[0].weight
+    model[1][1].register_parameter("bias", None)
+    model[2].register_buffer("scratch", torch.zeros(3), persistent=False)
+    cache_file = _graph_cache.CacheFile(model.forward, str(tmp_path), "forward", {})
+    expected = [(f"self.{name}", t) for name, t in model.named_parameters(remove_duplicate=False)]
+    expected += [(f"self.{name}", t) for name, t in model.named_buffers(remove_duplicate=False)]
+    named = cache_file.named_tensors()
+    assert [name for name, _ in named] == [name for name, _ in expected]
+    assert all(got is want for (_, got), (_, want) in zip(named, expected))
+    assert "self.1.1.weight" in dict(named) and "self.2.scratch" in dict(named)
+
+
 @pytest.mark.usefixtures("quiet_fallbacks")
 def test_without_a_gpu_nothing_is_written_and_calls_run_eagerly(tmp_path):
     model = Tiny()
