@@ -1,7 +1,7 @@
 """Hugging Face model zoo: many architectures, each from a small random config in bf16, through its
 own unchanged `generate` (decoders and encoder-decoders: batch 1, a 16-token prompt, greedy) or a
 forward over 6 lengths (encoders), eager against grape.compile(model) on the same weights, and
-grape_plan_free (grape.compile(model, plan_free_attention=True): captures run attention on
+grape_plan_free (grape.compile(model, plan_free_attention=True): its calls run attention on
 backends that build no per-shape plan); grape_cached and grape_plan_free_cached (when asked
 for; decoders and encoder-decoders): the same with a graph cache directory, which a first process
 of this script fills, then measured in a second, fresh one, that mode alone (its first call from

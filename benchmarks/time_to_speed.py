@@ -6,7 +6,7 @@ small, fp16, batch 1 and 8) and `tinyllama-b1` (a Llama of TinyLlama-1.1B's shap
 hidden 2048, intermediate 5632, 32 heads, 4 KV heads, vocab 32000; bf16, batch 1). Modes: eager
 (the dynamic cache); static_compile (HF's static cache, which HF's generate compiles with
 torch.compile by itself); grape (grape.compile(model), the dynamic cache); grape_plan_free
-(grape.compile(model, plan_free_attention=True): captures run attention on backends that build no
+(grape.compile(model, plan_free_attention=True): its calls run attention on backends that build no
 per-shape plan); grape_cached and grape_plan_free_cached (--cold only: the same with a graph cache
 directory, filled by a first process of that mode, then measured in a second, fresh one; the
 filling process's graph_cache stats are filling_graph_cache, the measured one's graph_cache);
@@ -108,7 +108,7 @@ from grape import _attention
 
 MODES = ["eager", "static_compile", "grape", "grape_plan_free"]  # the default
 CACHED_MODES = ("grape_cached", "grape_plan_free_cached")  # --cold only, when asked for
-# Eager with the attention backends of grape's plan-free captures: the plan-free modes' tokens
+# Eager with the attention backends of grape's plan-free calls: the plan-free modes' tokens
 # are also compared with its (correct_same_attention), when asked for.
 SAME_ATTENTION = "eager_plan_free"
 ALL_MODES = MODES + list(CACHED_MODES) + [SAME_ATTENTION]

@@ -174,10 +174,11 @@ def compile(fn: Any = _UNSET, *, warmup: int = 1, warmup_each_signature: bool = 
     default, see :func:`grape.set_memory_budget`): no budget. See docs/semantics.md, "Graph memory".
 
     ``plan_free_attention``: every call (warm-ups and eager calls too) runs
-    scaled_dot_product_attention on backends that build no per-shape plan (flash,
-    memory-efficient, math; not cuDNN's), so that capturing a new shape, such as each decode length
-    of a Hugging Face ``generate``, pays no library planning. The calls may then run another
-    attention kernel than eager, with other rounding; off by default. See docs/semantics.md, "Attention without plans".
+    scaled_dot_product_attention without cuDNN's backend, on those that build no per-shape plan
+    (flash, memory-efficient, math, as far as the caller allows them), so that capturing a new
+    shape, such as each decode length of a Hugging Face ``generate``, pays no library planning.
+    The calls may then run another attention kernel than eager, with other rounding; off by
+    default. See docs/semantics.md, "Attention without plans".
 
     ``cache_dir``: a directory where the function keeps what it captured (default: the
     ``GRAPE_CACHE_DIR`` environment variable, else none), written at exit and by

@@ -70,7 +70,7 @@ TABLE: list[tuple[tuple[str, ...], str]] = [
     (('alias_prediction',),
      'whether alias prediction is on'),
     (('plan_free_attention',),
-     "whether captures run attention on backends that build no per-shape plan (grape.compile's plan_free_attention)"),
+     "whether every call of the function runs attention on backends that build no per-shape plan (grape.compile's plan_free_attention)"),
     (('alias_predictions',),
      'placeholders captured in place: an earlier output (chained) or an input buffer'),
     (('alias_hits', 'alias_misses'),

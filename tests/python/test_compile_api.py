@@ -147,28 +147,39 @@ def test_plan_free_attention_is_a_checked_bool_whose_calls_leave_cudnn_attention
     with pytest.raises(TypeError, match="plan_free_attention must be a bool"):
         grape.compile(lambda x: x, plan_free_attention=1)
     backends = torch.backends.cuda
+    switches = (backends.enable_cudnn_sdp, backends.enable_flash_sdp,
+                backends.enable_mem_efficient_sdp, backends.enable_math_sdp)
 
     def allowed(x):
         return (backends.cudnn_sdp_enabled(), backends.flash_sdp_enabled(),
                 backends.mem_efficient_sdp_enabled(), backends.math_sdp_enabled())
 
     before = allowed(None)
-    plain = grape.compile(allowed)
-    assert grape.stats(plain)["plan_free_attention"] is False
-    assert plain.__wrapped__(None) == before
-    with plain._hooks.capture_settings():
-        assert allowed(None) == before
-    planless = grape.compile(allowed, plan_free_attention=True)
-    assert grape.stats(planless)["plan_free_attention"] is True
     x = torch.zeros(1, device="cuda" if torch.cuda.is_available() else "cpu")
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", grape.FallbackWarning)  # no CUDA: eager calls
-        # Every call runs without cuDNN's attention: warm-ups and eager calls as well as captures.
-        assert [planless(x) for _ in range(3)] == [(False, True, True, True)] * 3
-        assert allowed(None) == before
-        with pytest.raises(ZeroDivisionError):  # the backends come back when the function raises
-            grape.compile(lambda t: 1 // 0, plan_free_attention=True)(x)
-    assert allowed(None) == before
+    try:
+        for switch in switches:
+            switch(True)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", grape.FallbackWarning)  # no CUDA: eager calls
+            plain = grape.compile(allowed)
+            assert grape.stats(plain)["plan_free_attention"] is False
+            assert [plain(x) for _ in range(3)] == [(True, True, True, True)] * 3
+            planless = grape.compile(allowed, plan_free_attention=True)
+            assert grape.stats(planless)["plan_free_attention"] is True
+            # Every call leaves cuDNN's attention out: warm-ups and eager calls as captures do.
+            assert [planless(x) for _ in range(3)] == [(False, True, True, True)] * 3
+            assert allowed(None) == (True, True, True, True)
+            # The caller's own choice among the others stands.
+            backends.enable_flash_sdp(False)
+            caller_chose = grape.compile(allowed, plan_free_attention=True)
+            assert caller_chose(x) == (False, False, True, True)
+            assert allowed(None) == (True, False, True, True)
+            with pytest.raises(ZeroDivisionError):  # the switch comes back when the call raises
+                grape.compile(lambda t: 1 // 0, plan_free_attention=True)(x)
+            assert allowed(None) == (True, False, True, True)
+    finally:
+        for switch, was in zip(switches, before):
+            switch(was)
 
 
 def test_warmup_each_signature_is_a_checked_bool_reported_in_stats():

@@ -747,9 +747,13 @@ def test_plan_free_attention_warms_up_and_captures_without_cudnn_attention():
     q, k, v = (torch.randn(1, 4, 16, 64, generator=g).to(DEV, torch.bfloat16) for _ in range(3))
     mask = torch.ones(1, 1, 16, 16, dtype=torch.bool, device=DEV).tril()
     f = grape.compile(attend, plan_free_attention=True)
-    for _ in range(3):
-        out = f(q, k, v, mask)
-    assert seen == [(False, False), (True, False)]  # the warm-up, then the capture
-    assert grape.stats(f)["replays"] == 2
-    assert torch.backends.cuda.cudnn_sdp_enabled() == default
+    torch.backends.cuda.enable_cudnn_sdp(True)  # so that leaving it out shows
+    try:
+        for _ in range(3):
+            out = f(q, k, v, mask)
+        assert seen == [(False, False), (True, False)]  # the warm-up, then the capture
+        assert grape.stats(f)["replays"] == 2
+        assert torch.backends.cuda.cudnn_sdp_enabled()
+    finally:
+        torch.backends.cuda.enable_cudnn_sdp(default)
     torch.testing.assert_close(out, F.scaled_dot_product_attention(q, k, v, attn_mask=mask))

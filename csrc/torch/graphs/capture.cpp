@@ -291,9 +291,8 @@ class CaptureTry {
     // [Device settings]); the swap allocates, so it is entered before the CUDA capture begins.
     device_settings_.emplace(context_.training.device_settings_swap());
     // Library settings every capture of this function runs in: transformers' mask rules as in
-    // eager calls (Note [Masks of unpadded batches under capture], grape/_masks.py), and attention
-    // backends that build no per-shape plan where asked (Note [Attention without plans under
-    // capture]).
+    // eager calls (Note [Masks of unpadded batches under capture], grape/_masks.py). Attention
+    // without plans covers every call, not only captures (Note [Attention without plans]).
     if (py::object settings = context_.hooks.capture_settings(); !settings.is_none()) {
       capture_settings_.emplace(std::move(settings));
     }
