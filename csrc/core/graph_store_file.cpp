@@ -19,7 +19,7 @@ namespace {
 
 constexpr char kMagic[] = "GRAPECACHE";  // its 10 characters, no terminator
 constexpr size_t kMagicSize = sizeof(kMagic) - 1;
-constexpr uint32_t kFormatVersion = 7;
+constexpr uint32_t kFormatVersion = 8;
 // No node's parameters come near this (a kernel's arguments are at most 32 KiB): a larger
 // length read from a file is damage, refused before anything is allocated for it.
 constexpr uint64_t kMaxBlobBytes = 1 << 20;

@@ -29,7 +29,9 @@ void write_value(ByteWriter& w, const StoredValue& v) {
     case StoredValue::Kind::kBool:
     case StoredValue::Kind::kInt: w.u64(static_cast<uint64_t>(v.integer)); break;
     case StoredValue::Kind::kFloat: w.raw(&v.real, sizeof v.real); break;
-    case StoredValue::Kind::kString: w.text(v.text); break;
+    case StoredValue::Kind::kString:
+    case StoredValue::Kind::kDtype:
+    case StoredValue::Kind::kDevice: w.text(v.text); break;
     case StoredValue::Kind::kNone: break;
   }
 }
@@ -37,7 +39,7 @@ void write_value(ByteWriter& w, const StoredValue& v) {
 StoredValue read_value(ByteReader& r) {
   StoredValue v;
   const uint8_t kind = r.u8();
-  if (kind > static_cast<uint8_t>(StoredValue::Kind::kString)) {
+  if (kind > static_cast<uint8_t>(StoredValue::Kind::kDevice)) {
     throw std::invalid_argument("a value");
   }
   v.kind = static_cast<StoredValue::Kind>(kind);
@@ -49,7 +51,9 @@ StoredValue read_value(ByteReader& r) {
       std::memcpy(&v.real, &bits, sizeof bits);
       break;
     }
-    case StoredValue::Kind::kString: v.text = r.text(); break;
+    case StoredValue::Kind::kString:
+    case StoredValue::Kind::kDtype:
+    case StoredValue::Kind::kDevice: v.text = r.text(); break;
     case StoredValue::Kind::kNone: break;
   }
   return v;

@@ -37,11 +37,12 @@ struct ArenaSpan {
 
 // A constant leaf of the result's tree, or a dict's key.
 struct StoredValue {
-  enum class Kind : uint8_t { kNone, kBool, kInt, kFloat, kString };
+  // kDtype, kDevice: torch.dtype and torch.device, by their names (float16, cuda:0).
+  enum class Kind : uint8_t { kNone, kBool, kInt, kFloat, kString, kDtype, kDevice };
   Kind kind = Kind::kNone;
   int64_t integer = 0;  // kBool, kInt
   double real = 0;      // kFloat
-  std::string text;     // kString
+  std::string text;     // kString, kDtype, kDevice
   friend bool operator==(const StoredValue& a, const StoredValue& b) {
     return a.kind == b.kind && a.integer == b.integer && a.text == b.text &&
            (a.kind != Kind::kFloat || a.real == b.real || (a.real != a.real && b.real != b.real));

@@ -26,7 +26,8 @@ StoredValue text(const std::string& s) {
 }
 
 // A language model's step: f(input_ids, cache) returns a dataclass (logits, the cache object
-// it was given, None) and a dict {"scale": nan, "step": 3} beside it, in a tuple.
+// it was given, None) and a dict {"scale": nan, "step": 3, "dtype": torch.float16, "device":
+// cuda:1} beside it, in a tuple.
 StoredEntry model_step() {
   StoredEntry e;
   // The ids an allocation site's buffer (site prediction), and the cache's tensor.
@@ -58,10 +59,19 @@ StoredEntry model_step() {
   StoredValue three;
   three.kind = StoredValue::Kind::kInt;
   three.integer = 3;
-  StoredTreeNode dict{Kind::kDict, "", {text("scale"), text("step")}, {}, {}, -1, -1, 2};
+  StoredValue half;
+  half.kind = StoredValue::Kind::kDtype;
+  half.text = "float16";
+  StoredValue second_gpu;
+  second_gpu.kind = StoredValue::Kind::kDevice;
+  second_gpu.text = "cuda:1";
+  StoredTreeNode dict{Kind::kDict, "", {text("scale"), text("step"), text("dtype"),
+                                        text("device")}, {}, {}, -1, -1, 4};
   StoredTreeNode scale{Kind::kConstant, "", {}, {}, nan, -1, -1, 0};
   StoredTreeNode step{Kind::kConstant, "", {}, {}, three, -1, -1, 0};
-  e.output_tree = {tuple, output, logits, cache, none, dict, scale, step};
+  StoredTreeNode dtype{Kind::kConstant, "", {}, {}, half, -1, -1, 0};
+  StoredTreeNode device{Kind::kConstant, "", {}, {}, second_gpu, -1, -1, 0};
+  e.output_tree = {tuple, output, logits, cache, none, dict, scale, step, dtype, device};
   e.static_tensors = {"transformer.wte.weight", "lm_head.weight"};
   e.lane_extents = {64 << 20, 2 << 20, 0, 0, 2 << 20};
   e.effects = {{0, "keys"}, {0, "values"}};
@@ -93,6 +103,12 @@ TEST(StoredEntry, WhatIsWrittenIsReadBack) {
   EXPECT_FALSE(decode_entry(encode_entry(both), why).has_value()) << "one kind per placeholder";
   const auto empty = decode_entry(encode_entry(StoredEntry{}), why);
   EXPECT_FALSE(empty.has_value()) << "a result needs a tree";
+  StoredEntry other_dtype = model_step();
+  other_dtype.output_tree[8].constant.text = "bfloat16";
+  EXPECT_FALSE(grape::core::same_replay(other_dtype, model_step())) << "another dtype";
+  StoredEntry named_alike = model_step();
+  named_alike.output_tree[8].constant.kind = StoredValue::Kind::kString;
+  EXPECT_FALSE(grape::core::same_replay(named_alike, model_step())) << "a string, not a dtype";
 }
 
 TEST(StoredEntry, BytesCutShortOrLeftOverAreRefused) {

@@ -60,6 +60,18 @@ def test_a_later_process_restores_the_shapes_one_live_capture_validates(tmp_path
     assert later["saved"] == "nothing new to write"
 
 
+def test_dtypes_and_devices_in_a_result_are_stored_and_restored(tmp_path):
+    # The worker checks each call's dtype and device against eager's, restored shapes' too.
+    first = run(tmp_path, "--variant", "described")
+    filled = first["stats"]["graph_cache"]
+    assert filled["unstored"] == {} and filled["saved_shapes"] == 3, filled
+    later = run(tmp_path, "--variant", "described")
+    cache = later["stats"]["graph_cache"]
+    assert cache["validated_groups"] == 1 and cache["restored_shapes"] == 2, cache
+    assert later["stats"]["captures"] == 1
+    assert later["error"] < 1e-5
+
+
 def test_another_width_is_a_miss(tmp_path):
     run(tmp_path, "--width", "32")
     later = run(tmp_path, "--width", "48")
@@ -214,6 +226,7 @@ def test_a_later_process_generates_eagers_tokens_from_restored_shapes(tmp_path, 
     assert first["equal"] == [True, True]
     filled = first["stats"]["graph_cache"]
     assert filled["saved_shapes"] > 2, filled
+    assert not any("constant of type" in why for why in filled["unstored"]), filled
 
     later = generate()
     assert later["equal"] == [True, True]

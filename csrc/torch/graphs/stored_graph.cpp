@@ -3,6 +3,7 @@
 #include <pybind11/pybind11.h>
 
 #include <cstring>
+#include <stdexcept>
 
 namespace grape {
 
@@ -41,6 +42,17 @@ std::optional<StoredValue> stored_value(py::handle value) {
   } else if (PyUnicode_CheckExact(value.ptr())) {
     v.kind = StoredValue::Kind::kString;
     v.text = py::cast<std::string>(value);
+  } else if (const py::module_ torch = py::module_::import("torch");
+             py::isinstance(value, torch.attr("dtype"))) {
+    // str(torch.float16) is "torch.float16", the attribute of torch that a later process reads.
+    const std::string name = py::str(value);
+    const std::string prefix = "torch.";
+    if (name.rfind(prefix, 0) != 0) return std::nullopt;
+    v.kind = StoredValue::Kind::kDtype;
+    v.text = name.substr(prefix.size());
+  } else if (py::isinstance(value, torch.attr("device"))) {
+    v.kind = StoredValue::Kind::kDevice;
+    v.text = py::str(value);
   } else {
     return std::nullopt;
   }
@@ -54,6 +66,18 @@ py::object python_value(const StoredValue& v) {
     case StoredValue::Kind::kInt: return py::int_(v.integer);
     case StoredValue::Kind::kFloat: return py::float_(v.real);
     case StoredValue::Kind::kString: return py::str(v.text);
+    case StoredValue::Kind::kDtype: {
+      // Raises where this torch lacks it: the shape is then captured (GraphCache::restore's
+      // caller), never given another value.
+      const py::module_ torch = py::module_::import("torch");
+      py::object dtype = torch.attr(v.text.c_str());
+      if (!py::isinstance(dtype, torch.attr("dtype"))) {
+        throw std::runtime_error("grape: a stored dtype this torch names otherwise: " + v.text);
+      }
+      return dtype;
+    }
+    case StoredValue::Kind::kDevice:
+      return py::module_::import("torch").attr("device")(v.text);
   }
   return py::none();
 }
