@@ -3,8 +3,11 @@ in the runtime], csrc/torch/graphs/graph_cache.h; docs/semantics.md, "The graph 
 
 One file per compiled function and rank in the cache directory, named by the function's
 qualified name, where its code is and the torch.distributed rank, so that the same function in a
-later process finds its own. Two functions of one qualified name in one file (an encoder's and a
-decoder's `T5Stack.forward`) share a file, and the one whose key differs misses. The key
+later process finds its own. Functions alive at once that share all three (an encoder's and a
+decoder's `T5Stack.forward`, compiled each) keep a file each, by the order they were compiled
+in: the first alive has the first file. A later process that compiles them in another order
+finds the other's file, whose key then differs (a miss), or is the same (the same code and
+structure, whose graphs read this function's tensors by name). The key
 (grape/_cache_key.py) is computed each time the runtime asks, when it opens the file and when it
 saves, so a model changed in between is a miss, never a wrong replay.
 The runtime reads tensors by the names given here: the compiled module's and those of every
@@ -14,6 +17,7 @@ module the function's code reaches, prefixed by where they were found.
 from __future__ import annotations
 
 import atexit
+import gc
 import hashlib
 import os
 import re
@@ -67,13 +71,16 @@ class CacheFile:
         self.where = f"{_source_file(fn) or repr(type(fn))}\n{qualname}"
         self.safe_name = re.sub(r"[^A-Za-z0-9_.-]", "_", qualname)[:80]
         self.opened = False  # whether describe() has made or found the directory
+        # Among live compiled functions of this `where` and directory, this one's place (register).
+        self.ordinal = 0
 
     @property
     def path(self) -> str:
         """The file, for this rank (ranks differ in their keys, so they keep a file each)."""
         rank = (torch.distributed.get_rank() if torch.distributed.is_available()
                 and torch.distributed.is_initialized() else 0)
-        digest = hashlib.sha256(f"{self.where}\n{rank}".encode()).hexdigest()[:16]
+        where = f"{self.where}\n{rank}" + (f"\n{self.ordinal}" if self.ordinal else "")
+        digest = hashlib.sha256(where.encode()).hexdigest()[:16]
         return os.path.join(self.directory, f"{self.safe_name}-{digest}.grape")
 
     def key(self) -> str:
@@ -119,6 +126,21 @@ _with_cache: "weakref.WeakSet[Any]" = weakref.WeakSet()
 
 
 def register(compiled: Any) -> None:
+    """Saves `compiled`'s cache at exit; gives it the first file its namesakes alive leave."""
+    mine = compiled._hooks.cache_file
+
+    def taken() -> set[int]:
+        return {other._hooks.cache_file.ordinal for other in _with_cache
+                if (other._hooks.cache_file.where, other._hooks.cache_file.directory)
+                == (mine.where, mine.directory)}
+
+    places = taken()
+    if places:
+        # A compiled module is in a cycle with its forward: one gone out of use may still be
+        # here, and would keep its file from the function compiled in its stead.
+        gc.collect()
+        places = taken()
+    mine.ordinal = next(n for n in range(len(places) + 1) if n not in places)
     _with_cache.add(compiled)
 
 

@@ -143,3 +143,16 @@ def test_a_directory_removed_after_it_was_made_is_not_made_again(tmp_path):
     directory.rmdir()  # a test's directory, say, gone before the process exits
     assert cache_file.describe() is None
     assert not directory.exists()
+
+
+def test_namesakes_alive_at_once_keep_a_file_each_in_the_order_compiled(tmp_path):
+    # An encoder's and a decoder's stack: one class, one forward, compiled each.
+    encoder = grape.compile(Tiny(), cache_dir=tmp_path)
+    decoder = grape.compile(Tiny(), cache_dir=tmp_path)
+    first, second = (m.forward._hooks.cache_file.path for m in (encoder, decoder))
+    assert first != second
+    del encoder
+    again = grape.compile(Tiny(), cache_dir=tmp_path)  # in the place the first one left
+    assert again.forward._hooks.cache_file.path == first
+    elsewhere = grape.compile(Tiny(), cache_dir=tmp_path / "other")
+    assert os.path.basename(elsewhere.forward._hooks.cache_file.path) == os.path.basename(first)
