@@ -145,7 +145,8 @@ struct RestoreContext {
   // at; nothing where there is none (may be empty).
   std::function<std::optional<uint64_t>(const std::string& name, uint32_t at)> find_kernel;
   // What find_kernel answered, by name and byte (relocate_shape's): each is asked once per
-  // group, not once per shape (a search through driver modules, at every decode length).
+  // group, not once per shape (a search through driver modules, at every decode length). A miss
+  // is remembered too, a driver's passing failure among them: its shapes are captured.
   std::unordered_map<std::string, std::optional<uint64_t>> found_kernels;
   // The storing process's host addresses and this one's (both null: none are looked for), and
   // how many 4-byte units the last match took for halves of them.
