@@ -381,8 +381,20 @@ std::string GraphCache::save(const std::vector<ShapeToStore>& shapes, const std:
   core::StoreContext context;
   context.lanes = arena_lanes(arena);
   context.tensors = storage_ranges(named);
-  context.is_device_address = cuda::is_driver_address;
-  context.kernel_name = cuda::stored_kernel_name;
+  // The driver is asked once per value and kernel in a save: a group's shapes hold the same
+  // workspaces, constants and kernels, node after node.
+  std::unordered_map<uint64_t, bool> device_addresses;
+  context.is_device_address = [&device_addresses](uint64_t value) {
+    const auto [known, added] = device_addresses.try_emplace(value, false);
+    if (added) known->second = cuda::is_driver_address(value);
+    return known->second;
+  };
+  std::map<std::pair<uint64_t, uint32_t>, std::optional<std::string>> kernel_names;
+  context.kernel_name = [&kernel_names](uint64_t handle, uint32_t at) {
+    const auto [known, added] = kernel_names.try_emplace({handle, at});
+    if (added) known->second = cuda::stored_kernel_name(handle, at);
+    return known->second;
+  };
   // Words no kernel reads through: pageable host memory, and the arena beyond what it maps
   // (Note [Relocating stored graphs], kLeftover).
   const std::string maps = core::this_process_maps();
