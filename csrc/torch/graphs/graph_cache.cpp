@@ -289,9 +289,13 @@ std::string GraphCache::match(const Found& found, const CapturedGraph& graph,
     group.live_host = core::this_process_host_addresses();
     context.stored_host = &stored.host;
     context.live_host = &group.live_host;
-    std::vector<const std::vector<core::StoredNode>*> shapes;
-    for (const core::StoredShape& shape : stored.shapes) shapes.push_back(&shape.nodes);
-    context.group_bytes = core::group_bytes(shapes);
+    // Read from every stored shape once: a match after a run with the stored bytes (settle)
+    // has the same shapes.
+    if (context.group_bytes.empty()) {
+      std::vector<const std::vector<core::StoredNode>*> shapes;
+      for (const core::StoredShape& shape : stored.shapes) shapes.push_back(&shape.nodes);
+      context.group_bytes = core::group_bytes(shapes);
+    }
     // A kernel no live capture ran is looked for beside the ones that did: the same library.
     context.find_kernel = [&kernels = context.kernels](const std::string& name, uint32_t at) {
       std::optional<uint64_t> found;
