@@ -17,10 +17,10 @@ module the function's code reaches, prefixed by where they were found.
 from __future__ import annotations
 
 import atexit
-import gc
 import hashlib
 import os
 import re
+import threading
 import warnings
 import weakref
 from typing import Any, Callable, Optional
@@ -121,27 +121,23 @@ def _source_file(fn: Callable) -> Optional[str]:
         functions[-1], "__code__") else None
 
 
-# Compiled functions with a cache, saved when the process exits.
+# Compiled functions with a cache, saved when the process exits; their places among namesakes are
+# chosen under the lock.
 _with_cache: "weakref.WeakSet[Any]" = weakref.WeakSet()
+_registering = threading.Lock()
 
 
 def register(compiled: Any) -> None:
-    """Saves `compiled`'s cache at exit; gives it the first file its namesakes alive leave."""
+    """Saves `compiled`'s cache at exit; gives it the first file its namesakes alive leave (a
+    compiled module is in a cycle with its forward: one gone out of use keeps its file until the
+    garbage collector has run)."""
     mine = compiled._hooks.cache_file
-
-    def taken() -> set[int]:
-        return {other._hooks.cache_file.ordinal for other in _with_cache
-                if (other._hooks.cache_file.where, other._hooks.cache_file.directory)
-                == (mine.where, mine.directory)}
-
-    places = taken()
-    if places:
-        # A compiled module is in a cycle with its forward: one gone out of use may still be
-        # here, and would keep its file from the function compiled in its stead.
-        gc.collect()
-        places = taken()
-    mine.ordinal = next(n for n in range(len(places) + 1) if n not in places)
-    _with_cache.add(compiled)
+    with _registering:
+        places = {other._hooks.cache_file.ordinal for other in _with_cache
+                  if (other._hooks.cache_file.where, other._hooks.cache_file.directory)
+                  == (mine.where, mine.directory)}
+        mine.ordinal = next(n for n in range(len(places) + 1) if n not in places)
+        _with_cache.add(compiled)
 
 
 def save_quietly(compiled: Any) -> None:

@@ -109,6 +109,10 @@ TEST(StoredEntry, WhatIsWrittenIsReadBack) {
   StoredEntry named_alike = model_step();
   named_alike.output_tree[8].constant.kind = StoredValue::Kind::kString;
   EXPECT_FALSE(grape::core::same_replay(named_alike, model_step())) << "a string, not a dtype";
+  StoredEntry unknown_kind = model_step();
+  unknown_kind.output_tree[9].constant.kind =
+      static_cast<StoredValue::Kind>(static_cast<uint8_t>(StoredValue::Kind::kDevice) + 1);
+  EXPECT_FALSE(decode_entry(encode_entry(unknown_kind), why).has_value()) << "a later kind";
 }
 
 TEST(StoredEntry, BytesCutShortOrLeftOverAreRefused) {

@@ -3,7 +3,6 @@
 #include <pybind11/pybind11.h>
 
 #include <cstring>
-#include <stdexcept>
 
 namespace grape {
 
@@ -66,18 +65,18 @@ py::object python_value(const StoredValue& v) {
     case StoredValue::Kind::kInt: return py::int_(v.integer);
     case StoredValue::Kind::kFloat: return py::float_(v.real);
     case StoredValue::Kind::kString: return py::str(v.text);
-    case StoredValue::Kind::kDtype: {
-      // Raises where this torch lacks it: the shape is then captured (GraphCache::restore's
-      // caller), never given another value.
-      const py::module_ torch = py::module_::import("torch");
-      py::object dtype = torch.attr(v.text.c_str());
-      if (!py::isinstance(dtype, torch.attr("dtype"))) {
-        throw std::runtime_error("grape: a stored dtype this torch names otherwise: " + v.text);
-      }
-      return dtype;
-    }
+    case StoredValue::Kind::kDtype:
     case StoredValue::Kind::kDevice:
-      return py::module_::import("torch").attr("device")(v.text);
+      // Null where this torch makes none of that name: the shape is then captured, never given
+      // another value.
+      try {
+        const py::module_ torch = py::module_::import("torch");
+        if (v.kind == StoredValue::Kind::kDevice) return torch.attr("device")(v.text);
+        py::object dtype = torch.attr(v.text.c_str());
+        return py::isinstance(dtype, torch.attr("dtype")) ? dtype : py::object();
+      } catch (const py::error_already_set&) {
+        return py::object();
+      }
   }
   return py::none();
 }
@@ -147,7 +146,8 @@ bool store_tree(const TreeSpec& spec, std::vector<StoredTreeNode>& out, std::str
       for (py::handle key : py::reinterpret_borrow<py::tuple>(keys)) {
         std::optional<StoredValue> value = stored_value(key);
         if (!value) {
-          why = "a dict key of another type than None, bool, int, float or str in its result";
+          why = "a dict key of another type than None, bool, int, float, str, torch.dtype or "
+                "torch.device in its result";
           return false;
         }
         node.keys.push_back(std::move(*value));
@@ -186,6 +186,10 @@ bool restore_tree(const std::vector<StoredTreeNode>& tree, size_t& at, TreeSpec&
     case Kind::kConstant:
       spec.kind = TreeSpec::Kind::kConstant;
       spec.constant = python_value(node.constant);
+      if (!spec.constant) {
+        why = "its result's constant " + node.constant.text + " is not in this torch";
+        return false;
+      }
       break;
     case Kind::kDict:
     case Kind::kDataclass:
@@ -202,7 +206,14 @@ bool restore_tree(const std::vector<StoredTreeNode>& tree, size_t& at, TreeSpec&
         }
       }
       py::tuple keys(node.keys.size());
-      for (size_t i = 0; i < node.keys.size(); ++i) keys[i] = python_value(node.keys[i]);
+      for (size_t i = 0; i < node.keys.size(); ++i) {
+        py::object key = python_value(node.keys[i]);
+        if (!key) {
+          why = "its result's key " + node.keys[i].text + " is not in this torch";
+          return false;
+        }
+        keys[i] = std::move(key);
+      }
       spec.keys = keys;
       spec.field_init = node.field_init;
       break;
