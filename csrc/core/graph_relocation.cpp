@@ -645,12 +645,9 @@ RelocateResult relocate_shape(const std::vector<StoredNode>& stored, const Store
           if (known != context.kernels.end()) {
             handle = known->second;
           } else if (context.find_kernel) {
-            const std::string asked = name + '@' + std::to_string(at);
-            const auto found = context.found_kernels.find(asked);
-            handle = found != context.found_kernels.end()
-                         ? found->second
-                         : context.found_kernels.emplace(asked, context.find_kernel(name, at))
-                               .first->second;
+            const auto [found, added] = context.found_kernels.try_emplace({name, at});
+            if (added) found->second = context.find_kernel(name, at);
+            handle = found->second;
           }
           if (!handle) {
             result.why_not = where + ": a kernel no live capture ran nor is found: " + name;

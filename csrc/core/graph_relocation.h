@@ -50,9 +50,11 @@
 
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <optional>
 #include <string>
 #include <unordered_map>
+#include <utility>
 #include <vector>
 
 #include "core/address_ranges.h"
@@ -147,7 +149,7 @@ struct RestoreContext {
   // What find_kernel answered, by name and byte (relocate_shape's): each is asked once per
   // group, not once per shape (a search through driver modules, at every decode length). A miss
   // is remembered too, a driver's passing failure among them: its shapes are captured.
-  std::unordered_map<std::string, std::optional<uint64_t>> found_kernels;
+  std::map<std::pair<std::string, uint32_t>, std::optional<uint64_t>> found_kernels;
   // The storing process's host addresses and this one's (both null: none are looked for), and
   // how many 4-byte units the last match took for halves of them.
   const HostAddresses* stored_host = nullptr;

@@ -11,7 +11,6 @@
 #include <unordered_map>
 #include <utility>
 
-#include "core/clock.h"
 #include "core/host_memory.h"
 #include "cuda/graph_nodes.h"
 
@@ -178,6 +177,10 @@ void GraphCache::validate(const Found& found, const CapturedGraph& graph,
   } else {
     drop(group, found.group, why);
   }
+  charge_validation(start);
+}
+
+void GraphCache::charge_validation(core::Clock::time_point start) {
   const int64_t took = core::elapsed_ns(start);
   figures_.restore_ns += took;
   figures_.restore_validate_ns += took;
@@ -202,9 +205,7 @@ void GraphCache::settle(const CapturedGraph* current, bool replayed,
     } catch (const std::exception& e) {
       failed = std::string("the run failed: ") + e.what();
     }
-    const int64_t took = core::elapsed_ns(start);
-    figures_.restore_ns += took;
-    figures_.restore_validate_ns += took;
+    charge_validation(start);
     why += failed.empty() ? "(a run with the stored bytes gave other outputs)" : "(" + failed + ")";
   }
   if (!same) {

@@ -36,6 +36,7 @@
 #include <unordered_set>
 #include <vector>
 
+#include "core/clock.h"
 #include "core/graph_relocation.h"
 #include "core/graph_store_file.h"
 #include "core/signature.h"
@@ -133,6 +134,8 @@ class GraphCache {
     core::LocalWordMap local_words;
   };
   void drop(GroupRestore& group, uint32_t index, std::string why);
+  // Validation's time since `start`, in restore_ns and restore_validate_ns.
+  void charge_validation(core::Clock::time_point start);
   // Why the live capture `graph` of `found` differs from the stored shape, or "" (then `group`'s
   // context has learned this process's kernels and foreign addresses).
   std::string match(const Found& found, const CapturedGraph& graph,
