@@ -17,6 +17,7 @@ module the function's code reaches, prefixed by where they were found.
 from __future__ import annotations
 
 import atexit
+import glob
 import hashlib
 import os
 import re
@@ -27,7 +28,7 @@ from typing import Any, Callable, Optional
 
 import torch
 
-from grape import _cache_key
+from grape import _C, _cache_key
 
 __all__ = ["CacheFile", "cache_directory", "save_all", "save_quietly"]
 
@@ -130,7 +131,8 @@ _registering = threading.Lock()
 def register(compiled: Any) -> None:
     """Saves `compiled`'s cache at exit; gives it the first file its namesakes alive leave (a
     compiled module is in a cycle with its forward: one gone out of use keeps its file until the
-    garbage collector has run)."""
+    garbage collector has run). Starts watching kernel images."""
+    watch_kernel_images()
     mine = compiled._hooks.cache_file
     with _registering:
         places = {other._hooks.cache_file.ordinal for other in _with_cache
@@ -138,6 +140,42 @@ def register(compiled: Any) -> None:
                   == (mine.where, mine.directory)}
         mine.ordinal = next(n for n in range(len(places) + 1) if n not in places)
         _with_cache.add(compiled)
+
+
+WATCH_VARIABLE = "GRAPE_WATCH_KERNEL_IMAGES"
+_watch_asked = False
+
+
+def cupti_libraries() -> list[str]:
+    """Where libcupti may be, first found first: the loader's path, torch's CUDA wheels, the
+    toolkit."""
+    major = (torch.version.cuda or "").split(".")[0]
+    names = [f"libcupti.so.{major}"] if major else []
+    places = []
+    try:
+        import nvidia  # torch's CUDA wheels
+        places += [os.path.join(p, "*", "lib") for p in nvidia.__path__]
+    except ImportError:
+        pass
+    home = os.environ.get("CUDA_HOME") or os.environ.get("CUDA_PATH") or "/usr/local/cuda"
+    places += [os.path.join(home, "extras", "CUPTI", "lib64"), os.path.join(home, "lib64")]
+    found = [path for place in places for path in sorted(glob.glob(os.path.join(
+        place, f"libcupti.so.{major}" if major else "libcupti.so*")))]
+    return names + found
+
+
+def watch_kernel_images() -> None:
+    """Starts, once per process, the watch that lets generated kernels (cuDNN's attention) be
+    stored (Note [Kernel images], csrc/core/kernel_images.h); GRAPE_WATCH_KERNEL_IMAGES=0 leaves
+    CUPTI to other tools. Where it cannot start, grape.stats() says why under
+    graph_cache.kernel_images."""
+    global _watch_asked
+    if _watch_asked or os.environ.get(WATCH_VARIABLE, "1") == "0":
+        return
+    _watch_asked = True
+    watch = getattr(_C, "_watch_module_images", None)
+    if watch is not None and torch.cuda.is_available():
+        watch(cupti_libraries())
 
 
 def save_quietly(compiled: Any) -> None:

@@ -1,5 +1,7 @@
 #include "core/graph_relocation.h"
 
+#include "core/kernel_images.h"
+
 #include <cxxabi.h>
 
 #include <algorithm>
@@ -366,7 +368,8 @@ StoreResult store_shape(const std::vector<Blob>& blobs, const std::vector<NodeLa
         }
         const uint32_t index = names.intern_kernel(*name);
         names.kernel_handles.resize(names.kernels.size(), 0);
-        if (names.kernel_handles[index] != 0 && names.kernel_handles[index] != value) {
+        if (names.kernel_handles[index] != 0 && names.kernel_handles[index] != value &&
+            !image_of(*name)) {
           result.why_not = "two kernels are named " + *name;
           return result;
         }
@@ -495,7 +498,9 @@ std::string match_live_shape(const std::vector<StoredNode>& stored, const Stored
           return where() + ": another kernel";
         }
         const auto [known, added] = kernels.emplace(*name, value);
-        if (!added && known->second != value) return where() + ": two live kernels named " + *name;
+        if (!added && known->second != value && !image_of(*name)) {
+          return where() + ": two live kernels named " + *name;
+        }
         write_word(rewritten, at, kept);
         continue;
       }

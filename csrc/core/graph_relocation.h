@@ -11,7 +11,8 @@
 //     kept as it was, and matched in the later process against a live capture of a stored shape
 //     of the group, which must hold a word of that value at a place where the live graph holds
 //     the same kind of address: this process's value then replaces it wherever it occurs;
-//   - a kernel handle: the kernel's name (its module's and mangled name, from the driver), looked
+//   - a kernel handle: the kernel's name (its mangled name and parameters' sizes, from the driver;
+//     with its module's image's digest where that was seen: Note [Kernel images]), looked
 //     up among the kernels that the later process's live captures ran, and else by the caller
 //     (RestoreContext::find_kernel: cuBLAS runs another GEMM at another length, from a library
 //     whose other kernels the live capture showed);
@@ -118,9 +119,12 @@ struct StoredNames {
   std::vector<std::string> kernels;
   uint32_t intern_tensor(const std::string& name);
   uint32_t intern_kernel(const std::string& name);
-  // While storing: the handle each kernel name stood for, so that two kernels of one name (a
-  // generated kernel's, say) make the group unstorable instead of one standing for the other.
+  // While storing: the handle each kernel name stood for, so that two kernels of one plain name
+  // (a generated kernel's, say) make the group unstorable instead of one standing for the other.
   std::vector<uint64_t> kernel_handles;
+  // The images of kernels named with one (Note [Kernel images]), by digest: those the storing
+  // process kept, which a later process may load.
+  std::map<uint64_t, Blob> images;
 };
 
 // A shape's blobs (one per node, with its layout) in the stored form, or why they cannot be stored

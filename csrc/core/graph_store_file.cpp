@@ -1,6 +1,7 @@
 #include "core/graph_store_file.h"
 
 #include "core/byte_io.h"
+#include "core/kernel_images.h"
 
 #include <unistd.h>
 
@@ -19,19 +20,13 @@ namespace {
 
 constexpr char kMagic[] = "GRAPECACHE";  // its 10 characters, no terminator
 constexpr size_t kMagicSize = sizeof(kMagic) - 1;
-constexpr uint32_t kFormatVersion = 8;
+constexpr uint32_t kFormatVersion = 9;
 // No node's parameters come near this (a kernel's arguments are at most 32 KiB): a larger
 // length read from a file is damage, refused before anything is allocated for it.
 constexpr uint64_t kMaxBlobBytes = 1 << 20;
 // Nor does a file's whole decoding (a generation's shapes take tens of MB): patches expand, so a
 // small file could otherwise ask for any amount of memory.
 constexpr uint64_t kMaxDecodedBytes = uint64_t{1} << 30;
-
-uint64_t fnv1a(const uint8_t* data, size_t size) {
-  uint64_t h = 0xcbf29ce484222325ull;
-  for (size_t i = 0; i < size; ++i) h = (h ^ data[i]) * 0x100000001b3ull;
-  return h;
-}
 
 void write_names(ByteWriter& w, const std::vector<std::string>& names) {
   w.u64(names.size());
@@ -81,6 +76,11 @@ void write_group(ByteWriter& w, const StoredGroup& g) {
   w.u64(g.topology);
   write_names(w, g.names.tensors);
   write_names(w, g.names.kernels);
+  w.u64(g.names.images.size());
+  for (const auto& [digest, image] : g.names.images) {
+    w.u64(digest);
+    w.bytes(image.data(), image.size());
+  }
   w.u64(g.host.stack.begin);
   w.u64(g.host.stack.end);
   w.u64(g.host.high_halves.size());
@@ -118,6 +118,16 @@ StoredGroup read_group(ByteReader& r, uint64_t& decoded) {
   g.topology = r.u64();
   g.names.tensors = read_names(r);
   g.names.kernels = read_names(r);
+  const uint64_t images = r.count(2 * sizeof(uint64_t));
+  for (uint64_t i = 0; i < images; ++i) {
+    const uint64_t digest = r.u64();
+    uint64_t size = 0;
+    const uint8_t* image = r.bytes(size);
+    // A later process loads it as code: it must be the image its kernels' names say.
+    if (image_digest(image, size) != digest) throw std::invalid_argument("a kernel image");
+    decoded += size;
+    g.names.images.emplace(digest, Blob(image, image + size));
+  }
   g.host.stack.begin = static_cast<uintptr_t>(r.u64());
   g.host.stack.end = static_cast<uintptr_t>(r.u64());
   g.host.high_halves.resize(r.count(sizeof(uint32_t)));

@@ -9,8 +9,11 @@
 // to be right here (versions of torch, CUDA, cuDNN and the driver, the GPU, the rank, the
 // function's code and its modules' structure). A file whose key differs is a miss, and the first
 // line that differs says why; a file cut short, altered, or of another format version is
-// unreadable, with the reason, and is ignored. Nothing in a file is code: the payload is
-// numbers, names and parameter bytes, read with every length checked.
+// unreadable, with the reason, and is ignored. Nothing in a file is host code: the payload is
+// numbers, names and parameter bytes, read with every length checked, and the device code of
+// generated kernels (Note [Kernel images]), each checked against its digest, which a later
+// process loads as the library that generated it would: a cache directory is trusted as a model
+// file is.
 // A file is written to a temporary name in its directory (mkstemp), flushed to disk and renamed
 // over the old one, so a reader sees a whole file, old or new, and two processes may write one
 // directory at once. A file decoding to more than 1 GiB is refused: its lengths are damage.

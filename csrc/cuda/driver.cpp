@@ -43,6 +43,9 @@ const DriverApi& driver() {
     load("cuModuleGetFunction", 12000, d.cuModuleGetFunction);
     load("cuKernelGetLibrary", 12050, d.cuKernelGetLibrary);
     load("cuLibraryGetKernel", 12000, d.cuLibraryGetKernel);
+    load("cuLibraryLoadData", 12000, d.cuLibraryLoadData);
+    load("cuLibraryGetModule", 12000, d.cuLibraryGetModule);
+    load("cuKernelGetFunction", 12000, d.cuKernelGetFunction);
     // CUDA 13.2; asked only of a driver that new (an older one refuses the version as invalid).
     int version = 0;
     if (cudaDriverGetVersion(&version) == cudaSuccess && version >= 13020) {

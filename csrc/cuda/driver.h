@@ -37,6 +37,10 @@ struct DriverApi {
   GRAPE_DRIVER_MEMBER(cuModuleGetFunction)
   GRAPE_DRIVER_MEMBER(cuKernelGetLibrary)
   GRAPE_DRIVER_MEMBER(cuLibraryGetKernel)
+  // A stored kernel image loaded back (Note [Kernel images]), and the modules of libraries.
+  GRAPE_DRIVER_MEMBER(cuLibraryLoadData)
+  GRAPE_DRIVER_MEMBER(cuLibraryGetModule)
+  GRAPE_DRIVER_MEMBER(cuKernelGetFunction)
 #undef GRAPE_DRIVER_MEMBER
   // CUDA 13.2, newer than the toolkits we build with, hence spelled out: a kernel's parameter
   // count, so that reading its layout need not probe past the last parameter.

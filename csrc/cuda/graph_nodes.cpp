@@ -11,7 +11,9 @@
 #include <unordered_map>
 #include <utility>
 
+#include "core/kernel_images.h"
 #include "cuda/driver.h"
+#include "cuda/module_images.h"
 #include "cuda/noop_nodes.h"
 
 namespace grape::cuda {
@@ -468,14 +470,25 @@ std::optional<std::string> stored_kernel_name(uint64_t handle, uint32_t at) {
                              : (d.cuKernelGetName ? d.cuKernelGetName(&name, p.kern)
                                                   : CUDA_ERROR_NOT_SUPPORTED);
   if (named != CUDA_SUCCESS || name == nullptr) return std::nullopt;
-  // Generated kernels may repeat a name: their parameters' sizes tell more of them apart.
+  // Generated kernels may repeat a name: their parameters' sizes tell more of them apart, and
+  // their images' digests tell them apart (Note [Kernel images]).
   std::string stored = name;
   if (const ParamLayout* layout = layout_of(p)) {
     stored += "(";
     for (const auto& [offset, size] : layout->params) stored += std::to_string(size) + ",";
     stored += ")";
   }
-  return stored;
+  const std::optional<uint64_t> image = p.func ? function_image(p.func) : kernel_image(p.kern);
+  return image ? core::with_image(stored, *image) : stored;
+}
+
+std::optional<uint64_t> kernel_in_image(const core::Blob& image, uint32_t at,
+                                        const std::string& name) {
+  if (at != offsetof(KernelHeader, func) && at != offsetof(KernelHeader, kern)) return {};
+  const std::optional<uint64_t> found = kernel_from_image(
+      image, name.substr(0, name.find('(')), at == offsetof(KernelHeader, func));
+  if (!found || stored_kernel_name(*found, at) != name) return std::nullopt;
+  return found;
 }
 
 std::optional<uint64_t> kernel_beside(uint64_t beside, uint32_t at, const std::string& name) {

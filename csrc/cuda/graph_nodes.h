@@ -64,6 +64,12 @@ std::optional<std::string> stored_kernel_name(uint64_t handle, uint32_t at);
 // same library). Nothing where there is none of that name and parameter sizes.
 std::optional<uint64_t> kernel_beside(uint64_t beside, uint32_t at, const std::string& name);
 
+// The kernel named `name` (with its image: Note [Kernel images]) from the stored image `image`,
+// as a handle for byte `at` of a kernel node's blob: how a restored graph runs a generated kernel
+// that no live capture ran. Nothing where the image lacks it.
+std::optional<uint64_t> kernel_in_image(const core::Blob& image, uint32_t at,
+                                        const std::string& name);
+
 // Whether `value` is an address the driver knows (device, managed or registered host memory).
 bool is_driver_address(uint64_t value);
 

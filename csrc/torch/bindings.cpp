@@ -15,6 +15,7 @@
 #ifdef GRAPE_WITH_CUDA
 #include <torch/csrc/utils/pybind.h>  // at::Tensor arguments
 
+#include "cuda/module_images.h"
 #include "torch/memory/allocator_hook.h"
 #include "torch/memory/capture_state.h"
 #include "torch/graphs/conditional.h"
@@ -98,6 +99,9 @@ void bind_cuda(py::module_& m) {
       "Installs (True) or removes (False) grape's CUDA allocator hook; returns False when it "
       "cannot be removed because a capture is running. Captures install it again.");
   m.def("allocator_hook_installed", &grape::allocator_hook_installed);
+  m.def("_watch_module_images", &grape::cuda::watch_module_images, py::arg("libraries"),
+        "Starts watching module loads through CUPTI (Note [Kernel images]) with the first of "
+        "libcupti's paths that opens; returns why not, or an empty string.");
 
   py::class_<grape::ConditionalBranch>(m, "ConditionalBranch",
                                        "A conditional node in the graph being captured (see "

@@ -4,6 +4,7 @@
 
 #include "core/clock.h"
 #include "core/forked.h"
+#include "cuda/module_images.h"
 #include "torch/call_lock.h"
 #include "torch/memory/capture_state.h"
 #include "torch/graphs/captured_graph.h"
@@ -189,6 +190,14 @@ py::object Runtime::graph_cache_stats() const {
   d["saved_shapes"] = f.saved_shapes;
   d["unstored"] = counts(f.unstored);
   d["store_seconds"] = core::seconds(f.store_ns);
+  const cuda::ModuleImageCounts images = cuda::module_image_counts();
+  py::dict kernel_images;
+  kernel_images["watching"] = images.watching;
+  kernel_images["why_not"] = images.why_not;
+  kernel_images["seen"] = images.seen;
+  kernel_images["kept_bytes"] = images.kept_bytes;
+  kernel_images["loaded"] = images.loaded;
+  d["kernel_images"] = kernel_images;
   return d;
 }
 

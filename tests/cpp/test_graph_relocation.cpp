@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "core/graph_relocation.h"
+#include "core/kernel_images.h"
 
 using grape::core::AddressRange;
 using grape::core::Blob;
@@ -273,6 +274,35 @@ TEST(GraphRelocation, TwoKernelsOfOneNameAreNeverOneForTheOther) {
   const std::vector<Blob> live = {kernel_blob(kLater.gemm, 0, 0, 0, 1),
                                   kernel_blob(0xE0, 0, 0, 0, 2)};
   EXPECT_NE(match_live_shape(a, one, live, later).find("two live kernels"), std::string::npos);
+}
+
+TEST(GraphRelocation, KernelsOfOneImageStandForEachOther) {
+  // Two modules loaded from one image (a library's plans for two lengths): one code, one name.
+  const std::string name = grape::core::with_image("cudnn_generated_sdpa(8,8,)", 0x5718fe55);
+  const auto both = [&](uint64_t a, uint64_t b) {
+    return [&name, a, b](uint64_t h, uint32_t) -> std::optional<std::string> {
+      if (h == a || h == b) return name;
+      return std::nullopt;
+    };
+  };
+  StoreContext context = kStoring.store_context();
+  context.kernel_name = both(kStoring.gemm, 0xA8);
+  StoredNames names;
+  const auto stored = store_shape({kernel_blob(kStoring.gemm, 0, 0, 0, 1),
+                                   kernel_blob(0xA8, 0, 0, 0, 2)},
+                                  kLayouts, context, names);
+  ASSERT_EQ(stored.why_not, "");
+  EXPECT_EQ(names.kernels, std::vector<std::string>{name});
+  RestoreContext later = kLater.restore_context();
+  later.kernel_name = both(kLater.gemm, 0xE0);
+  const std::vector<Blob> live = {kernel_blob(kLater.gemm, 0, 0, 0, 1),
+                                  kernel_blob(0xE0, 0, 0, 0, 2)};
+  ASSERT_EQ(match_live_shape(stored.nodes, names, live, later), "");
+  const auto rebuilt = relocate_shape(stored.nodes, names, later);
+  ASSERT_EQ(rebuilt.why_not, "");
+  // Either live handle runs the code: the first one learned stands for both.
+  EXPECT_EQ(word_at(rebuilt.blobs[0], 0), kLater.gemm);
+  EXPECT_EQ(word_at(rebuilt.blobs[1], 0), kLater.gemm);
 }
 
 TEST(GraphRelocation, TwoForeignAddressesTheStoringProcessKeptApartStayApart) {

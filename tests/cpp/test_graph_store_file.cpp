@@ -2,6 +2,7 @@
 // another key, cut short, altered or of another format is a miss or unreadable, never wrong.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstring>
 #include <filesystem>
 #include <string>
@@ -9,6 +10,7 @@
 #include <vector>
 
 #include "core/graph_store_file.h"
+#include "core/kernel_images.h"
 
 using grape::core::Blob;
 using grape::core::decode_graph_file;
@@ -48,6 +50,8 @@ std::vector<StoredGroup> groups() {
   a.topology = 0x1234;
   a.names.kernels = {"m:gemm", "m:softmax"};
   a.names.tensors = {"model.wte.weight"};
+  const Blob image = {0x7f, 'E', 'L', 'F', 2, 1, 0, 9};
+  a.names.images.emplace(grape::core::image_digest(image.data(), image.size()), image);
   a.host.stack = {0x7ffd'2236'0000, 0x7ffd'2238'1000};
   a.host.high_halves = {0x55d2, 0x7f3a, 0x7ffd};
   for (uint32_t n : {3u, 4u, 9u}) {
@@ -75,6 +79,7 @@ void expect_equal(const std::vector<StoredGroup>& got, const std::vector<StoredG
     EXPECT_EQ(got[g].host, want[g].host);
     EXPECT_EQ(got[g].names.kernels, want[g].names.kernels);
     EXPECT_EQ(got[g].names.tensors, want[g].names.tensors);
+    EXPECT_EQ(got[g].names.images, want[g].names.images);
     ASSERT_EQ(got[g].shapes.size(), want[g].shapes.size());
     for (size_t s = 0; s < got[g].shapes.size(); ++s) {
       EXPECT_EQ(got[g].shapes[s].signature.words, want[g].shapes[s].signature.words);
@@ -163,6 +168,21 @@ TEST(GraphStoreFile, AnotherFormatOrBadLengthsBehindAGoodChecksumAreUnreadable) 
       EXPECT_TRUE(read.groups.empty());
     }
   }
+}
+
+TEST(GraphStoreFile, AKernelImageThatIsNotItsDigestsIsUnreadable) {
+  // A later process would load it as code: behind a good checksum it must still be what its
+  // kernels' names say.
+  std::vector<StoredGroup> stored = groups();
+  const Blob image = stored[0].names.images.begin()->second;
+  const Blob bytes = encode_graph_file(kKey, stored);
+  const auto at = std::search(bytes.begin(), bytes.end(), image.begin(), image.end());
+  ASSERT_NE(at, bytes.end());
+  Blob damaged = bytes;
+  damaged[static_cast<size_t>(at - bytes.begin()) + image.size() - 1] ^= 1;
+  const DecodedGraphFile read = decode_graph_file(with_checksum(damaged), kKey);
+  EXPECT_EQ(read.status, DecodedGraphFile::Status::kUnreadable);
+  EXPECT_NE(read.why.find("a kernel image"), std::string::npos) << read.why;
 }
 
 TEST(GraphStoreFile, WritesAreWholeEvenWhenTwoWritersRace) {

@@ -238,3 +238,37 @@ def test_a_later_process_generates_eagers_tokens_from_restored_shapes(tmp_path, 
     assert later["stats"]["captures"] < first["stats"]["captures"]
     if alias_prediction:
         assert first["stats"]["alias_hits"] > 0 and later["stats"]["alias_hits"] > 0
+
+
+def test_generated_attention_kernels_are_stored_with_their_images(tmp_path):
+    # PyTorch's default attention on Hopper is cuDNN's, which compiles a module per plan (per
+    # length), all of one kernel name: stored by name and image (Note [Kernel images]), and a
+    # later process loads the images of the lengths its live captures did not plan for.
+    pytest.importorskip("transformers")
+    import torch
+
+    if torch.cuda.get_device_capability() < (9, 0):
+        pytest.skip("cuDNN's attention is PyTorch's default on Hopper and later")
+    worker = os.path.join(os.path.dirname(__file__), "graph_cache_generate_worker.py")
+
+    def generate():
+        done = subprocess.run([sys.executable, worker, str(tmp_path), "--default-attention",
+                               "--new-tokens", "40"], capture_output=True, text=True, timeout=300)
+        return report(done.returncode, done.stdout, done.stderr)
+
+    first = generate()
+    assert first["equal"] == [True, True]
+    filled = first["stats"]["graph_cache"]
+    images = filled["kernel_images"]
+    assert images["watching"] and images["seen"] > 0 and images["kept_bytes"] > 0, images
+    assert not any("two kernels are named" in why for why in filled["unstored"]), filled
+    assert filled["saved_shapes"] > 2, filled
+
+    later = generate()
+    assert later["equal"] == [True, True]
+    cache = later["stats"]["graph_cache"]
+    assert cache["status"] == "read" and cache["dropped_groups"] == [], cache
+    assert cache["restored_shapes"] > 0, cache
+    # Lengths whose plans this process never built ran kernels loaded from the file.
+    assert cache["kernel_images"]["loaded"] > 0, cache
+    assert later["stats"]["captures"] < first["stats"]["captures"]

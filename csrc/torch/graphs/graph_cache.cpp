@@ -12,7 +12,9 @@
 #include <utility>
 
 #include "core/host_memory.h"
+#include "core/kernel_images.h"
 #include "cuda/graph_nodes.h"
+#include "cuda/module_images.h"
 
 namespace grape {
 
@@ -40,6 +42,18 @@ std::vector<core::AddressRange> arena_lanes(const GraphArena& arena) {
     lanes.push_back(arena.lane_range(static_cast<ArenaLane>(lane)));
   }
   return lanes;
+}
+
+// The images of the group's kernels named with one that this process kept (Note [Kernel
+// images]): a later process loads them where its live captures did not run those kernels.
+void attach_images(core::StoredGroup& group) {
+  for (const std::string& name : group.names.kernels) {
+    const std::optional<uint64_t> digest = core::image_of(name);
+    if (!digest || group.names.images.count(*digest) != 0) continue;
+    if (std::optional<core::Blob> image = cuda::module_image(*digest)) {
+      group.names.images.emplace(*digest, std::move(*image));
+    }
+  }
 }
 
 std::vector<core::NodeLayout> layouts_of(const cuda::SharedExecutables::MemberParams& params) {
@@ -297,12 +311,17 @@ std::string GraphCache::match(const Found& found, const CapturedGraph& graph,
       for (const core::StoredShape& shape : stored.shapes) shapes.push_back(&shape.nodes);
       context.group_bytes = core::group_bytes(shapes);
     }
-    // A kernel no live capture ran is looked for beside the ones that did: the same library.
-    context.find_kernel = [&kernels = context.kernels](const std::string& name, uint32_t at) {
+    // A kernel no live capture ran is looked for beside the ones that did (the same library),
+    // and a generated one is loaded from its stored image (Note [Kernel images]).
+    context.find_kernel = [&kernels = context.kernels, &images = stored.names.images](
+                              const std::string& name, uint32_t at) {
       std::optional<uint64_t> found;
       for (const auto& [known, handle] : kernels) {
-        if ((found = cuda::kernel_beside(handle, at, name))) break;
+        if ((found = cuda::kernel_beside(handle, at, name))) return found;
       }
+      const std::optional<uint64_t> digest = core::image_of(name);
+      const auto image = digest ? images.find(*digest) : images.end();
+      if (image != images.end()) found = cuda::kernel_in_image(image->second, at, name);
       return found;
     };
     context.live_blobs = std::move(live->blobs);  // kept: a pending group's run starts from them
@@ -462,7 +481,9 @@ std::string GraphCache::save(const std::vector<ShapeToStore>& shapes, const std:
       }
     }
     for (auto& [index, group] : groups) {
-      if (!group.shapes.empty()) list.push_back(std::move(group));
+      if (group.shapes.empty()) continue;
+      attach_images(group);
+      list.push_back(std::move(group));
     }
     error = core::write_file_atomically(path_, core::encode_graph_file(key, list));
     if (error.empty()) {

@@ -1,0 +1,197 @@
+#include "cuda/module_images.h"
+
+#include <dlfcn.h>
+
+#include <mutex>
+#include <unordered_map>
+
+#include "core/kernel_images.h"
+#include "cuda/driver.h"
+
+namespace grape::cuda {
+namespace {
+
+// CUPTI's callback ABI (cupti_callbacks.h, cupti_driver_cbid.h, generated_cuda_meta.h), spelled
+// out: only what the watch reads.
+using CuptiResult = int;
+using Subscriber = void*;
+using Callback = void (*)(void* userdata, int domain, uint32_t callback_id, const void* data);
+constexpr int kDriverApiDomain = 1;  // CUPTI_CB_DOMAIN_DRIVER_API
+constexpr int kApiExit = 1;          // CUPTI_API_EXIT
+constexpr uint32_t kModuleLoadData = 19, kModuleLoadDataEx = 20, kLibraryLoadData = 678;
+struct CallbackData {  // CUpti_CallbackData's first members
+  int site;
+  const char* function_name;
+  const void* params;
+  const void* return_value;  // a CUresult
+};
+struct LoadParams {  // cuModuleLoadData(Ex)_params' and cuLibraryLoadData_params' first members
+  void** loaded;     // the CUmodule or CUlibrary made
+  const void* image;
+};
+
+// Larger images are libraries' own fat binaries, never generated code: not hashed, not kept.
+constexpr size_t kMaxImageBytes = size_t{16} << 20;
+
+struct Registry {
+  std::mutex mutex;
+  bool watching = false;
+  std::string why_not = "never asked";
+  std::unordered_map<CUmodule, uint64_t> modules;      // module -> image digest
+  std::unordered_map<CUlibrary, uint64_t> libraries;   // library -> image digest
+  std::unordered_map<uint64_t, core::Blob> images;     // digest -> bytes
+  std::unordered_map<uint64_t, CUlibrary> loaded;      // stored images loaded back
+  size_t seen = 0, kept_bytes = 0;
+};
+
+Registry& registry() {
+  static Registry* const r = new Registry;  // never destroyed: callbacks may come at exit
+  return *r;
+}
+
+void on_driver_call(void*, int domain, uint32_t callback_id, const void* data) {
+  if (domain != kDriverApiDomain || data == nullptr) return;
+  const auto* call = static_cast<const CallbackData*>(data);
+  if (call->site != kApiExit || call->return_value == nullptr || call->params == nullptr ||
+      *static_cast<const CUresult*>(call->return_value) != CUDA_SUCCESS) {
+    return;
+  }
+  const auto* params = static_cast<const LoadParams*>(call->params);
+  const auto* image = static_cast<const uint8_t*>(params->image);
+  if (params->loaded == nullptr || image == nullptr) return;
+  const std::optional<size_t> length = core::image_length(image, kMaxImageBytes);
+  if (!length) return;
+  const uint64_t digest = core::image_digest(image, *length);
+  Registry& r = registry();
+  const std::lock_guard<std::mutex> lock(r.mutex);
+  if (callback_id == kLibraryLoadData) {
+    r.libraries[static_cast<CUlibrary>(*params->loaded)] = digest;
+  } else {
+    r.modules[static_cast<CUmodule>(*params->loaded)] = digest;
+  }
+  ++r.seen;
+  if (r.images.try_emplace(digest, image, image + *length).second) r.kept_bytes += *length;
+}
+
+std::string start_watch(void* cupti) {
+  using Subscribe = CuptiResult (*)(Subscriber*, Callback, void*);
+  using Enable = CuptiResult (*)(uint32_t, Subscriber, int, uint32_t);
+  using Describe = CuptiResult (*)(CuptiResult, const char**);
+  const auto subscribe = reinterpret_cast<Subscribe>(dlsym(cupti, "cuptiSubscribe"));
+  const auto enable = reinterpret_cast<Enable>(dlsym(cupti, "cuptiEnableCallback"));
+  const auto describe = reinterpret_cast<Describe>(dlsym(cupti, "cuptiGetResultString"));
+  if (subscribe == nullptr || enable == nullptr) return "libcupti lacks cuptiSubscribe";
+  const auto failed = [describe](const char* what, CuptiResult result) {
+    const char* text = nullptr;
+    if (describe == nullptr || describe(result, &text) != 0 || text == nullptr) text = "?";
+    return std::string(what) + " failed: " + text;
+  };
+  Subscriber subscriber = nullptr;
+  if (const CuptiResult result = subscribe(&subscriber, on_driver_call, nullptr); result != 0) {
+    return failed("cuptiSubscribe", result);
+  }
+  for (const uint32_t id : {kModuleLoadData, kModuleLoadDataEx, kLibraryLoadData}) {
+    if (const CuptiResult result = enable(1, subscriber, kDriverApiDomain, id); result != 0) {
+      return failed("cuptiEnableCallback", result);
+    }
+  }
+  return {};
+}
+
+}  // namespace
+
+std::string watch_module_images(const std::vector<std::string>& libraries) {
+  Registry& r = registry();
+  const std::lock_guard<std::mutex> lock(r.mutex);  // no module load can be watched before this
+  if (r.watching) return {};
+  void* cupti = nullptr;
+  for (const std::string& library : libraries) {
+    if ((cupti = dlopen(library.c_str(), RTLD_NOW | RTLD_LOCAL)) != nullptr) break;
+  }
+  r.why_not = cupti == nullptr ? "libcupti was not found" : start_watch(cupti);
+  r.watching = r.why_not.empty();
+  return r.why_not;
+}
+
+ModuleImageCounts module_image_counts() {
+  Registry& r = registry();
+  const std::lock_guard<std::mutex> lock(r.mutex);
+  return {r.watching, r.watching ? std::string() : r.why_not, r.seen, r.kept_bytes,
+          r.loaded.size()};
+}
+
+std::optional<uint64_t> function_image(CUfunction function) {
+  const DriverApi& d = driver();
+  CUmodule module = nullptr;
+  if (d.cuFuncGetModule == nullptr || d.cuFuncGetModule(&module, function) != CUDA_SUCCESS) {
+    return std::nullopt;
+  }
+  Registry& r = registry();
+  const std::lock_guard<std::mutex> lock(r.mutex);
+  if (const auto found = r.modules.find(module); found != r.modules.end()) return found->second;
+  // A library's module in this context is known once asked for.
+  for (const auto& [library, digest] : r.libraries) {
+    CUmodule of_library = nullptr;
+    if (d.cuLibraryGetModule != nullptr &&
+        d.cuLibraryGetModule(&of_library, library) == CUDA_SUCCESS && of_library == module) {
+      r.modules.emplace(module, digest);
+      return digest;
+    }
+  }
+  return std::nullopt;
+}
+
+std::optional<uint64_t> kernel_image(CUkernel kernel) {
+  const DriverApi& d = driver();
+  CUlibrary library = nullptr;
+  if (d.cuKernelGetLibrary == nullptr || d.cuKernelGetLibrary(&library, kernel) != CUDA_SUCCESS) {
+    return std::nullopt;
+  }
+  Registry& r = registry();
+  const std::lock_guard<std::mutex> lock(r.mutex);
+  const auto found = r.libraries.find(library);
+  return found != r.libraries.end() ? std::optional<uint64_t>(found->second) : std::nullopt;
+}
+
+std::optional<core::Blob> module_image(uint64_t digest) {
+  Registry& r = registry();
+  const std::lock_guard<std::mutex> lock(r.mutex);
+  const auto found = r.images.find(digest);
+  return found != r.images.end() ? std::optional<core::Blob>(found->second) : std::nullopt;
+}
+
+std::optional<uint64_t> kernel_from_image(const core::Blob& image, const std::string& mangled,
+                                          bool as_function) {
+  const DriverApi& d = driver();
+  if (d.cuLibraryLoadData == nullptr || d.cuLibraryGetKernel == nullptr) return std::nullopt;
+  const uint64_t digest = core::image_digest(image.data(), image.size());
+  Registry& r = registry();
+  std::unique_lock<std::mutex> lock(r.mutex);
+  CUlibrary library = nullptr;
+  if (const auto found = r.loaded.find(digest); found != r.loaded.end()) {
+    library = found->second;
+  } else {
+    lock.unlock();  // a watched load calls back, which takes the lock
+    if (d.cuLibraryLoadData(&library, image.data(), nullptr, nullptr, 0, nullptr, nullptr, 0) !=
+        CUDA_SUCCESS) {
+      return std::nullopt;
+    }
+    lock.lock();
+    const auto [kept, added] = r.loaded.emplace(digest, library);
+    // Unwatched, the library is known by its digest all the same.
+    r.libraries.emplace(kept->second, digest);
+    library = kept->second;
+  }
+  lock.unlock();
+  CUkernel kernel = nullptr;
+  if (d.cuLibraryGetKernel(&kernel, library, mangled.c_str()) != CUDA_SUCCESS) return std::nullopt;
+  if (!as_function) return reinterpret_cast<uint64_t>(kernel);
+  CUfunction function = nullptr;
+  if (d.cuKernelGetFunction == nullptr ||
+      d.cuKernelGetFunction(&function, kernel) != CUDA_SUCCESS) {
+    return std::nullopt;
+  }
+  return reinterpret_cast<uint64_t>(function);
+}
+
+}  // namespace grape::cuda

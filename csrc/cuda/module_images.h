@@ -1,0 +1,51 @@
+#pragma once
+// Which image each module came from (Note [Kernel images], csrc/core/kernel_images.h): the
+// modules and libraries the process loads from memory (cuModuleLoadData, cuModuleLoadDataEx,
+// cuLibraryLoadData: how a library loads code it generated) are seen through CUPTI's driver
+// callbacks, and a stored image is loaded back. libcupti is opened at run time (the extension
+// links no CUPTI, and builds without its headers). A process has one CUPTI subscriber: where
+// another tool holds it (a profiler, Nsight), the watch does not start and says why, and kernels
+// are stored by their plain names, as without it; a profiler started later finds the subscriber
+// taken (torch.profiler still traces kernels; its callbacks are the ones it loses).
+
+#include <cuda.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "core/param_codec.h"
+
+namespace grape::cuda {
+
+// Starts the watch with the first of `libraries` (libcupti's paths or sonames) that opens: empty
+// once watching (at once where it already is), else why not. Modules loaded before it began are
+// not seen.
+std::string watch_module_images(const std::vector<std::string>& libraries);
+
+struct ModuleImageCounts {
+  bool watching = false;
+  std::string why_not;    // the last failed start's reason
+  size_t seen = 0;        // images of modules and libraries loaded while watching
+  size_t kept_bytes = 0;  // of their bytes, kept for storing
+  size_t loaded = 0;      // stored images this process loaded back
+};
+ModuleImageCounts module_image_counts();
+
+// The digest of the image a function's or a library kernel's code was loaded from; nothing where
+// no watch saw it.
+std::optional<uint64_t> function_image(CUfunction function);
+std::optional<uint64_t> kernel_image(CUkernel kernel);
+
+// The bytes of the image of `digest`, where one was seen and kept.
+std::optional<core::Blob> module_image(uint64_t digest);
+
+// The kernel `mangled` from `image` (a stored one) as a function handle (`as_function`) or a
+// library kernel; the image is loaded as a library once per process and never unloaded (graphs
+// hold its kernels). Nothing where the driver refuses.
+std::optional<uint64_t> kernel_from_image(const core::Blob& image, const std::string& mangled,
+                                          bool as_function);
+
+}  // namespace grape::cuda
