@@ -4,6 +4,7 @@
 
 #include <mutex>
 #include <unordered_map>
+#include <vector>
 
 #include "core/kernel_images.h"
 #include "cuda/driver.h"
@@ -17,8 +18,9 @@ using CuptiResult = int;
 using Subscriber = void*;
 using Callback = void (*)(void* userdata, int domain, uint32_t callback_id, const void* data);
 constexpr int kDriverApiDomain = 1;  // CUPTI_CB_DOMAIN_DRIVER_API
-constexpr int kApiExit = 1;          // CUPTI_API_EXIT
+constexpr int kApiEnter = 0, kApiExit = 1;  // CUPTI_API_ENTER, CUPTI_API_EXIT
 constexpr uint32_t kModuleLoadData = 19, kModuleLoadDataEx = 20, kLibraryLoadData = 678;
+constexpr uint32_t kModuleUnload = 22, kLibraryUnload = 680;
 struct CallbackData {  // CUpti_CallbackData's first members
   int site;
   const char* function_name;
@@ -28,6 +30,9 @@ struct CallbackData {  // CUpti_CallbackData's first members
 struct LoadParams {  // cuModuleLoadData(Ex)_params' and cuLibraryLoadData_params' first members
   void** loaded;     // the CUmodule or CUlibrary made
   const void* image;
+};
+struct UnloadParams {  // cuModuleUnload_params, cuLibraryUnload_params
+  void* unloaded;
 };
 
 // Larger images are libraries' own fat binaries, never generated code: not hashed, not kept.
@@ -39,6 +44,11 @@ struct Registry {
   std::string why_not = "never asked";
   std::unordered_map<CUmodule, uint64_t> modules;      // module -> image digest
   std::unordered_map<CUlibrary, uint64_t> libraries;   // library -> image digest
+  // The libraries in the order seen, and how many of them have their module (in the context
+  // current when first asked) in `modules`: each is asked of the driver once.
+  std::vector<CUlibrary> library_order;
+  size_t resolved_libraries = 0;
+  std::unordered_map<CUlibrary, CUmodule> library_modules;  // what resolving put in `modules`
   std::unordered_map<uint64_t, core::Blob> images;     // digest -> bytes
   std::unordered_map<uint64_t, CUlibrary> loaded;      // stored images loaded back
   size_t seen = 0, kept_bytes = 0;
@@ -49,9 +59,35 @@ Registry& registry() {
   return *r;
 }
 
+void remember_library(Registry& r, CUlibrary library, uint64_t digest) {
+  r.libraries[library] = digest;
+  r.library_order.push_back(library);
+}
+
+// An unloaded module's or library's handle may come back for other code: it is forgotten.
+void forget(Registry& r, uint32_t callback_id, void* unloaded) {
+  if (callback_id == kModuleUnload) {
+    r.modules.erase(static_cast<CUmodule>(unloaded));
+    return;
+  }
+  const auto library = static_cast<CUlibrary>(unloaded);
+  r.libraries.erase(library);
+  if (const auto module = r.library_modules.find(library); module != r.library_modules.end()) {
+    r.modules.erase(module->second);
+    r.library_modules.erase(module);
+  }
+}
+
 void on_driver_call(void*, int domain, uint32_t callback_id, const void* data) {
   if (domain != kDriverApiDomain || data == nullptr) return;
   const auto* call = static_cast<const CallbackData*>(data);
+  if (callback_id == kModuleUnload || callback_id == kLibraryUnload) {
+    if (call->site != kApiEnter || call->params == nullptr) return;
+    Registry& r = registry();
+    const std::lock_guard<std::mutex> lock(r.mutex);
+    forget(r, callback_id, static_cast<const UnloadParams*>(call->params)->unloaded);
+    return;
+  }
   if (call->site != kApiExit || call->return_value == nullptr || call->params == nullptr ||
       *static_cast<const CUresult*>(call->return_value) != CUDA_SUCCESS) {
     return;
@@ -65,7 +101,7 @@ void on_driver_call(void*, int domain, uint32_t callback_id, const void* data) {
   Registry& r = registry();
   const std::lock_guard<std::mutex> lock(r.mutex);
   if (callback_id == kLibraryLoadData) {
-    r.libraries[static_cast<CUlibrary>(*params->loaded)] = digest;
+    remember_library(r, static_cast<CUlibrary>(*params->loaded), digest);
   } else {
     r.modules[static_cast<CUmodule>(*params->loaded)] = digest;
   }
@@ -90,7 +126,8 @@ std::string start_watch(void* cupti) {
   if (const CuptiResult result = subscribe(&subscriber, on_driver_call, nullptr); result != 0) {
     return failed("cuptiSubscribe", result);
   }
-  for (const uint32_t id : {kModuleLoadData, kModuleLoadDataEx, kLibraryLoadData}) {
+  for (const uint32_t id :
+       {kModuleLoadData, kModuleLoadDataEx, kLibraryLoadData, kModuleUnload, kLibraryUnload}) {
     if (const CuptiResult result = enable(1, subscriber, kDriverApiDomain, id); result != 0) {
       return failed("cuptiEnableCallback", result);
     }
@@ -128,17 +165,19 @@ std::optional<uint64_t> function_image(CUfunction function) {
   }
   Registry& r = registry();
   const std::lock_guard<std::mutex> lock(r.mutex);
-  if (const auto found = r.modules.find(module); found != r.modules.end()) return found->second;
-  // A library's module in this context is known once asked for.
-  for (const auto& [library, digest] : r.libraries) {
+  // Libraries seen since the last question first give their modules.
+  for (; r.resolved_libraries < r.library_order.size(); ++r.resolved_libraries) {
+    const CUlibrary library = r.library_order[r.resolved_libraries];
+    const auto digest = r.libraries.find(library);  // none where it was unloaded since
     CUmodule of_library = nullptr;
-    if (d.cuLibraryGetModule != nullptr &&
-        d.cuLibraryGetModule(&of_library, library) == CUDA_SUCCESS && of_library == module) {
-      r.modules.emplace(module, digest);
-      return digest;
+    if (digest != r.libraries.end() && d.cuLibraryGetModule != nullptr &&
+        d.cuLibraryGetModule(&of_library, library) == CUDA_SUCCESS) {
+      r.modules[of_library] = digest->second;
+      r.library_modules[library] = of_library;
     }
   }
-  return std::nullopt;
+  const auto found = r.modules.find(module);
+  return found != r.modules.end() ? std::optional<uint64_t>(found->second) : std::nullopt;
 }
 
 std::optional<uint64_t> kernel_image(CUkernel kernel) {
@@ -179,7 +218,7 @@ std::optional<uint64_t> kernel_from_image(const core::Blob& image, const std::st
     lock.lock();
     const auto [kept, added] = r.loaded.emplace(digest, library);
     // Unwatched, the library is known by its digest all the same.
-    r.libraries.emplace(kept->second, digest);
+    if (r.libraries.count(kept->second) == 0) remember_library(r, kept->second, digest);
     library = kept->second;
   }
   lock.unlock();

@@ -44,6 +44,19 @@ std::vector<core::AddressRange> arena_lanes(const GraphArena& arena) {
   return lanes;
 }
 
+// The stored names of kernels (cuda::stored_kernel_name), each asked of the driver once per
+// handle and byte for the life of one save or match, not once per node: a decoder's layers run
+// the same few kernels. Not longer: a library may unload a module, and its handle then name
+// another kernel.
+std::function<std::optional<std::string>(uint64_t, uint32_t)> remembered_kernel_names() {
+  using Names = std::map<std::pair<uint64_t, uint32_t>, std::optional<std::string>>;
+  return [names = std::make_shared<Names>()](uint64_t handle, uint32_t at) {
+    const auto [known, added] = names->try_emplace({handle, at});
+    if (added) known->second = cuda::stored_kernel_name(handle, at);
+    return known->second;
+  };
+}
+
 // The images of the group's kernels named with one that this process kept (Note [Kernel
 // images]): a later process loads them where its live captures did not run those kernels.
 void attach_images(core::StoredGroup& group) {
@@ -300,7 +313,7 @@ std::string GraphCache::match(const Found& found, const CapturedGraph& graph,
     context.lanes = arena_lanes(graph.pool->arena());  // reserved once: they never move
     context.tensors = tensor_map(named);
     context.is_device_address = cuda::is_driver_address;
-    context.kernel_name = cuda::stored_kernel_name;
+    context.kernel_name = remembered_kernel_names();
     group.live_host = core::this_process_host_addresses();
     context.stored_host = &stored.host;
     context.live_host = &group.live_host;
@@ -413,12 +426,7 @@ std::string GraphCache::save(const std::vector<ShapeToStore>& shapes, const std:
     if (added) known->second = cuda::is_driver_address(value);
     return known->second;
   };
-  std::map<std::pair<uint64_t, uint32_t>, std::optional<std::string>> kernel_names;
-  context.kernel_name = [&kernel_names](uint64_t handle, uint32_t at) {
-    const auto [known, added] = kernel_names.try_emplace({handle, at});
-    if (added) known->second = cuda::stored_kernel_name(handle, at);
-    return known->second;
-  };
+  context.kernel_name = remembered_kernel_names();
   // Words no kernel reads through: pageable host memory, and the arena beyond what it maps
   // (Note [Relocating stored graphs], kLeftover).
   const std::string maps = core::this_process_maps();
