@@ -170,7 +170,7 @@ def watch_kernel_images() -> None:
     CUPTI to other tools. Where it cannot start, grape.stats() says why under
     graph_cache.kernel_images."""
     global _watch_asked
-    if _watch_asked or os.environ.get(WATCH_VARIABLE, "1") == "0":
+    if _watch_asked or os.environ.get(WATCH_VARIABLE, "1").lower() in ("0", "false", "no", "off"):
         return
     _watch_asked = True
     watch = getattr(_C, "_watch_module_images", None)

@@ -23,7 +23,7 @@ T read_at(const uint8_t* image, size_t at) {
 // A 64-bit little-endian ELF object's extent: its header, both header tables, and every
 // section's contents (sh_type 8, NOBITS, has none in the file).
 std::optional<size_t> elf_length(const uint8_t* image, size_t limit) {
-  constexpr size_t kHeader = 64, kSectionHeader = 64;
+  constexpr size_t kHeader = 64, kSectionHeader = 64, kProgramHeader = 56;
   if (image[4] != 2 || image[5] != 1) return std::nullopt;  // ELFCLASS64, little-endian
   const uint64_t program_at = read_at<uint64_t>(image, 0x20);
   const uint64_t sections_at = read_at<uint64_t>(image, 0x28);
@@ -31,7 +31,10 @@ std::optional<size_t> elf_length(const uint8_t* image, size_t limit) {
   const uint16_t programs = read_at<uint16_t>(image, 0x38);
   const uint16_t section_entry = read_at<uint16_t>(image, 0x3A);
   const uint16_t sections = read_at<uint16_t>(image, 0x3C);
-  if (sections > 0 && section_entry != kSectionHeader) return std::nullopt;
+  // No sections (or extended numbering, which keeps the count elsewhere): a length from the
+  // headers alone could leave code out of the digest.
+  if (sections == 0 || section_entry != kSectionHeader) return std::nullopt;
+  if (programs > 0 && program_entry != kProgramHeader) return std::nullopt;
   uint64_t end = kHeader;
   const auto reach = [&end, limit](uint64_t at, uint64_t size) {
     if (at > limit || size > limit - at) return false;
@@ -41,6 +44,12 @@ std::optional<size_t> elf_length(const uint8_t* image, size_t limit) {
   if (!reach(program_at, uint64_t{program_entry} * programs) ||
       !reach(sections_at, uint64_t{kSectionHeader} * sections)) {
     return std::nullopt;
+  }
+  for (uint16_t i = 0; i < programs; ++i) {  // a segment's bytes in the file
+    const uint8_t* header = image + program_at + i * kProgramHeader;
+    if (!reach(read_at<uint64_t>(header, 8), read_at<uint64_t>(header, 0x20))) {
+      return std::nullopt;
+    }
   }
   for (uint16_t i = 0; i < sections; ++i) {
     const uint8_t* header = image + sections_at + i * kSectionHeader;
@@ -72,6 +81,12 @@ std::optional<uint64_t> image_of(const std::string& kernel_name) {
     digest = digest << 4 | static_cast<uint64_t>(digit);
   }
   return digest;
+}
+
+std::string without_image(const std::string& kernel_name) {
+  return image_of(kernel_name)
+             ? kernel_name.substr(0, kernel_name.size() - kMarkSize - kDigestDigits)
+             : kernel_name;
 }
 
 std::optional<size_t> image_length(const uint8_t* image, size_t limit) {

@@ -46,6 +46,10 @@ const DriverApi& driver() {
     load("cuLibraryLoadData", 12000, d.cuLibraryLoadData);
     load("cuLibraryGetModule", 12000, d.cuLibraryGetModule);
     load("cuKernelGetFunction", 12000, d.cuKernelGetFunction);
+    load("cuKernelGetAttribute", 12000, d.cuKernelGetAttribute);
+    load("cuKernelSetAttribute", 12000, d.cuKernelSetAttribute);
+    load("cuCtxGetDevice", 12000, d.cuCtxGetDevice);
+    load("cuDeviceGetAttribute", 12000, d.cuDeviceGetAttribute);
     // CUDA 13.2; asked only of a driver that new (an older one refuses the version as invalid).
     int version = 0;
     if (cudaDriverGetVersion(&version) == cudaSuccess && version >= 13020) {

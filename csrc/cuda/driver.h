@@ -41,6 +41,10 @@ struct DriverApi {
   GRAPE_DRIVER_MEMBER(cuLibraryLoadData)
   GRAPE_DRIVER_MEMBER(cuLibraryGetModule)
   GRAPE_DRIVER_MEMBER(cuKernelGetFunction)
+  GRAPE_DRIVER_MEMBER(cuKernelGetAttribute)
+  GRAPE_DRIVER_MEMBER(cuKernelSetAttribute)
+  GRAPE_DRIVER_MEMBER(cuCtxGetDevice)
+  GRAPE_DRIVER_MEMBER(cuDeviceGetAttribute)
 #undef GRAPE_DRIVER_MEMBER
   // CUDA 13.2, newer than the toolkits we build with, hence spelled out: a kernel's parameter
   // count, so that reading its layout need not probe past the last parameter.

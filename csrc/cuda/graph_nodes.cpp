@@ -355,6 +355,12 @@ void read_edges(cudaGraph_t graph, const std::unordered_map<cudaGraphNode_t, uin
   std::sort(g.edges.begin(), g.edges.end());
 }
 
+// The driver's mangled name in a stored one: without its image and its parameters' sizes.
+std::string mangled_name(const std::string& stored) {
+  const std::string plain = core::without_image(stored);
+  return plain.substr(0, plain.find('('));
+}
+
 }  // namespace
 
 GraphContents read_graph(cudaGraph_t graph, bool with_params) {
@@ -485,14 +491,14 @@ std::optional<std::string> stored_kernel_name(uint64_t handle, uint32_t at) {
 std::optional<uint64_t> kernel_in_image(const core::Blob& image, uint32_t at,
                                         const std::string& name) {
   if (at != offsetof(KernelHeader, func) && at != offsetof(KernelHeader, kern)) return {};
-  const std::optional<uint64_t> found = kernel_from_image(
-      image, name.substr(0, name.find('(')), at == offsetof(KernelHeader, func));
+  const std::optional<uint64_t> found =
+      kernel_from_image(image, mangled_name(name), at == offsetof(KernelHeader, func));
   if (!found || stored_kernel_name(*found, at) != name) return std::nullopt;
   return found;
 }
 
 std::optional<uint64_t> kernel_beside(uint64_t beside, uint32_t at, const std::string& name) {
-  const std::string mangled = name.substr(0, name.find('('));
+  const std::string mangled = mangled_name(name);
   const DriverApi& d = driver();
   uint64_t found = 0;
   if (at == offsetof(KernelHeader, func)) {

@@ -18,6 +18,8 @@ using CuptiResult = int;
 using Subscriber = void*;
 using Callback = void (*)(void* userdata, int domain, uint32_t callback_id, const void* data);
 constexpr int kDriverApiDomain = 1;  // CUPTI_CB_DOMAIN_DRIVER_API
+constexpr int kResourceDomain = 3;   // CUPTI_CB_DOMAIN_RESOURCE
+constexpr uint32_t kContextDestroyStarting = 2;  // CUPTI_CBID_RESOURCE_CONTEXT_DESTROY_STARTING
 constexpr int kApiEnter = 0, kApiExit = 1;  // CUPTI_API_ENTER, CUPTI_API_EXIT
 constexpr uint32_t kModuleLoadData = 19, kModuleLoadDataEx = 20, kLibraryLoadData = 678;
 constexpr uint32_t kModuleUnload = 22, kLibraryUnload = 680;
@@ -37,9 +39,13 @@ struct UnloadParams {  // cuModuleUnload_params, cuLibraryUnload_params
 
 // Larger images are libraries' own fat binaries, never generated code: not hashed, not kept.
 constexpr size_t kMaxImageBytes = size_t{16} << 20;
+// What the kept images may take in all; past it, images are still named but not kept (a later
+// process then captures the shapes that need them).
+constexpr size_t kMaxKeptBytes = size_t{512} << 20;
 
 struct Registry {
-  std::mutex mutex;
+  std::mutex starting;  // held across CUPTI's calls, which may wait for a callback in flight
+  std::mutex mutex;     // the rest; callbacks take it
   bool watching = false;
   std::string why_not = "never asked";
   std::unordered_map<CUmodule, uint64_t> modules;      // module -> image digest
@@ -79,6 +85,15 @@ void forget(Registry& r, uint32_t callback_id, void* unloaded) {
 }
 
 void on_driver_call(void*, int domain, uint32_t callback_id, const void* data) {
+  if (domain == kResourceDomain && callback_id == kContextDestroyStarting) {
+    // A context's modules go with it, without unload calls: its handles may come back.
+    Registry& r = registry();
+    const std::lock_guard<std::mutex> lock(r.mutex);
+    r.modules.clear();
+    r.library_modules.clear();
+    r.resolved_libraries = 0;  // asked again, in the context current then
+    return;
+  }
   if (domain != kDriverApiDomain || data == nullptr) return;
   const auto* call = static_cast<const CallbackData*>(data);
   if (callback_id == kModuleUnload || callback_id == kLibraryUnload) {
@@ -106,17 +121,49 @@ void on_driver_call(void*, int domain, uint32_t callback_id, const void* data) {
     r.modules[static_cast<CUmodule>(*params->loaded)] = digest;
   }
   ++r.seen;
-  if (r.images.try_emplace(digest, image, image + *length).second) r.kept_bytes += *length;
+  if (r.kept_bytes + *length <= kMaxKeptBytes &&
+      r.images.try_emplace(digest, image, image + *length).second) {
+    r.kept_bytes += *length;
+  }
+}
+
+// The library that generated a kernel may have let it take more dynamic shared memory than the
+// default 48 KiB (cuDNN's attention does); a loaded copy may take all the device gives.
+bool allow_all_shared_memory(CUkernel kernel) {
+  const DriverApi& d = driver();
+  if (!d.cuCtxGetDevice || !d.cuDeviceGetAttribute || !d.cuKernelGetAttribute ||
+      !d.cuKernelSetAttribute) {
+    return false;
+  }
+  CUdevice device = 0;
+  int most = 0, fixed = 0;
+  return d.cuCtxGetDevice(&device) == CUDA_SUCCESS &&
+         d.cuDeviceGetAttribute(&most, CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN,
+                                device) == CUDA_SUCCESS &&
+         d.cuKernelGetAttribute(&fixed, CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES, kernel, device) ==
+             CUDA_SUCCESS &&
+         d.cuKernelSetAttribute(CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, most - fixed,
+                                kernel, device) == CUDA_SUCCESS;
+}
+
+bool watching() {
+  Registry& r = registry();
+  const std::lock_guard<std::mutex> lock(r.mutex);
+  return r.watching;
 }
 
 std::string start_watch(void* cupti) {
   using Subscribe = CuptiResult (*)(Subscriber*, Callback, void*);
   using Enable = CuptiResult (*)(uint32_t, Subscriber, int, uint32_t);
   using Describe = CuptiResult (*)(CuptiResult, const char**);
+  using Unsubscribe = CuptiResult (*)(Subscriber);
   const auto subscribe = reinterpret_cast<Subscribe>(dlsym(cupti, "cuptiSubscribe"));
+  const auto unsubscribe = reinterpret_cast<Unsubscribe>(dlsym(cupti, "cuptiUnsubscribe"));
   const auto enable = reinterpret_cast<Enable>(dlsym(cupti, "cuptiEnableCallback"));
   const auto describe = reinterpret_cast<Describe>(dlsym(cupti, "cuptiGetResultString"));
-  if (subscribe == nullptr || enable == nullptr) return "libcupti lacks cuptiSubscribe";
+  if (subscribe == nullptr || unsubscribe == nullptr || enable == nullptr) {
+    return "libcupti lacks cuptiSubscribe";
+  }
   const auto failed = [describe](const char* what, CuptiResult result) {
     const char* text = nullptr;
     if (describe == nullptr || describe(result, &text) != 0 || text == nullptr) text = "?";
@@ -126,9 +173,14 @@ std::string start_watch(void* cupti) {
   if (const CuptiResult result = subscribe(&subscriber, on_driver_call, nullptr); result != 0) {
     return failed("cuptiSubscribe", result);
   }
-  for (const uint32_t id :
-       {kModuleLoadData, kModuleLoadDataEx, kLibraryLoadData, kModuleUnload, kLibraryUnload}) {
-    if (const CuptiResult result = enable(1, subscriber, kDriverApiDomain, id); result != 0) {
+  // What forgets first, then what learns: a watch that could not forget must learn nothing.
+  const std::pair<int, uint32_t> callbacks[] = {
+      {kResourceDomain, kContextDestroyStarting}, {kDriverApiDomain, kModuleUnload},
+      {kDriverApiDomain, kLibraryUnload},         {kDriverApiDomain, kModuleLoadData},
+      {kDriverApiDomain, kModuleLoadDataEx},      {kDriverApiDomain, kLibraryLoadData}};
+  for (const auto& [domain, id] : callbacks) {
+    if (const CuptiResult result = enable(1, subscriber, domain, id); result != 0) {
+      unsubscribe(subscriber);
       return failed("cuptiEnableCallback", result);
     }
   }
@@ -139,14 +191,16 @@ std::string start_watch(void* cupti) {
 
 std::string watch_module_images(const std::vector<std::string>& libraries) {
   Registry& r = registry();
-  const std::lock_guard<std::mutex> lock(r.mutex);  // no module load can be watched before this
-  if (r.watching) return {};
+  const std::lock_guard<std::mutex> starting(r.starting);
+  if (watching()) return {};
   void* cupti = nullptr;
   for (const std::string& library : libraries) {
     if ((cupti = dlopen(library.c_str(), RTLD_NOW | RTLD_LOCAL)) != nullptr) break;
   }
-  r.why_not = cupti == nullptr ? "libcupti was not found" : start_watch(cupti);
-  r.watching = r.why_not.empty();
+  std::string why_not = cupti == nullptr ? "libcupti was not found" : start_watch(cupti);
+  const std::lock_guard<std::mutex> lock(r.mutex);
+  r.watching = why_not.empty();
+  r.why_not = std::move(why_not);
   return r.why_not;
 }
 
@@ -165,6 +219,7 @@ std::optional<uint64_t> function_image(CUfunction function) {
   }
   Registry& r = registry();
   const std::lock_guard<std::mutex> lock(r.mutex);
+  if (!r.watching) return std::nullopt;  // what a failed start saw is not to be trusted
   // Libraries seen since the last question first give their modules.
   for (; r.resolved_libraries < r.library_order.size(); ++r.resolved_libraries) {
     const CUlibrary library = r.library_order[r.resolved_libraries];
@@ -188,6 +243,7 @@ std::optional<uint64_t> kernel_image(CUkernel kernel) {
   }
   Registry& r = registry();
   const std::lock_guard<std::mutex> lock(r.mutex);
+  if (!r.watching) return std::nullopt;
   const auto found = r.libraries.find(library);
   return found != r.libraries.end() ? std::optional<uint64_t>(found->second) : std::nullopt;
 }
@@ -217,13 +273,16 @@ std::optional<uint64_t> kernel_from_image(const core::Blob& image, const std::st
     }
     lock.lock();
     const auto [kept, added] = r.loaded.emplace(digest, library);
-    // Unwatched, the library is known by its digest all the same.
+    // Known by its digest even where the callback did not see the load.
     if (r.libraries.count(kept->second) == 0) remember_library(r, kept->second, digest);
     library = kept->second;
   }
   lock.unlock();
   CUkernel kernel = nullptr;
-  if (d.cuLibraryGetKernel(&kernel, library, mangled.c_str()) != CUDA_SUCCESS) return std::nullopt;
+  if (d.cuLibraryGetKernel(&kernel, library, mangled.c_str()) != CUDA_SUCCESS ||
+      !allow_all_shared_memory(kernel)) {
+    return std::nullopt;
+  }
   if (!as_function) return reinterpret_cast<uint64_t>(kernel);
   CUfunction function = nullptr;
   if (d.cuKernelGetFunction == nullptr ||

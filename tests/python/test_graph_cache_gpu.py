@@ -269,6 +269,8 @@ def test_generated_attention_kernels_are_stored_with_their_images(tmp_path):
     cache = later["stats"]["graph_cache"]
     assert cache["status"] == "read" and cache["dropped_groups"] == [], cache
     assert cache["restored_shapes"] > 0, cache
-    # Lengths whose plans this process never built ran kernels loaded from the file.
+    # Lengths whose plans this process never built ran kernels loaded from the file: each
+    # found there (none "nor is found") and taken by the driver (none "refused").
     assert cache["kernel_images"]["loaded"] > 0, cache
+    assert not any("nor is found" in why or "refused" in why for why in cache["unrestored"]), cache
     assert later["stats"]["captures"] < first["stats"]["captures"]
