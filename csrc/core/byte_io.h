@@ -13,13 +13,6 @@
 
 namespace grape::core {
 
-// 64-bit FNV-1a: a file's checksum, a kernel image's digest.
-inline uint64_t fnv1a(const uint8_t* data, size_t size) {
-  uint64_t h = 0xcbf29ce484222325ull;
-  for (size_t i = 0; i < size; ++i) h = (h ^ data[i]) * 0x100000001b3ull;
-  return h;
-}
-
 class ByteWriter {
  public:
   void u8(uint8_t v) { out.push_back(v); }

@@ -20,7 +20,7 @@ namespace {
 
 constexpr char kMagic[] = "GRAPECACHE";  // its 10 characters, no terminator
 constexpr size_t kMagicSize = sizeof(kMagic) - 1;
-constexpr uint32_t kFormatVersion = 9;
+constexpr uint32_t kFormatVersion = 10;
 // No node's parameters come near this (a kernel's arguments are at most 32 KiB): a larger
 // length read from a file is damage, refused before anything is allocated for it.
 constexpr uint64_t kMaxBlobBytes = 1 << 20;
@@ -221,7 +221,7 @@ Blob encode_graph_file(const std::string& key, const std::vector<StoredGroup>& g
   file.u32(kFormatVersion);
   file.text(key);
   file.bytes(payload.out.data(), payload.out.size());
-  file.u64(fnv1a(file.out.data(), file.out.size()));
+  file.u64(hash_bytes(0, file.out.data(), file.out.size()));
   return std::move(file.out);
 }
 
@@ -235,7 +235,7 @@ DecodedGraphFile decode_graph_file(const Blob& bytes, const std::string& key) {
   const size_t body = bytes.size() - sizeof(uint64_t);
   uint64_t checksum = 0;
   std::memcpy(&checksum, bytes.data() + body, sizeof checksum);
-  if (fnv1a(bytes.data(), body) != checksum) {
+  if (hash_bytes(0, bytes.data(), body) != checksum) {
     result.why = "its checksum does not match (cut short or altered)";
     return result;
   }

@@ -4,7 +4,7 @@
 // What a compiled function stores for later processes (its topology groups' shapes in the stored
 // form of Note [Relocating stored graphs]) goes to one file, laid out as:
 //   magic "GRAPECACHE", format version, the key (text), the payload's length, the payload, and a
-//   checksum (64-bit FNV-1a) of everything before it.
+//   checksum (hash_bytes) of everything before it.
 // The key is the caller's: lines "name=value" for everything that must be equal for a stored graph
 // to be right here (versions of torch, CUDA, cuDNN and the driver, the GPU, the rank, the
 // function's code and its modules' structure). A file whose key differs is a miss, and the first

@@ -4,7 +4,7 @@
 #include <cstdio>
 #include <cstring>
 
-#include "core/byte_io.h"
+#include "core/param_codec.h"
 
 namespace grape::core {
 namespace {
@@ -102,6 +102,6 @@ std::optional<size_t> image_length(const uint8_t* image, size_t limit) {
   return std::nullopt;
 }
 
-uint64_t image_digest(const uint8_t* image, size_t size) { return fnv1a(image, size); }
+uint64_t image_digest(const uint8_t* image, size_t size) { return hash_bytes(0, image, size); }
 
 }  // namespace grape::core

@@ -30,20 +30,6 @@ size_t get_varint(const uint8_t* data, size_t size, size_t& pos) {
   throw std::invalid_argument("grape: malformed parameter patch");
 }
 
-uint64_t hash_bytes(uint64_t seed, const uint8_t* data, size_t size) {
-  // A word at a time: the dictionary hashes every changed node's patch of every shape.
-  uint64_t h = (seed ^ 0xcbf29ce484222325ull) + size;
-  size_t i = 0;
-  for (; i + sizeof(uint64_t) <= size; i += sizeof(uint64_t)) {
-    uint64_t w;
-    std::memcpy(&w, data + i, sizeof w);
-    h = (h ^ w) * 0x9e3779b97f4a7c15ull;
-    h ^= h >> 29;
-  }
-  for (; i < size; ++i) h = (h ^ data[i]) * 0x100000001b3ull;
-  return h;
-}
-
 // Byte `i` of `base`, zeros past its end: what a patch's value is compared with.
 uint8_t base_at(const Blob& base, size_t i) { return i < base.size() ? base[i] : 0; }
 
@@ -130,6 +116,19 @@ void append_patch(const Blob& base, const Blob& value, Blob& out) {
 }
 
 }  // namespace
+
+uint64_t hash_bytes(uint64_t seed, const uint8_t* data, size_t size) {
+  uint64_t h = (seed ^ 0xcbf29ce484222325ull) + size;
+  size_t i = 0;
+  for (; i + sizeof(uint64_t) <= size; i += sizeof(uint64_t)) {
+    uint64_t w;
+    std::memcpy(&w, data + i, sizeof w);
+    h = (h ^ w) * 0x9e3779b97f4a7c15ull;
+    h ^= h >> 29;
+  }
+  for (; i < size; ++i) h = (h ^ data[i]) * 0x100000001b3ull;
+  return h;
+}
 
 Blob encode_patch(const Blob& base, const Blob& value) {
   Blob patch;
