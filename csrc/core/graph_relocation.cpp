@@ -58,11 +58,17 @@ class RangeIndex {
   std::vector<Entry> sorted_;
 };
 
-// Every layout word of a node, in the order of StoredNode::kinds.
-std::vector<uint32_t> layout_words(const NodeLayout& layout) {
-  std::vector<uint32_t> words = layout.address_words;
+// Every layout word of a node, in the order of StoredNode::kinds, into `words` (a buffer a loop
+// over nodes reuses: a shape's relocation asks for every node's).
+void layout_words(const NodeLayout& layout, std::vector<uint32_t>& words) {
+  words.assign(layout.address_words.begin(), layout.address_words.end());
   words.insert(words.end(), layout.handle_words.begin(), layout.handle_words.end());
   if (layout.kernel_word) words.push_back(*layout.kernel_word);
+}
+
+std::vector<uint32_t> layout_words(const NodeLayout& layout) {
+  std::vector<uint32_t> words;
+  layout_words(layout, words);
   return words;
 }
 
@@ -192,13 +198,25 @@ size_t take_leftover_halves(Blob& live, const Blob& stored, size_t from,
 }
 
 // `from`'s bytes into `to` where `mask` (of their size) is set; how many of them changed `to`.
+// A word at a time where nothing is to take: a restored shape's nodes take their group's bytes,
+// and most of them are equal already.
 size_t take_masked(const Blob& mask, const Blob& from, Blob& to) {
   size_t changed = 0;
-  for (size_t at = 0; at < to.size(); ++at) {
-    if (!mask[at] || to[at] == from[at]) continue;
+  const auto take = [&](size_t at) {
+    if (!mask[at] || to[at] == from[at]) return;
     to[at] = from[at];
     ++changed;
+  };
+  size_t at = 0;
+  for (; at + sizeof(uint64_t) <= to.size(); at += sizeof(uint64_t)) {
+    uint64_t masked, a, b;
+    std::memcpy(&masked, mask.data() + at, sizeof masked);
+    std::memcpy(&a, from.data() + at, sizeof a);
+    std::memcpy(&b, to.data() + at, sizeof b);
+    if (masked == 0 || a == b) continue;
+    for (size_t i = at; i < at + sizeof(uint64_t); ++i) take(i);
   }
+  for (; at < to.size(); ++at) take(at);
   return changed;
 }
 
@@ -264,6 +282,17 @@ void describe_differences(const std::string& label, const Blob& live, const Blob
   }
 }
 
+// Clears `alike` wherever `other` differs from `first` (blobs of one size), a word at a time
+// where they agree: most of a group's bytes do.
+void mark_alike(const Blob& first, const Blob& other, Blob& alike) {
+  size_t at = 0;
+  for (; at + sizeof(uint64_t) <= alike.size(); at += sizeof(uint64_t)) {
+    if (std::memcmp(first.data() + at, other.data() + at, sizeof(uint64_t)) == 0) continue;
+    for (size_t b = at; b < at + sizeof(uint64_t); ++b) alike[b] &= first[b] == other[b];
+  }
+  for (; at < alike.size(); ++at) alike[at] &= first[at] == other[at];
+}
+
 }  // namespace
 
 std::vector<Blob> group_bytes(const std::vector<const std::vector<StoredNode>*>& shapes) {
@@ -283,11 +312,13 @@ std::vector<Blob> group_bytes(const std::vector<const std::vector<StoredNode>*>&
     }
     Blob alike(first.words.size(), 1);
     bool same_layout = true;
+    bool same_kinds = true;  // then a word's kind is the first's in every shape
     for (const StoredNode* other : holding) {
       same_layout = same_layout && other->words.size() == first.words.size() &&
                     other->layout == first.layout && other->kinds.size() == first.kinds.size();
       if (!same_layout) break;
-      for (size_t at = 0; at < alike.size(); ++at) alike[at] &= other->words[at] == first.words[at];
+      same_kinds = same_kinds && other->kinds == first.kinds;
+      mark_alike(first.words, other->words, alike);
     }
     if (!same_layout) continue;
     Blob mask(alike.size(), 0), in_layout(alike.size(), 0);
@@ -297,7 +328,10 @@ std::vector<Blob> group_bytes(const std::vector<const std::vector<StoredNode>*>&
       const WordKind kind = first.kinds[i];
       bool whole = !(first.layout.kernel_word && words[i] == *first.layout.kernel_word) &&
                    kind != WordKind::kArena && kind != WordKind::kTensor;
-      for (const StoredNode* other : holding) whole = whole && other->kinds[i] == kind;
+      for (const StoredNode* other : holding) {
+        if (same_kinds || !whole) break;
+        whole = other->kinds[i] == kind;
+      }
       for (uint32_t b = words[i]; b < words[i] + sizeof(uint64_t); ++b) {
         whole = whole && alike[b];
         in_layout[b] = 1;
@@ -582,11 +616,12 @@ RelocateResult relocate_shape(const std::vector<StoredNode>& stored, const Store
                               RestoreContext& context) {
   RelocateResult result;
   result.blobs.reserve(stored.size());
+  std::vector<uint32_t> words;
   for (size_t node = 0; node < stored.size(); ++node) {
     const StoredNode& s = stored[node];
-    const std::string where = "node " + std::to_string(node);
+    const std::string where = "node " + std::to_string(node);  // short: no allocation
     Blob blob = s.words;
-    const std::vector<uint32_t> words = layout_words(s.layout);
+    layout_words(s.layout, words);
     if (!valid_layout(s.layout, blob.size()) || s.kinds.size() != words.size()) {
       result.why_not = where + ": a damaged layout";
       return result;
