@@ -58,17 +58,12 @@ class RangeIndex {
   std::vector<Entry> sorted_;
 };
 
-// Every layout word of a node, in the order of StoredNode::kinds, into `words` (a buffer a loop
-// over nodes reuses: a shape's relocation asks for every node's).
-void layout_words(const NodeLayout& layout, std::vector<uint32_t>& words) {
+// Every layout word of a node, in the order of StoredNode::kinds, in `words`' storage (a loop
+// over nodes passes its buffer back: a shape's relocation asks for every node's).
+std::vector<uint32_t> layout_words(const NodeLayout& layout, std::vector<uint32_t> words = {}) {
   words.assign(layout.address_words.begin(), layout.address_words.end());
   words.insert(words.end(), layout.handle_words.begin(), layout.handle_words.end());
   if (layout.kernel_word) words.push_back(*layout.kernel_word);
-}
-
-std::vector<uint32_t> layout_words(const NodeLayout& layout) {
-  std::vector<uint32_t> words;
-  layout_words(layout, words);
   return words;
 }
 
@@ -198,25 +193,21 @@ size_t take_leftover_halves(Blob& live, const Blob& stored, size_t from,
 }
 
 // `from`'s bytes into `to` where `mask` (of their size) is set; how many of them changed `to`.
-// A word at a time where nothing is to take: a restored shape's nodes take their group's bytes,
-// and most of them are equal already.
 size_t take_masked(const Blob& mask, const Blob& from, Blob& to) {
+  static constexpr uint8_t kNone[sizeof(uint64_t)] = {};
   size_t changed = 0;
-  const auto take = [&](size_t at) {
-    if (!mask[at] || to[at] == from[at]) return;
+  for (size_t at = 0; at < to.size(); ++at) {
+    // Whole words where nothing is to take: most of a restored node's group bytes are equal.
+    const bool word = at % 8 == 0 && at + 8 <= to.size();
+    if (word && (!std::memcmp(mask.data() + at, kNone, 8) ||
+                 !std::memcmp(from.data() + at, to.data() + at, 8))) {
+      at += 7;
+      continue;
+    }
+    if (!mask[at] || to[at] == from[at]) continue;
     to[at] = from[at];
     ++changed;
-  };
-  size_t at = 0;
-  for (; at + sizeof(uint64_t) <= to.size(); at += sizeof(uint64_t)) {
-    uint64_t masked, a, b;
-    std::memcpy(&masked, mask.data() + at, sizeof masked);
-    std::memcpy(&a, from.data() + at, sizeof a);
-    std::memcpy(&b, to.data() + at, sizeof b);
-    if (masked == 0 || a == b) continue;
-    for (size_t i = at; i < at + sizeof(uint64_t); ++i) take(i);
   }
-  for (; at < to.size(); ++at) take(at);
   return changed;
 }
 
@@ -285,12 +276,13 @@ void describe_differences(const std::string& label, const Blob& live, const Blob
 // Clears `alike` wherever `other` differs from `first` (blobs of one size), a word at a time
 // where they agree: most of a group's bytes do.
 void mark_alike(const Blob& first, const Blob& other, Blob& alike) {
-  size_t at = 0;
-  for (; at + sizeof(uint64_t) <= alike.size(); at += sizeof(uint64_t)) {
-    if (std::memcmp(first.data() + at, other.data() + at, sizeof(uint64_t)) == 0) continue;
-    for (size_t b = at; b < at + sizeof(uint64_t); ++b) alike[b] &= first[b] == other[b];
+  for (size_t at = 0; at < alike.size(); ++at) {
+    if (at % 8 == 0 && at + 8 <= alike.size() && !std::memcmp(&first[at], &other[at], 8)) {
+      at += 7;
+    } else {
+      alike[at] &= first[at] == other[at];
+    }
   }
-  for (; at < alike.size(); ++at) alike[at] &= first[at] == other[at];
 }
 
 }  // namespace
@@ -621,7 +613,7 @@ RelocateResult relocate_shape(const std::vector<StoredNode>& stored, const Store
     const StoredNode& s = stored[node];
     const std::string where = "node " + std::to_string(node);  // short: no allocation
     Blob blob = s.words;
-    layout_words(s.layout, words);
+    words = layout_words(s.layout, std::move(words));
     if (!valid_layout(s.layout, blob.size()) || s.kinds.size() != words.size()) {
       result.why_not = where + ": a damaged layout";
       return result;
