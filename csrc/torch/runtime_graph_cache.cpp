@@ -182,6 +182,7 @@ py::object Runtime::graph_cache_stats() const {
   d["restored_shapes"] = f.restored_shapes;
   d["dropped_groups"] = dropped;
   d["unrestored"] = counts(f.unrestored);
+  d["file_bytes"] = f.file_bytes;
   d["cache_load_seconds"] = core::seconds(f.load_ns);
   d["restore_seconds"] = core::seconds(f.restore_ns);
   d["restore_join_seconds"] = core::seconds(f.restore_join_ns);

@@ -47,6 +47,7 @@ def test_a_later_process_restores_the_shapes_one_live_capture_validates(tmp_path
     later = run(tmp_path)
     cache = later["stats"]["graph_cache"]
     assert cache["status"] == "read" and cache["stored_shapes"] == 3, cache
+    assert cache["file_bytes"] == os.path.getsize(cache_files(tmp_path)[0]), cache
     assert cache["validated_groups"] == 1 and cache["dropped_groups"] == [], cache
     assert cache["restored_shapes"] == 2, cache
     assert 0 < cache["restore_join_seconds"] <= cache["restore_seconds"], cache

@@ -106,6 +106,7 @@ GraphCache::GraphCache(std::string path, std::string key)
   const auto start = core::Clock::now();
   std::string error;
   const core::Blob bytes = core::read_whole_file(path_, error);
+  figures_.file_bytes = static_cast<int64_t>(bytes.size());
   if (!error.empty()) {
     figures_.status = "unreadable: " + error;
   } else if (bytes.empty()) {

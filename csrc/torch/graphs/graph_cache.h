@@ -109,6 +109,7 @@ class GraphCache {
     std::vector<std::string> dropped_groups;       // why each was dropped
     std::map<std::string, int64_t> unrestored;     // shapes of validated groups not restored
     int64_t load_ns = 0;     // reading the file
+    int64_t file_bytes = 0;  // its size
     int64_t restore_ns = 0;  // validating groups and restoring shapes
     int64_t restore_join_ns = 0;  // of restore_ns: restored shapes joining their groups
     int64_t restore_validate_ns = 0;  // of restore_ns: matching live captures, and runs
