@@ -232,6 +232,14 @@ DecodedGraphFile decode_graph_file(const Blob& bytes, const std::string& key) {
     result.why = "not a grape graph cache file";
     return result;
   }
+  // The version first: another format's checksum may be another hash's.
+  uint32_t version = 0;
+  std::memcpy(&version, bytes.data() + kMagicSize, sizeof version);
+  if (version != kFormatVersion) {
+    result.why =
+        "format version " + std::to_string(version) + ", not " + std::to_string(kFormatVersion);
+    return result;
+  }
   const size_t body = bytes.size() - sizeof(uint64_t);
   uint64_t checksum = 0;
   std::memcpy(&checksum, bytes.data() + body, sizeof checksum);
@@ -240,13 +248,7 @@ DecodedGraphFile decode_graph_file(const Blob& bytes, const std::string& key) {
     return result;
   }
   try {
-    ByteReader r(bytes.data() + kMagicSize, body - kMagicSize);
-    const uint32_t version = r.u32();
-    if (version != kFormatVersion) {
-      result.why = "format version " + std::to_string(version) + ", not " +
-                   std::to_string(kFormatVersion);
-      return result;
-    }
+    ByteReader r(bytes.data() + kMagicSize + sizeof version, body - kMagicSize - sizeof version);
     const std::string stored_key = r.text();
     if (stored_key != key) {
       result.status = DecodedGraphFile::Status::kMiss;

@@ -25,6 +25,9 @@ T read_at(const uint8_t* image, size_t at) {
 std::optional<size_t> elf_length(const uint8_t* image, size_t limit) {
   constexpr size_t kHeader = 64, kSectionHeader = 64, kProgramHeader = 56;
   if (image[4] != 2 || image[5] != 1) return std::nullopt;  // ELFCLASS64, little-endian
+  // A relocatable object (e_type 1) marks sections without file bytes by NVIDIA's own types
+  // too; the driver loads executables, whose extent the standard types give.
+  if (read_at<uint16_t>(image, 0x10) == 1) return std::nullopt;
   const uint64_t program_at = read_at<uint64_t>(image, 0x20);
   const uint64_t sections_at = read_at<uint64_t>(image, 0x28);
   const uint16_t program_entry = read_at<uint16_t>(image, 0x36);

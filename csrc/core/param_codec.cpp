@@ -118,16 +118,24 @@ void append_patch(const Blob& base, const Blob& value, Blob& out) {
 }  // namespace
 
 uint64_t hash_bytes(uint64_t seed, const uint8_t* data, size_t size) {
-  uint64_t h = (seed ^ 0xcbf29ce484222325ull) + size;
+  // xxHash64's round and final mix, in one lane: every step is one-to-one in the state and in
+  // the input, so a single changed word always changes the result, and bits spread both ways.
+  constexpr uint64_t kP1 = 0x9e3779b185ebca87ull, kP2 = 0xc2b2ae3d27d4eb4full;
+  constexpr uint64_t kP3 = 0x165667b19e3779f9ull, kP5 = 0x27d4eb2f165667c5ull;
+  const auto rotl = [](uint64_t x, int r) { return (x << r) | (x >> (64 - r)); };
+  uint64_t h = seed + kP5 + size;
   size_t i = 0;
   for (; i + sizeof(uint64_t) <= size; i += sizeof(uint64_t)) {
     uint64_t w;
     std::memcpy(&w, data + i, sizeof w);
-    h = (h ^ w) * 0x9e3779b97f4a7c15ull;
-    h ^= h >> 29;
+    h = rotl(h + w * kP2, 31) * kP1;
   }
-  for (; i < size; ++i) h = (h ^ data[i]) * 0x100000001b3ull;
-  return h;
+  for (; i < size; ++i) h = rotl(h ^ (data[i] * kP5), 11) * kP1;
+  h ^= h >> 33;
+  h *= kP2;
+  h ^= h >> 29;
+  h *= kP3;
+  return h ^ (h >> 32);
 }
 
 Blob encode_patch(const Blob& base, const Blob& value) {

@@ -29,7 +29,8 @@ using Blob = std::vector<uint8_t>;
 
 // A 64-bit hash of `size` bytes, a word at a time (several times faster than a byte at a time):
 // the dictionary's index of patches, a graph cache file's checksum, a kernel image's digest.
-// Not a cryptographic hash: it tells damage and different code apart, not an attacker's bytes.
+// Not a cryptographic hash: it tells damage and different code apart, not an attacker's bytes
+// (a cache directory is trusted as a model file is).
 uint64_t hash_bytes(uint64_t seed, const uint8_t* data, size_t size);
 
 // A patch turning `base` into `value`: value's length, then (gap, length, bytes) runs, where the

@@ -201,6 +201,13 @@ std::string watch_module_images(const std::vector<std::string>& libraries) {
   const std::lock_guard<std::mutex> lock(r.mutex);
   r.watching = why_not.empty();
   r.why_not = std::move(why_not);
+  if (!r.watching) {  // what callbacks enabled for a while saw, without unloads, is not kept
+    r.modules.clear();
+    r.libraries.clear();
+    r.library_order.clear();
+    r.library_modules.clear();
+    r.resolved_libraries = 0;
+  }
   return r.why_not;
 }
 
@@ -272,10 +279,7 @@ std::optional<uint64_t> kernel_from_image(const core::Blob& image, const std::st
       return std::nullopt;
     }
     lock.lock();
-    const auto [kept, added] = r.loaded.emplace(digest, library);
-    // Known by its digest even where the callback did not see the load.
-    if (r.libraries.count(kept->second) == 0) remember_library(r, kept->second, digest);
-    library = kept->second;
+    library = r.loaded.emplace(digest, library).first->second;  // the watch saw its image
   }
   lock.unlock();
   CUkernel kernel = nullptr;

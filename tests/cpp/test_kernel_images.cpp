@@ -85,6 +85,10 @@ TEST(KernelImages, AnElfObjectEndsAtItsFurthestTableOrSection) {
   auto wide = elf(400, 64, {{1, 192, 100}});
   put<uint16_t>(wide, 0x3A, 72);
   EXPECT_EQ(image_length(wide.data(), 1 << 20), std::nullopt);
+  // A relocatable object: not an image the driver loads, and its extent is not the standard one.
+  auto relocatable = object;
+  put<uint16_t>(relocatable, 0x10, 1);
+  EXPECT_EQ(image_length(relocatable.data(), 1 << 20), std::nullopt);
   // A section claiming the whole address space is refused, not added up.
   const auto huge = elf(400, 64, {{1, 128, ~uint64_t{0} - 100}});
   EXPECT_EQ(image_length(huge.data(), 1 << 20), std::nullopt);
