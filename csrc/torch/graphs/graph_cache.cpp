@@ -8,6 +8,8 @@
 
 #include <algorithm>
 #include <map>
+#include <tuple>
+#include <type_traits>
 #include <unordered_map>
 #include <utility>
 
@@ -44,15 +46,17 @@ std::vector<core::AddressRange> arena_lanes(const GraphArena& arena) {
   return lanes;
 }
 
-// The stored names of kernels (cuda::stored_kernel_name), each asked of the driver once per
-// handle and byte for the life of one save or match, not once per node: a decoder's layers run
-// the same few kernels. Not longer: a library may unload a module, and its handle then name
-// another kernel.
-std::function<std::optional<std::string>(uint64_t, uint32_t)> remembered_kernel_names() {
-  using Names = std::map<std::pair<uint64_t, uint32_t>, std::optional<std::string>>;
-  return [names = std::make_shared<Names>()](uint64_t handle, uint32_t at) {
-    const auto [known, added] = names->try_emplace({handle, at});
-    if (added) known->second = cuda::stored_kernel_name(handle, at);
+// `ask` (a driver query) with each answer remembered for the life of the function returned: one
+// save or one match, where a group's shapes hold the same workspaces and kernels node after node
+// (RestoreContext::found_kernels does the same for kernels no live capture ran). Not longer: a
+// library may unload a module, and its handles then name other code.
+template <typename Result, typename... Args>
+std::function<Result(Args...)> remembered(std::function<Result(Args...)> ask) {
+  using Key = std::tuple<std::decay_t<Args>...>;
+  return [answers = std::make_shared<std::map<Key, Result>>(), ask = std::move(ask)](
+             Args... args) {
+    const auto [known, added] = answers->try_emplace(Key(args...));
+    if (added) known->second = ask(args...);
     return known->second;
   };
 }
@@ -314,7 +318,7 @@ std::string GraphCache::match(const Found& found, const CapturedGraph& graph,
     context.lanes = arena_lanes(graph.pool->arena());  // reserved once: they never move
     context.tensors = tensor_map(named);
     context.is_device_address = cuda::is_driver_address;
-    context.kernel_name = remembered_kernel_names();
+    context.kernel_name = remembered(decltype(context.kernel_name)(cuda::stored_kernel_name));
     group.live_host = core::this_process_host_addresses();
     context.stored_host = &stored.host;
     context.live_host = &group.live_host;
@@ -419,15 +423,9 @@ std::string GraphCache::save(const std::vector<ShapeToStore>& shapes, const std:
   core::StoreContext context;
   context.lanes = arena_lanes(arena);
   context.tensors = storage_ranges(named);
-  // The driver is asked once per value and kernel in a save: a group's shapes hold the same
-  // workspaces, constants and kernels, node after node.
-  std::unordered_map<uint64_t, bool> device_addresses;
-  context.is_device_address = [&device_addresses](uint64_t value) {
-    const auto [known, added] = device_addresses.try_emplace(value, false);
-    if (added) known->second = cuda::is_driver_address(value);
-    return known->second;
-  };
-  context.kernel_name = remembered_kernel_names();
+  context.is_device_address =
+      remembered(decltype(context.is_device_address)(cuda::is_driver_address));
+  context.kernel_name = remembered(decltype(context.kernel_name)(cuda::stored_kernel_name));
   // Words no kernel reads through: pageable host memory, and the arena beyond what it maps
   // (Note [Relocating stored graphs], kLeftover).
   const std::string maps = core::this_process_maps();
