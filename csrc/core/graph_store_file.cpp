@@ -3,6 +3,8 @@
 #include "core/byte_io.h"
 #include "core/kernel_images.h"
 
+#include <fcntl.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -10,8 +12,6 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
-#include <fstream>
-#include <iterator>
 #include <sstream>
 #include <stdexcept>
 
@@ -304,13 +304,30 @@ std::string write_file_atomically(const std::string& path, const Blob& bytes) {
 
 Blob read_whole_file(const std::string& path, std::string& error) {
   error.clear();
-  std::ifstream in(path, std::ios::binary);
-  if (!in) {
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) {
     if (errno != ENOENT) error = "opening " + path + " failed: " + std::strerror(errno);
     return {};  // no file: a miss, not an error
   }
-  Blob bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  if (in.bad()) error = "reading " + path + " failed";
+  // Read whole at the size fstat gives (a stream's bytes one by one cost more than decoding
+  // them); what follows, where the file grew, in small reads up to its end.
+  struct stat about {};
+  Blob bytes(::fstat(fd, &about) == 0 && about.st_size > 0 ? static_cast<size_t>(about.st_size)
+                                                             : 0);
+  size_t got = 0;
+  uint8_t more[4096];
+  while (true) {
+    const bool at_size = got == bytes.size();
+    const ssize_t n = at_size ? ::read(fd, more, sizeof more)
+                              : ::read(fd, bytes.data() + got, bytes.size() - got);
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) error = "reading " + path + " failed: " + std::strerror(errno);
+    if (n <= 0) break;
+    if (at_size) bytes.insert(bytes.end(), more, more + n);
+    got += static_cast<size_t>(n);
+  }
+  ::close(fd);
+  bytes.resize(error.empty() ? got : 0);
   return bytes;
 }
 
