@@ -233,6 +233,38 @@ def test_an_exception_at_warm_up_reaches_the_caller():
     assert_sound()
 
 
+def test_a_capture_before_the_process_used_cuda_runs_the_function():
+    # No argument is a CUDA tensor and the process has not used CUDA yet: the capture's pool
+    # makes PyTorch's CUDA state itself (the caching allocator once refused it, "Invalid device
+    # argument", in place of the function's own exception).
+    child = run_child("""
+        calls = []
+
+        @grape.compile(warmup=0)
+        def f(n):
+            calls.append(n)
+            if n < 0:
+                raise ValueError("negative")
+            return torch.arange(4, device=DEV) * n
+
+        assert not torch.cuda.is_initialized()
+        try:
+            f(-1)
+        except ValueError as e:
+            assert "negative" in str(e), e
+        else:
+            raise AssertionError("the function's exception did not reach the caller")
+        outs = [f(3).tolist() for _ in range(3)]
+        s = grape.stats(f)
+        assert outs == [[0, 3, 6, 9]] * 3, outs
+        assert calls[0] == -1 and set(calls[1:]) == {3}, calls
+        assert s["raised_under_capture"] == 1 and s["captures"] == 1 and s["replays"] >= 2, s
+        assert_sound()
+        print("sound")
+    """)
+    assert_child_ok(child)
+
+
 @pytest.mark.expects_fallback
 def test_an_exception_of_the_eager_run_after_a_capture_failure_reaches_the_caller():
     def f(x):

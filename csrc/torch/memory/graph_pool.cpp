@@ -1,4 +1,5 @@
 #include "torch/memory/graph_pool.h"
+#include <ATen/Context.h>
 
 #include <ATen/cuda/CUDAContext.h>
 #include <ATen/core/CachingHostAllocator.h>
@@ -87,6 +88,10 @@ void release_host_pool(c10::MempoolId_t id) {
 
 std::shared_ptr<GraphPool> GraphPool::create(c10::DeviceIndex device) {
   core::making_cuda_state();  // a fork from here on runs eagerly (core/forked.h)
+  // PyTorch makes its CUDA state (the caching allocator's devices among it) at first use, which
+  // a call holding no CUDA tensor, in a process that used none yet, has not made: the pool's
+  // allocator calls would find no device.
+  at::globalContext().lazyInitDevice(c10::DeviceType::CUDA);
   return std::shared_ptr<GraphPool>(new GraphPool(device));
 }
 
