@@ -174,8 +174,34 @@ def watch_kernel_images() -> None:
         return
     _watch_asked = True
     watch = getattr(_C, "_watch_module_images", None)
-    if watch is not None and torch.cuda.is_available():
-        watch(cupti_libraries())
+    if watch is not None and torch.cuda.is_available() and watch(cupti_libraries()) == "":
+        yield_to_profilers(_C._stop_watching_module_images)
+
+
+PROFILER_TOOK_CUPTI = ("stopped: torch.profiler traces CUDA activities, and CUPTI serves one "
+                       "subscriber")
+
+
+def yield_to_profilers(stop_watch: Callable[[str], None]) -> None:
+    """torch.profiler's CUDA traces need CUPTI's one subscriber, which Kineto takes as a profile
+    first prepares (it gets none, and traces no kernel, where the watch holds it). Wraps
+    torch.autograd.profiler's _prepare_profiler and _enable_profiler, through which every profile
+    starts, so that the first asked for CUDA activities calls `stop_watch` first: the watch
+    yields for good (later saves store kernels by their plain names)."""
+    from torch.autograd import profiler
+
+    def yielding(start: Callable) -> Callable:
+        def start_after_the_watch(config, activities, *args, **kwargs):
+            if torch.autograd.ProfilerActivity.CUDA in activities:
+                stop_watch(PROFILER_TOOK_CUPTI)
+            return start(config, activities, *args, **kwargs)
+        start_after_the_watch.grape_yields = True
+        return start_after_the_watch
+
+    for name in ("_prepare_profiler", "_enable_profiler"):
+        start = getattr(profiler, name, None)
+        if start is not None and not getattr(start, "grape_yields", False):
+            setattr(profiler, name, yielding(start))
 
 
 def save_quietly(compiled: Any) -> None:

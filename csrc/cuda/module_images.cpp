@@ -48,6 +48,9 @@ struct Registry {
   std::mutex mutex;     // the rest; callbacks take it
   bool watching = false;
   std::string why_not = "never asked";
+  // The watch's subscription, and how to end it (stop_watching_module_images).
+  Subscriber subscriber = nullptr;
+  CuptiResult (*unsubscribe)(Subscriber) = nullptr;
   std::unordered_map<CUmodule, uint64_t> modules;      // module -> image digest
   std::unordered_map<CUlibrary, uint64_t> libraries;   // library -> image digest
   // The libraries in the order seen, and how many of them have their module (in the context
@@ -82,6 +85,16 @@ void forget(Registry& r, uint32_t callback_id, void* unloaded) {
     r.modules.erase(module->second);
     r.library_modules.erase(module);
   }
+}
+
+// Without the callbacks, an unload goes unseen and a handle may come back for other code: what
+// they taught is not kept.
+void forget_all(Registry& r) {
+  r.modules.clear();
+  r.libraries.clear();
+  r.library_order.clear();
+  r.library_modules.clear();
+  r.resolved_libraries = 0;
 }
 
 void on_driver_call(void*, int domain, uint32_t callback_id, const void* data) {
@@ -152,7 +165,7 @@ bool watching() {
   return r.watching;
 }
 
-std::string start_watch(void* cupti) {
+std::string start_watch(void* cupti, Registry& r) {
   using Subscribe = CuptiResult (*)(Subscriber*, Callback, void*);
   using Enable = CuptiResult (*)(uint32_t, Subscriber, int, uint32_t);
   using Describe = CuptiResult (*)(CuptiResult, const char**);
@@ -184,6 +197,8 @@ std::string start_watch(void* cupti) {
       return failed("cuptiEnableCallback", result);
     }
   }
+  r.subscriber = subscriber;
+  r.unsubscribe = unsubscribe;
   return {};
 }
 
@@ -197,18 +212,28 @@ std::string watch_module_images(const std::vector<std::string>& libraries) {
   for (const std::string& library : libraries) {
     if ((cupti = dlopen(library.c_str(), RTLD_NOW | RTLD_LOCAL)) != nullptr) break;
   }
-  std::string why_not = cupti == nullptr ? "libcupti was not found" : start_watch(cupti);
+  std::string why_not = cupti == nullptr ? "libcupti was not found" : start_watch(cupti, r);
   const std::lock_guard<std::mutex> lock(r.mutex);
   r.watching = why_not.empty();
   r.why_not = std::move(why_not);
-  if (!r.watching) {  // what callbacks enabled for a while saw, without unloads, is not kept
-    r.modules.clear();
-    r.libraries.clear();
-    r.library_order.clear();
-    r.library_modules.clear();
-    r.resolved_libraries = 0;
-  }
+  if (!r.watching) forget_all(r);  // what callbacks enabled for a while saw
   return r.why_not;
+}
+
+void stop_watching_module_images(const std::string& why) {
+  Registry& r = registry();
+  const std::lock_guard<std::mutex> starting(r.starting);
+  if (!watching()) return;
+  // Outside `mutex`: CUPTI waits for a callback in flight, which takes it.
+  r.unsubscribe(r.subscriber);
+  const std::lock_guard<std::mutex> lock(r.mutex);
+  r.watching = false;
+  r.why_not = why;
+  r.subscriber = nullptr;
+  forget_all(r);
+  // No kernel is named by its image from now on: the kept bytes would never be stored.
+  r.images.clear();
+  r.kept_bytes = 0;
 }
 
 ModuleImageCounts module_image_counts() {

@@ -5,8 +5,8 @@
 // callbacks, and a stored image is loaded back. libcupti is opened at run time (the extension
 // links no CUPTI, and builds without its headers). A process has one CUPTI subscriber: where
 // another tool holds it (a profiler, Nsight), the watch does not start and says why, and kernels
-// are stored by their plain names, as without it; a profiler started later finds the subscriber
-// taken (torch.profiler still traces kernels; its callbacks are the ones it loses).
+// are stored by their plain names, as without it. torch.profiler takes it as it first prepares a
+// trace of CUDA activities, which stops the watch first (grape/_graph_cache.py): it yields.
 
 #include <cuda.h>
 
@@ -25,9 +25,14 @@ namespace grape::cuda {
 // not seen.
 std::string watch_module_images(const std::vector<std::string>& libraries);
 
+// Ends the watch for good, where one runs, so that another tool can subscribe; `why` is what
+// module_image_counts says. What it taught is forgotten (unloads go unseen from now on), and
+// kernels are stored by their plain names; images loaded back stay loaded.
+void stop_watching_module_images(const std::string& why);
+
 struct ModuleImageCounts {
   bool watching = false;
-  std::string why_not;    // the last failed start's reason
+  std::string why_not;    // the last failed start's reason, or why the watch stopped
   size_t seen = 0;        // images of modules and libraries loaded while watching
   size_t kept_bytes = 0;  // of their bytes, kept for storing
   size_t loaded = 0;      // stored images this process loaded back

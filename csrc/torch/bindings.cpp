@@ -102,6 +102,10 @@ void bind_cuda(py::module_& m) {
   m.def("_watch_module_images", &grape::cuda::watch_module_images, py::arg("libraries"),
         "Starts watching module loads through CUPTI (Note [Kernel images]) with the first of "
         "libcupti's paths that opens; returns why not, or an empty string.");
+  m.def("_stop_watching_module_images", &grape::cuda::stop_watching_module_images,
+        py::arg("why"),
+        "Ends the watch of module loads, where one runs, so that another tool may take CUPTI's "
+        "subscriber; `why` is what grape.stats() says.");
 
   py::class_<grape::ConditionalBranch>(m, "ConditionalBranch",
                                        "A conditional node in the graph being captured (see "

@@ -158,3 +158,38 @@ def test_namesakes_alive_at_once_keep_a_file_each_in_the_order_compiled(tmp_path
     assert again.forward._hooks.cache_file.path == first
     elsewhere = grape.compile(Tiny(), cache_dir=tmp_path / "other")
     assert os.path.basename(elsewhere.forward._hooks.cache_file.path) == os.path.basename(first)
+
+
+def test_the_kernel_image_watch_yields_to_a_profile_of_cuda_activities(monkeypatch):
+    # CUPTI serves one subscriber: a profile of CUDA activities stops the watch before Kineto
+    # asks for it, a CPU-only one does not, and a second wrapping is not stacked.
+    from torch.autograd import profiler
+
+    ProfilerActivity = torch.profiler.ProfilerActivity
+    happened = []
+
+    def recorded(name):
+        original = getattr(profiler, name)
+
+        def start(config, activities, *args, **kwargs):
+            happened.append(name)
+            # Kineto itself only where no GPU is asked for (this machine may have none).
+            if ProfilerActivity.CUDA not in activities:
+                return original(config, activities, *args, **kwargs)
+        return start
+
+    for name in ("_prepare_profiler", "_enable_profiler"):
+        monkeypatch.setattr(profiler, name, recorded(name))
+    _graph_cache.yield_to_profilers(happened.append)
+    wrapped = profiler._prepare_profiler
+    _graph_cache.yield_to_profilers(happened.append)
+    assert profiler._prepare_profiler is wrapped
+    with torch.profiler.profile(activities=[ProfilerActivity.CPU]):  # a real one passes through
+        torch.ones(2).sum()
+    assert happened == ["_prepare_profiler", "_enable_profiler"]
+    happened.clear()
+    # What a profile asks on a GPU machine (without a GPU, torch.profiler drops CUDA itself).
+    profiler._prepare_profiler(None, {ProfilerActivity.CPU, ProfilerActivity.CUDA})
+    profiler._enable_profiler(None, {ProfilerActivity.CPU, ProfilerActivity.CUDA})
+    stop = _graph_cache.PROFILER_TOOK_CUPTI
+    assert happened == [stop, "_prepare_profiler", stop, "_enable_profiler"]

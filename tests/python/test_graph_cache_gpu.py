@@ -277,24 +277,31 @@ def test_generated_attention_kernels_are_stored_with_their_images(tmp_path):
     assert later["stats"]["captures"] < first["stats"]["captures"]
 
 
-def test_the_profiler_still_traces_kernels_while_kernel_images_are_watched(tmp_path):
+def test_the_kernel_image_watch_yields_cupti_to_torch_profiler(tmp_path):
     # The watch holds the process's one CUPTI subscriber (docs/semantics.md, "Generated
-    # kernels"): torch.profiler, started after it, must still see the kernels a call runs.
+    # kernels"): torch.profiler, started after it, stops it and traces the kernels replays run.
     script = f"""
 import json, torch, grape
 model = grape.compile(torch.nn.Linear(64, 64).cuda(), cache_dir={str(tmp_path)!r})
 x = torch.randn(8, 64, device="cuda")
-model(x)
-with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
-    for _ in range(3):
-        model(x)
-    torch.cuda.synchronize()
+with torch.no_grad():
+    model(x)
+    before = grape.stats(model)["graph_cache"]["kernel_images"]
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        for _ in range(3):
+            model(x)
+        torch.cuda.synchronize()
 kernels = [e.name for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
-images = grape.stats(model)["graph_cache"]["kernel_images"]
-print(json.dumps({{"kernels": len(kernels), "watching": images["watching"]}}))
+stats = grape.stats(model)
+print(json.dumps({{"kernels": len(kernels), "before": before, "replays": stats["replays"],
+                  "after": stats["graph_cache"]["kernel_images"]}}))
 """
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
                           timeout=300)
     result = report(done.returncode, done.stdout, done.stderr)
-    assert result["watching"], result["stderr"][-2000:]
+    assert result["before"]["watching"], result
+    assert result["replays"] > 0, result
     assert result["kernels"] > 0, result["stderr"][-2000:]
+    after = result["after"]
+    assert not after["watching"] and "torch.profiler" in after["why_not"], after
+    assert after["kept_bytes"] == 0, after
