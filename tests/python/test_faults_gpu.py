@@ -240,7 +240,7 @@ def test_a_capture_before_the_process_used_cuda_runs_the_function():
     child = run_child("""
         calls = []
 
-        @grape.compile(warmup=0)
+        @grape.compile(warmup=0, cache_dir=False)
         def f(n):
             calls.append(n)
             if n < 0:
@@ -248,12 +248,14 @@ def test_a_capture_before_the_process_used_cuda_runs_the_function():
             return torch.arange(4, device=DEV) * n
 
         assert not torch.cuda.is_initialized()
+        torch.manual_seed(0)  # queued for CUDA's start, which must not come inside the capture
         try:
             f(-1)
         except ValueError as e:
             assert "negative" in str(e), e
         else:
             raise AssertionError("the function's exception did not reach the caller")
+        assert torch.cuda.is_initialized()
         outs = [f(3).tolist() for _ in range(3)]
         s = grape.stats(f)
         assert outs == [[0, 3, 6, 9]] * 3, outs

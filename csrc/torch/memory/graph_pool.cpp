@@ -1,5 +1,5 @@
 #include "torch/memory/graph_pool.h"
-#include <ATen/Context.h>
+#include <torch/csrc/utils/device_lazy_init.h>
 
 #include <ATen/cuda/CUDAContext.h>
 #include <ATen/core/CachingHostAllocator.h>
@@ -90,8 +90,9 @@ std::shared_ptr<GraphPool> GraphPool::create(c10::DeviceIndex device) {
   core::making_cuda_state();  // a fork from here on runs eagerly (core/forked.h)
   // PyTorch makes its CUDA state (the caching allocator's devices among it) at first use, which
   // a call holding no CUDA tensor, in a process that used none yet, has not made: the pool's
-  // allocator calls would find no device.
-  at::globalContext().lazyInitDevice(c10::DeviceType::CUDA);
+  // allocator calls would find no device. Made as torch.cuda makes it (seeds queued before it
+  // run now, not inside the capture, and a fork after it is refused CUDA), not in C++ alone.
+  torch::utils::device_lazy_init(at::kCUDA);
   return std::shared_ptr<GraphPool>(new GraphPool(device));
 }
 
