@@ -47,6 +47,8 @@ struct Registry {
   std::mutex starting;  // held across CUPTI's calls, which may wait for a callback in flight
   std::mutex mutex;     // the rest; callbacks take it
   bool watching = false;
+  // For good (stop_watching_module_images): callbacks still in flight learn nothing.
+  bool stopped = false;
   std::string why_not = "never asked";
   // The watch's subscription, and how to end it (stop_watching_module_images).
   Subscriber subscriber = nullptr;
@@ -60,6 +62,9 @@ struct Registry {
   std::unordered_map<CUlibrary, CUmodule> library_modules;  // what resolving put in `modules`
   std::unordered_map<uint64_t, core::Blob> images;     // digest -> bytes
   std::unordered_map<uint64_t, CUlibrary> loaded;      // stored images loaded back
+  // Their libraries and modules, never unloaded: they name their kernels' images, watch or not.
+  std::unordered_map<CUlibrary, uint64_t> loaded_libraries;
+  std::unordered_map<CUmodule, uint64_t> loaded_modules;
   size_t seen = 0, kept_bytes = 0;
 };
 
@@ -102,6 +107,7 @@ void on_driver_call(void*, int domain, uint32_t callback_id, const void* data) {
     // A context's modules go with it, without unload calls: its handles may come back.
     Registry& r = registry();
     const std::lock_guard<std::mutex> lock(r.mutex);
+    if (r.stopped) return;
     r.modules.clear();
     r.library_modules.clear();
     r.resolved_libraries = 0;  // asked again, in the context current then
@@ -113,6 +119,7 @@ void on_driver_call(void*, int domain, uint32_t callback_id, const void* data) {
     if (call->site != kApiEnter || call->params == nullptr) return;
     Registry& r = registry();
     const std::lock_guard<std::mutex> lock(r.mutex);
+    if (r.stopped) return;
     forget(r, callback_id, static_cast<const UnloadParams*>(call->params)->unloaded);
     return;
   }
@@ -128,6 +135,7 @@ void on_driver_call(void*, int domain, uint32_t callback_id, const void* data) {
   const uint64_t digest = core::image_digest(image, *length);
   Registry& r = registry();
   const std::lock_guard<std::mutex> lock(r.mutex);
+  if (r.stopped) return;
   if (callback_id == kLibraryLoadData) {
     remember_library(r, static_cast<CUlibrary>(*params->loaded), digest);
   } else {
@@ -208,6 +216,10 @@ std::string watch_module_images(const std::vector<std::string>& libraries) {
   Registry& r = registry();
   const std::lock_guard<std::mutex> starting(r.starting);
   if (watching()) return {};
+  {
+    const std::lock_guard<std::mutex> lock(r.mutex);
+    if (r.stopped) return r.why_not;  // it yielded CUPTI to another tool
+  }
   void* cupti = nullptr;
   for (const std::string& library : libraries) {
     if ((cupti = dlopen(library.c_str(), RTLD_NOW | RTLD_LOCAL)) != nullptr) break;
@@ -224,11 +236,13 @@ void stop_watching_module_images(const std::string& why) {
   Registry& r = registry();
   const std::lock_guard<std::mutex> starting(r.starting);
   if (!watching()) return;
-  // Outside `mutex`: CUPTI waits for a callback in flight, which takes it.
-  r.unsubscribe(r.subscriber);
+  // Outside `mutex`: CUPTI may wait for a callback in flight, which takes it.
+  const CuptiResult unsubscribed = r.unsubscribe(r.subscriber);
   const std::lock_guard<std::mutex> lock(r.mutex);
   r.watching = false;
-  r.why_not = why;
+  r.stopped = true;
+  r.why_not = unsubscribed == 0 ? why
+                                : why + " (but cuptiUnsubscribe failed: CUPTI stays taken)";
   r.subscriber = nullptr;
   forget_all(r);
   // No kernel is named by its image from now on: the kept bytes would never be stored.
@@ -251,6 +265,9 @@ std::optional<uint64_t> function_image(CUfunction function) {
   }
   Registry& r = registry();
   const std::lock_guard<std::mutex> lock(r.mutex);
+  if (const auto loaded = r.loaded_modules.find(module); loaded != r.loaded_modules.end()) {
+    return loaded->second;
+  }
   if (!r.watching) return std::nullopt;  // what a failed start saw is not to be trusted
   // Libraries seen since the last question first give their modules.
   for (; r.resolved_libraries < r.library_order.size(); ++r.resolved_libraries) {
@@ -275,6 +292,9 @@ std::optional<uint64_t> kernel_image(CUkernel kernel) {
   }
   Registry& r = registry();
   const std::lock_guard<std::mutex> lock(r.mutex);
+  if (const auto loaded = r.loaded_libraries.find(library); loaded != r.loaded_libraries.end()) {
+    return loaded->second;
+  }
   if (!r.watching) return std::nullopt;
   const auto found = r.libraries.find(library);
   return found != r.libraries.end() ? std::optional<uint64_t>(found->second) : std::nullopt;
@@ -303,8 +323,13 @@ std::optional<uint64_t> kernel_from_image(const core::Blob& image, const std::st
         CUDA_SUCCESS) {
       return std::nullopt;
     }
+    CUmodule module = nullptr;
+    const bool has_module = d.cuLibraryGetModule != nullptr &&
+                            d.cuLibraryGetModule(&module, library) == CUDA_SUCCESS;
     lock.lock();
-    library = r.loaded.emplace(digest, library).first->second;  // the watch saw its image
+    library = r.loaded.emplace(digest, library).first->second;
+    r.loaded_libraries.emplace(library, digest);
+    if (has_module) r.loaded_modules.emplace(module, digest);
   }
   lock.unlock();
   CUkernel kernel = nullptr;

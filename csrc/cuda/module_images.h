@@ -26,8 +26,9 @@ namespace grape::cuda {
 std::string watch_module_images(const std::vector<std::string>& libraries);
 
 // Ends the watch for good, where one runs, so that another tool can subscribe; `why` is what
-// module_image_counts says. What it taught is forgotten (unloads go unseen from now on), and
-// kernels are stored by their plain names; images loaded back stay loaded.
+// module_image_counts says, and it does not start again. What it taught is forgotten (unloads go
+// unseen from now on): kernels are stored by their plain names, except those of stored images
+// loaded back, which stay loaded and named (a later shape of theirs still restores).
 void stop_watching_module_images(const std::string& why);
 
 struct ModuleImageCounts {
@@ -40,7 +41,7 @@ struct ModuleImageCounts {
 ModuleImageCounts module_image_counts();
 
 // The digest of the image a function's or a library kernel's code was loaded from; nothing where
-// no watch saw it.
+// no watch saw it, unless it is a stored image loaded back (kernel_from_image).
 std::optional<uint64_t> function_image(CUfunction function);
 std::optional<uint64_t> kernel_image(CUkernel kernel);
 
