@@ -2,8 +2,10 @@
 # Build and run everything on a machine with a GPU: C++ tests, Python tests (GPU tests included,
 # none may skip for want of a GPU), and a benchmark smoke run. Usage: bash tools/gpu_check.sh
 # Each step is stopped after GRAPE_STEP_TIMEOUT seconds (300, a plain number; pytest's after three
-# times that). On a machine with two GPUs or more, the tests run in two lanes side by side
-# (GRAPE_CHECK_SHARDS=1: one lane). GRAPE_CHECK_PART=tests runs the build and the tests only,
+# times that). On a machine with two GPUs or more, the tests run in two lanes side by side; on
+# one GPU, the test files run GRAPE_CHECK_LANES (6) at a time, a pytest each, and the fault files
+# alone after them (GRAPE_CHECK_SHARDS=1: one pytest over every file, one file after another).
+# GRAPE_CHECK_PART=tests runs the build and the tests only,
 # GRAPE_CHECK_PART=smokes the build and the benchmark smokes only (the two halves fit one device
 # call each; the build is incremental on a machine that ran the other).
 # GRAPE_CHECK_BUILD=0 skips the build, for halves run side by side on one machine after one build
@@ -45,7 +47,8 @@ tests_step() {  # ctest, then pytest over FILES, then the 10,000-call fuzz
   pytest_step "$@"
   step fuzz env GRAPE_FUZZ_CALLS=10000 python3 -m pytest tests/python/test_fuzz_gpu.py -q -rs -p no:cacheprovider
 }
-rm -f "$out"/pytest*.xml "$out"/pytest*.log  # an earlier run's, which the checks below would read
+rm -f "$out"/pytest*.xml "$out"/pytest*.log "$out"/pytest*.out  # an earlier run's, which the checks
+# below would read
 gpus=$(python3 -c "import torch; print(torch.cuda.device_count())")
 if [ "$gpus" -ge 2 ] && [ "${GRAPE_CHECK_SHARDS:-2}" != 1 ]; then
   # Two lanes side by side, so that the suite fits a device call: the fault and distributed tests
@@ -62,10 +65,34 @@ if [ "$gpus" -ge 2 ] && [ "${GRAPE_CHECK_SHARDS:-2}" != 1 ]; then
   wait "$machine_lane" || status=1
   wait "$last_gpu_lane" || status=1
   grep -h '^== ' "$out/lane-machine.out" "$out/lane-last-gpu.out"
+elif [ "${GRAPE_CHECK_SHARDS:-2}" != 1 ]; then
+  # One GPU, shared by files side by side (the suite passes on a loaded GPU), so that the tests
+  # half fits a device call: the longest files first, each in a pytest of its own (the fuzz at
+  # 10,000 calls), so that no lane waits behind another's; then the fault files alone, as they
+  # fill the GPU's memory.
+  step ctest ctest --test-dir build/cmake --output-on-failure
+  mapfile -t by_length < <(ls tests/python/test_*.py | grep -v /test_faults | xargs wc -l |
+                           grep -v ' total$' | sort -rn | awk '{print $2}')
+  lanes=${GRAPE_CHECK_LANES:-6}
+  running=0
+  for file in "${by_length[@]}"; do
+    if [ "$running" -ge "$lanes" ]; then wait -n; running=$((running - 1)); fi
+    name=pytest-$(basename "$file" .py)
+    calls=1000; [ "$name" = pytest-test_fuzz_gpu ] && calls=10000
+    (GRAPE_FUZZ_CALLS=$calls pytest_step "$name" "$file" > "$out/$name.out" 2>&1
+     grep '^== .*rc=' "$out/$name.out") &
+    running=$((running + 1))
+  done
+  wait
+  for file in "${by_length[@]}"; do  # a pytest stopped before its end wrote no counts
+    name=pytest-$(basename "$file" .py)
+    [ -f "$out/$name.xml" ] || { echo "$name: no results (stopped?)"; status=1; }
+  done
+  pytest_step pytest-faults tests/python/test_faults*.py
 else
   tests_step pytest tests/python
 fi
-python3 - "$out" <<'PY'  # the counts of the whole suite, over the lanes' pytest runs
+python3 - "$out" <<'PY' || status=1  # the counts of the whole suite, over the lanes' pytest runs
 import glob, sys, xml.etree.ElementTree as ET
 totals = dict(tests=0, failures=0, errors=0, skipped=0)
 paths = sorted(glob.glob(f"{sys.argv[1]}/pytest*.xml"))  # a lane stopped before its end wrote none
@@ -76,6 +103,7 @@ for path in paths:
 passed = totals["tests"] - totals["failures"] - totals["errors"] - totals["skipped"]
 print(f"pytest, all lanes: {passed} passed, {totals['failures']} failed, {totals['errors']} errors, "
       f"{totals['skipped']} skipped (from {', '.join(p.rsplit('/', 1)[1] for p in paths) or 'no run'})")
+sys.exit(1 if totals["failures"] or totals["errors"] or not paths else 0)
 PY
 if grep -q 'skipped="[1-9]' "$out"/pytest*.xml && grep -q "no CUDA device" "$out"/pytest*.log; then
   echo "GPU tests were skipped on a GPU machine"; status=1
