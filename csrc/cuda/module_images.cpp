@@ -107,6 +107,7 @@ void on_driver_call(void*, int domain, uint32_t callback_id, const void* data) {
     // A context's modules go with it, without unload calls: its handles may come back.
     Registry& r = registry();
     const std::lock_guard<std::mutex> lock(r.mutex);
+    r.loaded_modules.clear();  // a loaded library's module was the context's
     if (r.stopped) return;
     r.modules.clear();
     r.library_modules.clear();
