@@ -3,10 +3,10 @@
 #include <dlfcn.h>
 
 #include <mutex>
-#include <unordered_map>
 #include <vector>
 
 #include "core/kernel_images.h"
+#include "core/module_image_registry.h"
 #include "cuda/driver.h"
 
 namespace grape::cuda {
@@ -45,27 +45,11 @@ constexpr size_t kMaxKeptBytes = size_t{512} << 20;
 
 struct Registry {
   std::mutex starting;  // held across CUPTI's calls, which may wait for a callback in flight
-  std::mutex mutex;     // the rest; callbacks take it
-  bool watching = false;
-  // For good (stop_watching_module_images): callbacks still in flight learn nothing.
-  bool stopped = false;
-  std::string why_not = "never asked";
+  std::mutex mutex;     // `known`; callbacks take it
   // The watch's subscription, and how to end it (stop_watching_module_images).
   Subscriber subscriber = nullptr;
   CuptiResult (*unsubscribe)(Subscriber) = nullptr;
-  std::unordered_map<CUmodule, uint64_t> modules;      // module -> image digest
-  std::unordered_map<CUlibrary, uint64_t> libraries;   // library -> image digest
-  // The libraries in the order seen, and how many of them have their module (in the context
-  // current when first asked) in `modules`: each is asked of the driver once.
-  std::vector<CUlibrary> library_order;
-  size_t resolved_libraries = 0;
-  std::unordered_map<CUlibrary, CUmodule> library_modules;  // what resolving put in `modules`
-  std::unordered_map<uint64_t, core::Blob> images;     // digest -> bytes
-  std::unordered_map<uint64_t, CUlibrary> loaded;      // stored images loaded back
-  // Their libraries and modules, never unloaded: they name their kernels' images, watch or not.
-  std::unordered_map<CUlibrary, uint64_t> loaded_libraries;
-  std::unordered_map<CUmodule, uint64_t> loaded_modules;
-  size_t seen = 0, kept_bytes = 0;
+  core::ModuleImageRegistry known{kMaxKeptBytes};
 };
 
 Registry& registry() {
@@ -73,45 +57,13 @@ Registry& registry() {
   return *r;
 }
 
-void remember_library(Registry& r, CUlibrary library, uint64_t digest) {
-  r.libraries[library] = digest;
-  r.library_order.push_back(library);
-}
-
-// An unloaded module's or library's handle may come back for other code: it is forgotten.
-void forget(Registry& r, uint32_t callback_id, void* unloaded) {
-  if (callback_id == kModuleUnload) {
-    r.modules.erase(static_cast<CUmodule>(unloaded));
-    return;
-  }
-  const auto library = static_cast<CUlibrary>(unloaded);
-  r.libraries.erase(library);
-  if (const auto module = r.library_modules.find(library); module != r.library_modules.end()) {
-    r.modules.erase(module->second);
-    r.library_modules.erase(module);
-  }
-}
-
-// Without the callbacks, an unload goes unseen and a handle may come back for other code: what
-// they taught is not kept.
-void forget_all(Registry& r) {
-  r.modules.clear();
-  r.libraries.clear();
-  r.library_order.clear();
-  r.library_modules.clear();
-  r.resolved_libraries = 0;
-}
+uint64_t handle_number(const void* handle) { return reinterpret_cast<uint64_t>(handle); }
 
 void on_driver_call(void*, int domain, uint32_t callback_id, const void* data) {
   if (domain == kResourceDomain && callback_id == kContextDestroyStarting) {
-    // A context's modules go with it, without unload calls: its handles may come back.
     Registry& r = registry();
     const std::lock_guard<std::mutex> lock(r.mutex);
-    r.loaded_modules.clear();  // a loaded library's module was the context's
-    if (r.stopped) return;
-    r.modules.clear();
-    r.library_modules.clear();
-    r.resolved_libraries = 0;  // asked again, in the context current then
+    r.known.context_ended();
     return;
   }
   if (domain != kDriverApiDomain || data == nullptr) return;
@@ -120,8 +72,8 @@ void on_driver_call(void*, int domain, uint32_t callback_id, const void* data) {
     if (call->site != kApiEnter || call->params == nullptr) return;
     Registry& r = registry();
     const std::lock_guard<std::mutex> lock(r.mutex);
-    if (r.stopped) return;
-    forget(r, callback_id, static_cast<const UnloadParams*>(call->params)->unloaded);
+    r.known.unloaded(callback_id == kLibraryUnload,
+                     handle_number(static_cast<const UnloadParams*>(call->params)->unloaded));
     return;
   }
   if (call->site != kApiExit || call->return_value == nullptr || call->params == nullptr ||
@@ -136,17 +88,8 @@ void on_driver_call(void*, int domain, uint32_t callback_id, const void* data) {
   const uint64_t digest = core::image_digest(image, *length);
   Registry& r = registry();
   const std::lock_guard<std::mutex> lock(r.mutex);
-  if (r.stopped) return;
-  if (callback_id == kLibraryLoadData) {
-    remember_library(r, static_cast<CUlibrary>(*params->loaded), digest);
-  } else {
-    r.modules[static_cast<CUmodule>(*params->loaded)] = digest;
-  }
-  ++r.seen;
-  if (r.kept_bytes + *length <= kMaxKeptBytes &&
-      r.images.try_emplace(digest, image, image + *length).second) {
-    r.kept_bytes += *length;
-  }
+  r.known.loaded(callback_id == kLibraryLoadData, handle_number(*params->loaded), digest, image,
+                 *length);
 }
 
 // The library that generated a kernel may have let it take more dynamic shared memory than the
@@ -171,7 +114,7 @@ bool allow_all_shared_memory(CUkernel kernel) {
 bool watching() {
   Registry& r = registry();
   const std::lock_guard<std::mutex> lock(r.mutex);
-  return r.watching;
+  return r.known.watching();
 }
 
 std::string start_watch(void* cupti, Registry& r) {
@@ -216,10 +159,10 @@ std::string start_watch(void* cupti, Registry& r) {
 std::string watch_module_images(const std::vector<std::string>& libraries) {
   Registry& r = registry();
   const std::lock_guard<std::mutex> starting(r.starting);
-  if (watching()) return {};
   {
     const std::lock_guard<std::mutex> lock(r.mutex);
-    if (r.stopped) return r.why_not;  // it yielded CUPTI to another tool
+    if (r.known.watching()) return {};
+    if (r.known.stopped()) return r.known.why_not();  // it yielded CUPTI to another tool
   }
   void* cupti = nullptr;
   for (const std::string& library : libraries) {
@@ -227,10 +170,8 @@ std::string watch_module_images(const std::vector<std::string>& libraries) {
   }
   std::string why_not = cupti == nullptr ? "libcupti was not found" : start_watch(cupti, r);
   const std::lock_guard<std::mutex> lock(r.mutex);
-  r.watching = why_not.empty();
-  r.why_not = std::move(why_not);
-  if (!r.watching) forget_all(r);  // what callbacks enabled for a while saw
-  return r.why_not;
+  r.known.started(std::move(why_not));
+  return r.known.why_not();
 }
 
 void stop_watching_module_images(const std::string& why) {
@@ -239,23 +180,16 @@ void stop_watching_module_images(const std::string& why) {
   if (!watching()) return;
   // Outside `mutex`: CUPTI may wait for a callback in flight, which takes it.
   const CuptiResult unsubscribed = r.unsubscribe(r.subscriber);
-  const std::lock_guard<std::mutex> lock(r.mutex);
-  r.watching = false;
-  r.stopped = true;
-  r.why_not = unsubscribed == 0 ? why
-                                : why + " (but cuptiUnsubscribe failed: CUPTI stays taken)";
   r.subscriber = nullptr;
-  forget_all(r);
-  // No kernel is named by its image from now on: the kept bytes would never be stored.
-  r.images.clear();
-  r.kept_bytes = 0;
+  const std::lock_guard<std::mutex> lock(r.mutex);
+  r.known.stop(unsubscribed == 0 ? why
+                                 : why + " (but cuptiUnsubscribe failed: CUPTI stays taken)");
 }
 
 ModuleImageCounts module_image_counts() {
   Registry& r = registry();
   const std::lock_guard<std::mutex> lock(r.mutex);
-  return {r.watching, r.watching ? std::string() : r.why_not, r.seen, r.kept_bytes,
-          r.loaded.size()};
+  return r.known.counts();
 }
 
 std::optional<uint64_t> function_image(CUfunction function) {
@@ -266,23 +200,14 @@ std::optional<uint64_t> function_image(CUfunction function) {
   }
   Registry& r = registry();
   const std::lock_guard<std::mutex> lock(r.mutex);
-  if (const auto loaded = r.loaded_modules.find(module); loaded != r.loaded_modules.end()) {
-    return loaded->second;
-  }
-  if (!r.watching) return std::nullopt;  // what a failed start saw is not to be trusted
-  // Libraries seen since the last question first give their modules.
-  for (; r.resolved_libraries < r.library_order.size(); ++r.resolved_libraries) {
-    const CUlibrary library = r.library_order[r.resolved_libraries];
-    const auto digest = r.libraries.find(library);  // none where it was unloaded since
+  return r.known.module_image(handle_number(module), [&d](uint64_t library) {
     CUmodule of_library = nullptr;
-    if (digest != r.libraries.end() && d.cuLibraryGetModule != nullptr &&
-        d.cuLibraryGetModule(&of_library, library) == CUDA_SUCCESS) {
-      r.modules[of_library] = digest->second;
-      r.library_modules[library] = of_library;
-    }
-  }
-  const auto found = r.modules.find(module);
-  return found != r.modules.end() ? std::optional<uint64_t>(found->second) : std::nullopt;
+    return d.cuLibraryGetModule != nullptr &&
+                   d.cuLibraryGetModule(&of_library, reinterpret_cast<CUlibrary>(library)) ==
+                       CUDA_SUCCESS
+               ? std::optional<uint64_t>(handle_number(of_library))
+               : std::nullopt;
+  });
 }
 
 std::optional<uint64_t> kernel_image(CUkernel kernel) {
@@ -293,19 +218,13 @@ std::optional<uint64_t> kernel_image(CUkernel kernel) {
   }
   Registry& r = registry();
   const std::lock_guard<std::mutex> lock(r.mutex);
-  if (const auto loaded = r.loaded_libraries.find(library); loaded != r.loaded_libraries.end()) {
-    return loaded->second;
-  }
-  if (!r.watching) return std::nullopt;
-  const auto found = r.libraries.find(library);
-  return found != r.libraries.end() ? std::optional<uint64_t>(found->second) : std::nullopt;
+  return r.known.library_image(handle_number(library));
 }
 
 std::optional<core::Blob> module_image(uint64_t digest) {
   Registry& r = registry();
   const std::lock_guard<std::mutex> lock(r.mutex);
-  const auto found = r.images.find(digest);
-  return found != r.images.end() ? std::optional<core::Blob>(found->second) : std::nullopt;
+  return r.known.image(digest);
 }
 
 std::optional<uint64_t> kernel_from_image(const core::Blob& image, const std::string& mangled,
@@ -316,8 +235,8 @@ std::optional<uint64_t> kernel_from_image(const core::Blob& image, const std::st
   Registry& r = registry();
   std::unique_lock<std::mutex> lock(r.mutex);
   CUlibrary library = nullptr;
-  if (const auto found = r.loaded.find(digest); found != r.loaded.end()) {
-    library = found->second;
+  if (const std::optional<uint64_t> loaded = r.known.loaded_library(digest)) {
+    library = reinterpret_cast<CUlibrary>(*loaded);
   } else {
     lock.unlock();  // a watched load calls back, which takes the lock
     if (d.cuLibraryLoadData(&library, image.data(), nullptr, nullptr, 0, nullptr, nullptr, 0) !=
@@ -328,9 +247,10 @@ std::optional<uint64_t> kernel_from_image(const core::Blob& image, const std::st
     const bool has_module = d.cuLibraryGetModule != nullptr &&
                             d.cuLibraryGetModule(&module, library) == CUDA_SUCCESS;
     lock.lock();
-    library = r.loaded.emplace(digest, library).first->second;
-    r.loaded_libraries.emplace(library, digest);
-    if (has_module) r.loaded_modules.emplace(module, digest);
+    library = reinterpret_cast<CUlibrary>(
+        r.known.loaded_back(digest, handle_number(library),
+                            has_module ? std::optional<uint64_t>(handle_number(module))
+                                       : std::nullopt));
   }
   lock.unlock();
   CUkernel kernel = nullptr;

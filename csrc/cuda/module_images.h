@@ -1,8 +1,9 @@
 #pragma once
-// Which image each module came from (Note [Kernel images], csrc/core/kernel_images.h): the
-// modules and libraries the process loads from memory (cuModuleLoadData, cuModuleLoadDataEx,
-// cuLibraryLoadData: how a library loads code it generated) are seen through CUPTI's driver
-// callbacks, and a stored image is loaded back. libcupti is opened at run time (the extension
+// Which image each module came from (Note [Kernel images], csrc/core/kernel_images.h; what is
+// known is kept in a core::ModuleImageRegistry): the modules and libraries the process loads
+// from memory (cuModuleLoadData, cuModuleLoadDataEx, cuLibraryLoadData: how a library loads
+// code it generated) are seen through CUPTI's driver callbacks, and a stored image is loaded
+// back. libcupti is opened at run time (the extension
 // links no CUPTI, and builds without its headers). A process has one CUPTI subscriber: where
 // another tool holds it (a profiler, Nsight), the watch does not start and says why, and kernels
 // are stored by their plain names, as without it. torch.profiler takes it as it first prepares a
@@ -16,6 +17,7 @@
 #include <string>
 #include <vector>
 
+#include "core/module_image_registry.h"
 #include "core/param_codec.h"
 
 namespace grape::cuda {
@@ -31,13 +33,7 @@ std::string watch_module_images(const std::vector<std::string>& libraries);
 // loaded back, which stay loaded and named (a later shape of theirs still restores).
 void stop_watching_module_images(const std::string& why);
 
-struct ModuleImageCounts {
-  bool watching = false;
-  std::string why_not;    // the last failed start's reason, or why the watch stopped
-  size_t seen = 0;        // images of modules and libraries loaded while watching
-  size_t kept_bytes = 0;  // of their bytes, kept for storing
-  size_t loaded = 0;      // stored images this process loaded back
-};
+using ModuleImageCounts = core::ModuleImageCounts;
 ModuleImageCounts module_image_counts();
 
 // The digest of the image a function's or a library kernel's code was loaded from; nothing where
