@@ -107,7 +107,6 @@ uint64_t ModuleImageRegistry::loaded_back(uint64_t digest, uint64_t library,
                                           std::optional<uint64_t> module) {
   const uint64_t kept = loaded_.emplace(digest, library).first->second;
   loaded_libraries_.emplace(kept, digest);
-  loaded_libraries_.emplace(library, digest);
   if (module) loaded_modules_.emplace(*module, digest);
   return kept;
 }

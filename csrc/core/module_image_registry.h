@@ -1,5 +1,5 @@
 #pragma once
-// What the kernel image watch knows (Note [Kernel images]; csrc/cuda/module_images.h feeds it
+// What the kernel image watch knows (Note [Kernel images]; csrc/cuda/module_images.cpp feeds it
 // from CUPTI's callbacks and asks the driver what it cannot know): which image each module and
 // library loaded from memory came from, the images' bytes within a cap, and the stored images
 // this process loaded back. Handles are the driver's, as numbers. Not thread-safe: its owner
@@ -8,7 +8,8 @@
 // registry says of handles holds only while every way one goes is seen: unloads and a context's
 // end forget what they took, and a watch that did not start, or stopped for good (another tool
 // took CUPTI), names nothing from the callbacks. Stored images loaded back are never unloaded:
-// they name their kernels whatever the watch does, until their context ends.
+// their libraries name their kernels whatever the watch does, and their modules until their
+// context ends.
 // This file is torch-free and CUDA-free.
 
 #include <cstddef>
@@ -26,7 +27,7 @@ namespace grape::core {
 struct ModuleImageCounts {
   bool watching = false;
   std::string why_not;    // the last failed start's reason, or why the watch stopped
-  size_t seen = 0;        // images of modules and libraries loaded while watching
+  size_t seen = 0;        // images of modules and libraries loaded while the callbacks ran
   size_t kept_bytes = 0;  // of their bytes, kept for storing
   size_t loaded = 0;      // stored images this process loaded back
 };
@@ -55,7 +56,8 @@ class ModuleImageRegistry {
 
   // The digest of the image a module's or a library's code came from, where known.
   // `module_of_library` asks the driver for a library's module (in the current context): each
-  // library seen is asked once, when a module is first looked up after it.
+  // library seen while watching is asked once, when a module is first looked up after it, and
+  // again after a context's end.
   std::optional<uint64_t> module_image(
       uint64_t module, const std::function<std::optional<uint64_t>(uint64_t)>& module_of_library);
   std::optional<uint64_t> library_image(uint64_t library) const;

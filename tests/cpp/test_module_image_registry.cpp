@@ -62,6 +62,9 @@ TEST(ModuleImageRegistry, AsksTheDriverForEachLibrarysModuleOnce) {
   r.loaded(kLibrary, 4, 0xDD, kImage.data(), kImage.size());
   EXPECT_EQ(r.module_image(1004, counting), 0xDDu);
   EXPECT_EQ(asked, 2);
+  r.context_ended();  // the libraries stay, their modules were the context's: asked again
+  EXPECT_EQ(r.module_image(1002, counting), 0xBBu);
+  EXPECT_EQ(asked, 4);
 }
 
 TEST(ModuleImageRegistry, AnUnloadedOrEndedHandleNamesNothingThatCameBefore) {
@@ -87,6 +90,8 @@ TEST(ModuleImageRegistry, AWatchThatDidNotStartNamesNothingItsCallbacksSaw) {
   EXPECT_FALSE(r.watching());
   EXPECT_FALSE(r.module_image(1, module_of));
   EXPECT_EQ(r.counts().why_not, "cuptiEnableCallback failed: ?");
+  r.started("");  // a later start that runs trusts nothing the failed one saw
+  EXPECT_FALSE(r.module_image(1, module_of));
   ModuleImageRegistry never(1 << 20);
   EXPECT_EQ(never.counts().why_not, "never asked");
 }
@@ -117,7 +122,7 @@ TEST(ModuleImageRegistry, StoredImagesLoadedBackNameTheirKernelsWithOrWithoutThe
   EXPECT_EQ(r.loaded_back(0xAA, 30, std::nullopt), 20u);  // another thread's load: the first kept
   EXPECT_EQ(r.loaded_library(0xAA), 20u);
   EXPECT_EQ(r.library_image(20), 0xAAu);
-  EXPECT_EQ(r.library_image(30), 0xAAu);
+  EXPECT_FALSE(r.library_image(30));  // the other copy hands out no kernel
   EXPECT_EQ(r.module_image(21, no_module), 0xAAu);
   EXPECT_EQ(r.counts().loaded, 1u);
   r.stop("stopped");
@@ -128,14 +133,18 @@ TEST(ModuleImageRegistry, StoredImagesLoadedBackNameTheirKernelsWithOrWithoutThe
   EXPECT_EQ(r.library_image(20), 0xAAu);
 }
 
-TEST(ModuleImageRegistry, ImagesPastTheCapAreNamedButNotKept) {
-  ModuleImageRegistry r = watching(/*max_kept_bytes=*/150);
+TEST(ModuleImageRegistry, ImagesAreKeptOncePerDigestUpToTheCap) {
+  ModuleImageRegistry r = watching(/*max_kept_bytes=*/250);
   r.loaded(kModule, 1, 0xAA, kImage.data(), kImage.size());
-  r.loaded(kModule, 2, 0xBB, kImage.data(), kImage.size());
   r.loaded(kModule, 3, 0xAA, kImage.data(), kImage.size());  // kept once by digest
-  EXPECT_EQ(r.module_image(2, no_module), 0xBBu);
-  EXPECT_TRUE(r.image(0xAA));
-  EXPECT_FALSE(r.image(0xBB));
   EXPECT_EQ(r.counts().kept_bytes, 100u);
-  EXPECT_EQ(r.counts().seen, 3u);
+  const Blob larger(150, 9);
+  r.loaded(kModule, 4, 0xCC, larger.data(), larger.size());  // up to the cap exactly: kept
+  EXPECT_EQ(r.counts().kept_bytes, 250u);
+  r.loaded(kModule, 2, 0xBB, kImage.data(), 1);  // past it: named, not kept
+  EXPECT_EQ(r.module_image(2, no_module), 0xBBu);
+  EXPECT_TRUE(r.image(0xAA) && r.image(0xCC));
+  EXPECT_FALSE(r.image(0xBB));
+  EXPECT_EQ(r.counts().kept_bytes, 250u);
+  EXPECT_EQ(r.counts().seen, 4u);
 }
