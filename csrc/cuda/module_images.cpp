@@ -59,6 +59,15 @@ Registry& registry() {
 
 uint64_t handle_number(const void* handle) { return reinterpret_cast<uint64_t>(handle); }
 
+// A library's module in the current context, where the driver tells it.
+std::optional<uint64_t> module_of_library(CUlibrary library) {
+  const DriverApi& d = driver();
+  CUmodule module = nullptr;
+  return d.cuLibraryGetModule != nullptr && d.cuLibraryGetModule(&module, library) == CUDA_SUCCESS
+             ? std::optional<uint64_t>(handle_number(module))
+             : std::nullopt;
+}
+
 void on_driver_call(void*, int domain, uint32_t callback_id, const void* data) {
   if (domain == kResourceDomain && callback_id == kContextDestroyStarting) {
     Registry& r = registry();
@@ -109,12 +118,6 @@ bool allow_all_shared_memory(CUkernel kernel) {
              CUDA_SUCCESS &&
          d.cuKernelSetAttribute(CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, most - fixed,
                                 kernel, device) == CUDA_SUCCESS;
-}
-
-bool watching() {
-  Registry& r = registry();
-  const std::lock_guard<std::mutex> lock(r.mutex);
-  return r.known.watching();
 }
 
 std::string start_watch(void* cupti, Registry& r) {
@@ -177,7 +180,10 @@ std::string watch_module_images(const std::vector<std::string>& libraries) {
 void stop_watching_module_images(const std::string& why) {
   Registry& r = registry();
   const std::lock_guard<std::mutex> starting(r.starting);
-  if (!watching()) return;
+  {
+    const std::lock_guard<std::mutex> lock(r.mutex);
+    if (!r.known.watching()) return;
+  }
   // Outside `mutex`: CUPTI may wait for a callback in flight, which takes it.
   const CuptiResult unsubscribed = r.unsubscribe(r.subscriber);
   r.subscriber = nullptr;
@@ -200,13 +206,8 @@ std::optional<uint64_t> function_image(CUfunction function) {
   }
   Registry& r = registry();
   const std::lock_guard<std::mutex> lock(r.mutex);
-  return r.known.module_image(handle_number(module), [&d](uint64_t library) {
-    CUmodule of_library = nullptr;
-    return d.cuLibraryGetModule != nullptr &&
-                   d.cuLibraryGetModule(&of_library, reinterpret_cast<CUlibrary>(library)) ==
-                       CUDA_SUCCESS
-               ? std::optional<uint64_t>(handle_number(of_library))
-               : std::nullopt;
+  return r.known.module_image(handle_number(module), [](uint64_t library) {
+    return module_of_library(reinterpret_cast<CUlibrary>(library));
   });
 }
 
@@ -243,14 +244,10 @@ std::optional<uint64_t> kernel_from_image(const core::Blob& image, const std::st
         CUDA_SUCCESS) {
       return std::nullopt;
     }
-    CUmodule module = nullptr;
-    const bool has_module = d.cuLibraryGetModule != nullptr &&
-                            d.cuLibraryGetModule(&module, library) == CUDA_SUCCESS;
+    const std::optional<uint64_t> module = module_of_library(library);
     lock.lock();
-    library = reinterpret_cast<CUlibrary>(
-        r.known.loaded_back(digest, handle_number(library),
-                            has_module ? std::optional<uint64_t>(handle_number(module))
-                                       : std::nullopt));
+    library = reinterpret_cast<CUlibrary>(r.known.loaded_back(digest, handle_number(library),
+                                                               module));
   }
   lock.unlock();
   CUkernel kernel = nullptr;
