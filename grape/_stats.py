@@ -57,6 +57,12 @@ TABLE: list[tuple[tuple[str, ...], str]] = [
      'bytes copied from placeholders back to mutated inputs'),
     (('bytes_evacuated', 'evacuations'),
      'live outputs copied out of the pool before a replay'),
+    (('eager_for_other_threads',),
+     'calls that ran eagerly because their replay would have moved an output another thread '
+     'holds (docs/semantics.md, "Faults and threads")'),
+    (('bytes_copied_out', 'outputs_copied_out'),
+     'outputs copied out of the pool before their call returned, which a function does once a '
+     'call found an output of another thread in its way'),
     (('inputs_moved',),
      'inputs moved into their placeholder'),
     (('inputs_in_place',),

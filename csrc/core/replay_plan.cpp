@@ -61,7 +61,13 @@ ReplayPlan plan_replay(const std::vector<PlanStorage>& storages,
       if (plan.actions[i] != InputAction::kNone) all_in_place = false;
       sole_input = static_cast<int>(i);
     }
-    if (all_in_place && !conflict) continue;  // it stays: the graph only reads (or mutates) it
+    // It stays where the graph only reads (or mutates) it.
+    if (users[s] > 0 && all_in_place && !conflict) continue;
+    if (st.other_thread) {
+      plan.unsafe_reason = "an output another thread holds lies in memory the replay writes";
+      plan.spares_other_thread = true;
+      return plan;
+    }
     if (!conflict && users[s] == 1 && inputs[sole_input].covers_storage &&
         !placeholders[sole_input].site_buffer) {
       plan.actions[sole_input] = InputAction::kMoveIn;

@@ -17,6 +17,10 @@
 //     allocation site: the site hands that buffer to the caller's next allocation, which would
 //     overwrite the moved tensor; such an input is evacuated and copied in;
 //   - an input that already is the graph's placeholder needs nothing.
+// A storage handed to another thread is never moved: that thread may be reading its address at
+// this moment, outside any lock, and would read what the replay wrote there. A replay that would
+// move one is refused (the call runs eagerly), and the function copies its outputs out of the pool
+// from then on (Note [Outputs of several threads] in csrc/torch/graphs/replay.h).
 // This file decides, without touching memory, which of these applies to each input. The decision
 // is pure so that it is unit-tested without a GPU; csrc/torch/graphs/replay.cpp carries it out.
 
@@ -28,9 +32,12 @@
 namespace grape::core {
 
 // A distinct storage referenced by one or more tensor inputs of a call.
+// The call's storages come first; every other live storage of the pool follows, referenced by no
+// input (any graph may write anywhere in the pool, so those are evacuated).
 struct PlanStorage {
   AddressRange range;          // all bytes of the storage
   bool pool_resident = false;  // a live storage handed out by this function's pool
+  bool other_thread = false;   // ... handed to another thread than the caller's
 };
 
 struct PlanInput {
@@ -54,7 +61,9 @@ enum class InputAction {
 struct ReplayPlan {
   // Set when the call cannot be replayed safely (the caller runs it eagerly instead).
   std::string unsafe_reason;
-  // Storages (indices into the call's storages) to evacuate before any copy-in.
+  // ... because the replay would move a storage another thread holds.
+  bool spares_other_thread = false;
+  // Storages (indices into the storages) to evacuate before any copy-in.
   std::vector<int> evacuate;
   std::vector<InputAction> actions;  // one per input
   std::vector<bool> copy_back;       // one per input: copy the placeholder back after the replay

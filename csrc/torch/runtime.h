@@ -238,6 +238,9 @@ class Runtime {
   // only then does an idle stream at a launch mean that the GPU waits for launches (Note
   // [Executable slots]).
   bool last_was_replay_ = false;
+  // A replay found an output another thread holds in the pool: outputs leave the pool before
+  // their call returns from then on (Note [Outputs of several threads]).
+  bool copy_outputs_out_ = false;
   RuntimeCounters stats_;
   core::Reason global_fallback_;  // set when graphs are impossible for every call (no CUDA)
   bool checked_cuda_ = false;

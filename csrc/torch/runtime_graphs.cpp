@@ -361,7 +361,8 @@ CaptureOutcome Runtime::capture_with_retry(Entry& entry, FlatCall& flat, bool va
 
 py::object Runtime::replay_or_run_eagerly(Entry& entry, CapturedGraph& graph, FlatCall& flat,
                                           const py::args& args, const py::kwargs& kwargs) {
-  ReplayContext context{*pool_, budget_, sites_.get(), stats_, last_was_replay_};
+  ReplayContext context{*pool_,  budget_,          sites_.get(),
+                        stats_, last_was_replay_, copy_outputs_out_};
   ReplayOutcome outcome;
   try {
     outcome = replay(graph, flat, context);
@@ -378,6 +379,12 @@ py::object Runtime::replay_or_run_eagerly(Entry& entry, CapturedGraph& graph, Fl
     return std::move(outcome.result);
   }
   ++stats_.eager_calls;
+  if (outcome.spared_other_thread) {
+    // Not a fallback: once the other thread's outputs are gone, calls replay again.
+    ++stats_.eager_for_other_threads;
+    copy_outputs_out_ = true;
+    return run_eager(args, kwargs);
+  }
   if (!entry.reported_refusal) {
     entry.reported_refusal = true;
     hooks_.report_fallback(entry.description,

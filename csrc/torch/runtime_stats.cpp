@@ -52,6 +52,9 @@ py::dict Runtime::stats() {
   d["inputs_moved"] = stats_.inputs_moved;
   d["inputs_in_place"] = stats_.inputs_in_place;
   d["evacuations"] = stats_.evacuations;
+  d["eager_for_other_threads"] = stats_.eager_for_other_threads;
+  d["outputs_copied_out"] = stats_.outputs_copied_out;
+  d["bytes_copied_out"] = stats_.bytes_copied_out;
   d["alias_prediction"] = chain_.alias_prediction;
   d["alias_predictions"] = stats_.alias_predictions;
   d["alias_hits"] = stats_.alias_hits;

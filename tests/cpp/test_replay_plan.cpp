@@ -124,3 +124,40 @@ TEST(ReplayPlan, MismatchedCountsAreRefused) {
   auto plan = plan_replay({storage(kUser, 64, false)}, {whole(0, kUser, 64)}, {});
   EXPECT_FALSE(plan.safe());
 }
+
+TEST(ReplayPlan, LiveOutputThatIsNoInputIsEvacuated) {
+  // Any graph may write anywhere in the pool: an output the caller holds but does not pass moves.
+  auto plan = plan_replay({storage(kUser, 64, false), storage(kPool + 4096, 64, true)},
+                          {whole(0, kUser, 64)}, {ph(kPool, 64)});
+  ASSERT_TRUE(plan.safe());
+  EXPECT_EQ(plan.evacuate, std::vector<int>{1});
+  EXPECT_EQ(plan.actions[0], InputAction::kCopyIn);
+}
+
+TEST(ReplayPlan, AnotherThreadsOutputIsNeverMoved) {
+  // That thread may be reading it at its old address right now (Note [Outputs of several
+  // threads]): not evacuated when the call does not pass it...
+  PlanStorage theirs = storage(kPool + 4096, 64, true);
+  theirs.other_thread = true;
+  auto plan = plan_replay({storage(kUser, 64, false), theirs}, {whole(0, kUser, 64)},
+                          {ph(kPool, 64)});
+  EXPECT_FALSE(plan.safe());
+  EXPECT_TRUE(plan.spares_other_thread);
+  // ...nor moved into its placeholder when it does...
+  plan = plan_replay({theirs}, {whole(0, kPool + 4096, 64)}, {ph(kPool, 64)});
+  EXPECT_FALSE(plan.safe());
+  EXPECT_TRUE(plan.spares_other_thread);
+  // ...but read where it lies when it is the placeholder.
+  theirs.range = {kPool, kPool + 64};
+  plan = plan_replay({theirs}, {whole(0, kPool, 64)}, {ph(kPool, 64, true)});
+  ASSERT_TRUE(plan.safe());
+  EXPECT_EQ(plan.actions[0], InputAction::kNone);
+  EXPECT_TRUE(plan.evacuate.empty());
+}
+
+TEST(ReplayPlan, OtherRefusalsAreNotTheOtherThreads) {
+  auto plan = plan_replay({storage(kPool, 64, false)}, {whole(0, kPool + 8, 56)},
+                          {ph(kPool + 16, 64)});
+  EXPECT_FALSE(plan.safe());
+  EXPECT_FALSE(plan.spares_other_thread);
+}

@@ -37,7 +37,7 @@ void drop_replaced_gradients(const CapturedGraph& g) {
 }
 
 // This call's memory as the plan sees it (Note [Liveness of graph outputs]): the storages of its
-// tensors, each once, and each input against its placeholder.
+// tensors, each once, then the pool's other live storages, and each input against its placeholder.
 struct CallMemory {
   std::vector<c10::StorageImpl*> impls;
   std::vector<core::PlanStorage> storages;
@@ -60,13 +60,20 @@ CallMemory describe_call(const CapturedGraph& g, const FlatCall& flat, GraphPool
     if (s < 0) {
       s = static_cast<int>(m.impls.size());
       m.impls.push_back(impl);
-      m.storages.push_back({core::make_range(impl->data(), impl->nbytes()),
-                            pool.find_live(impl) != nullptr});
+      const GraphPool::LiveStorage* live = pool.find_live(impl);
+      m.storages.push_back({core::make_range(impl->data(), impl->nbytes()), live != nullptr,
+                            live != nullptr && !live->taken_by_this_thread()});
     }
     const size_t bytes = g.placeholders[i].bytes;
     m.inputs[i] = {s, core::make_range(t.data_ptr(), bytes), is_whole_storage(t, bytes)};
     m.placeholders[i] = {core::make_range(g.placeholders[i].ptr, bytes),
                          g.placeholders[i].mutated, g.placeholders[i].site_buffer};
+  }
+  for (const auto& live : pool.live()) {
+    c10::StorageImpl* impl = live.storage._unsafe_get_target();
+    if (std::find(m.impls.begin(), m.impls.end(), impl) != m.impls.end()) continue;
+    m.impls.push_back(impl);
+    m.storages.push_back({live.range, true, !live.taken_by_this_thread()});
   }
   return m;
 }
@@ -76,19 +83,20 @@ CallMemory describe_call(const CapturedGraph& g, const FlatCall& flat, GraphPool
 void evacuate_live_outputs(GraphPool& pool, const CallMemory& m, const core::ReplayPlan& plan,
                            cudaStream_t stream, RuntimeCounters& stats) {
   std::vector<c10::StorageImpl*> evacuated;
-  for (const auto& live : pool.live()) {
-    c10::StorageImpl* impl = live.storage._unsafe_get_target();
-    bool keep = false;
-    for (size_t j = 0; j < m.impls.size(); ++j) {
-      if (m.impls[j] == impl) {
-        keep = std::find(plan.evacuate.begin(), plan.evacuate.end(), static_cast<int>(j)) ==
-               plan.evacuate.end();
-      }
-    }
-    if (!keep) evacuated.push_back(impl);
-  }
+  for (int s : plan.evacuate) evacuated.push_back(m.impls[static_cast<size_t>(s)]);
   stats.bytes_evacuated += static_cast<int64_t>(pool.evacuate(evacuated, stream));
   stats.evacuations += static_cast<int64_t>(evacuated.size());
+}
+
+// What this call handed out leaves the pool before it returns (Note [Outputs of several
+// threads]): copies on the stream, after the launch.
+void copy_outputs_out(GraphPool& pool, cudaStream_t stream, RuntimeCounters& stats) {
+  std::vector<c10::StorageImpl*> taken;
+  for (const auto& live : pool.live()) {
+    if (live.taken_by_this_thread()) taken.push_back(live.storage._unsafe_get_target());
+  }
+  stats.bytes_copied_out += static_cast<int64_t>(pool.evacuate(taken, stream));
+  stats.outputs_copied_out += static_cast<int64_t>(taken.size());
 }
 
 // Inputs copied or moved into their placeholders, as the plan says; the alias predictions' hits
@@ -210,7 +218,11 @@ ReplayOutcome replay(const CapturedGraph& g, FlatCall& flat, ReplayContext& cont
   const CallMemory memory = describe_call(g, flat, pool);
   const core::ReplayPlan plan =
       core::plan_replay(memory.storages, memory.inputs, memory.placeholders);
-  if (!plan.safe()) return refused(plan.unsafe_reason);
+  if (!plan.safe()) {
+    ReplayOutcome outcome = refused(plan.unsafe_reason);
+    outcome.spared_other_thread = plan.spares_other_thread;
+    return outcome;
+  }
   for (size_t i = 0; i < flat.tensors.size(); ++i) {
     const auto& ph = g.placeholders[i];
     if (plan.actions[i] != core::InputAction::kNone && ph.site_buffer_held(context.sites)) {
@@ -244,6 +256,7 @@ ReplayOutcome replay(const CapturedGraph& g, FlatCall& flat, ReplayContext& cont
   ReplayOutcome outcome;
   outcome.replayed = true;
   outcome.result = g.rebuild_outputs(flat);
+  if (context.copy_outputs_out) copy_outputs_out(pool, stream, stats);
   ++stats.replays;
   stats.replay_ns += elapsed_ns(replay_start);
   return outcome;

@@ -20,6 +20,16 @@ namespace py = pybind11;
 
 class InputSites;
 
+// Note [Outputs of several threads]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// A live output is moved out of a replay's way by repointing its storage (Note [Liveness of graph
+// outputs]). The thread that holds it may at that moment be inside a PyTorch op on it, without the
+// GIL and outside grape's lock, having read the old address: its kernel would read what the replay
+// wrote there. So a storage handed to one thread is never moved by another thread's call: that call
+// runs eagerly instead (`eager_for_other_threads`). From the first such call on, the function
+// copies its outputs out of the pool before each call returns (`outputs_copied_out`): no output
+// then lies in the pool once its call is over, and calls from any thread replay again.
+
 // What a replay reads and counts of its compiled function.
 struct ReplayContext {
   GraphPool& pool;
@@ -29,12 +39,15 @@ struct ReplayContext {
   // The caller did nothing but replay since its previous launch, so an idle stream means the GPU
   // waits for launches (Note [Executable slots]).
   bool host_paced;
+  // The outputs leave the pool before the call returns (Note [Outputs of several threads]).
+  bool copy_outputs_out;
 };
 
 struct ReplayOutcome {
   bool replayed = false;
   py::object result;    // replayed: f's result
   std::string refusal;  // not replayed: why this call must run eagerly (nothing was launched)
+  bool spared_other_thread = false;  // ... an output another thread holds would have moved
 };
 
 ReplayOutcome replay(const CapturedGraph& graph, FlatCall& flat, ReplayContext& context);

@@ -25,6 +25,10 @@ struct RuntimeCounters {
   int64_t inputs_moved = 0;
   int64_t inputs_in_place = 0;
   int64_t evacuations = 0;
+  // Note [Outputs of several threads]
+  int64_t eager_for_other_threads = 0;  // calls whose replay would have moved such an output
+  int64_t outputs_copied_out = 0;       // outputs copied out of the pool before their call returned
+  int64_t bytes_copied_out = 0;
   int64_t alias_predictions = 0;  // placeholders used in place: an earlier replay's output
                                   // (chained) or a buffer of a predicted allocation site
   int64_t alias_hits = 0;         // predicted inputs found in place at replay

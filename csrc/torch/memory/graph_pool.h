@@ -22,6 +22,7 @@
 #include <c10/cuda/CUDAStream.h>
 
 #include <memory>
+#include <thread>
 #include <vector>
 
 #include "core/address_ranges.h"
@@ -109,6 +110,9 @@ class GraphPool : public std::enable_shared_from_this<GraphPool> {
     c10::weak_intrusive_ptr<c10::StorageImpl> storage;
     core::AddressRange range;
     std::shared_ptr<bool> read_in_place;  // of the graph whose replay made it, if any
+    // The thread whose call handed it out (Note [Outputs of several threads]).
+    std::thread::id taker = std::this_thread::get_id();
+    bool taken_by_this_thread() const { return taker == std::this_thread::get_id(); }
   };
 
   // A new storage over pool memory for a caller; registered live. `read_in_place`: the flag of the
