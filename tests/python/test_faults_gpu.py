@@ -474,6 +474,27 @@ def test_an_output_another_thread_holds_is_never_moved():
     assert_sound()
 
 
+def test_an_output_of_a_thread_that_has_ended_is_still_another_threads():
+    # A new thread gets an ended thread's id at once; the output the ended one passed on to this
+    # thread must not move under it.
+    step = grape.compile(lambda x: x * 2 + 1)
+    x = torch.arange(4096.0, device=DEV)
+    outputs = []
+
+    def call_in_a_new_thread():
+        run_threads(lambda _: outputs.append(step(x)), 1)
+
+    call_in_a_new_thread()  # warm-up
+    call_in_a_new_thread()  # captured; its output lies in the pool
+    address = outputs[1].data_ptr()
+    call_in_a_new_thread()
+    s = grape.stats(step)
+    assert s["eager_for_other_threads"] == 1 and outputs[1].data_ptr() == address
+    for out in outputs:
+        torch.testing.assert_close(out, x * 2 + 1, rtol=0, atol=0)
+    assert_sound()
+
+
 def test_eager_work_that_allocates_in_another_thread_while_a_function_captures():
     def f(x):
         y = (x @ x.T).softmax(-1)

@@ -88,14 +88,21 @@ void evacuate_live_outputs(GraphPool& pool, const CallMemory& m, const core::Rep
   stats.evacuations += static_cast<int64_t>(evacuated.size());
 }
 
-// What this call handed out leaves the pool before it returns (Note [Outputs of several
-// threads]): copies on the stream, after the launch.
+// What this thread holds in the pool (this call's outputs, and inputs it moved in) leaves it
+// before the call returns (Note [Outputs of several threads]): copies on the stream, after the
+// launch. Out of memory for the copies, they stay in the pool, as a single thread's outputs do:
+// the graph has run, so the call must not run again eagerly, and evacuate() repoints nothing
+// before every copy is allocated.
 void copy_outputs_out(GraphPool& pool, cudaStream_t stream, RuntimeCounters& stats) {
   std::vector<c10::StorageImpl*> taken;
   for (const auto& live : pool.live()) {
     if (live.taken_by_this_thread()) taken.push_back(live.storage._unsafe_get_target());
   }
-  stats.bytes_copied_out += static_cast<int64_t>(pool.evacuate(taken, stream));
+  try {
+    stats.bytes_copied_out += static_cast<int64_t>(pool.evacuate(taken, stream));
+  } catch (const c10::OutOfMemoryError&) {
+    return;
+  }
   stats.outputs_copied_out += static_cast<int64_t>(taken.size());
 }
 

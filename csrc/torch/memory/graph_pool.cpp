@@ -11,6 +11,7 @@
 #include <ATen/cuda/CUDAGeneratorImpl.h>
 
 #include <algorithm>
+#include <atomic>
 #include <mutex>
 #include <type_traits>
 #include <utility>
@@ -342,6 +343,12 @@ size_t GraphPool::evacuate(const std::vector<c10::StorageImpl*>& storages, cudaS
                 live_.end());
   }
   return bytes;
+}
+
+uint64_t GraphPool::calling_thread() {
+  static std::atomic<uint64_t> next{0};
+  thread_local const uint64_t serial = next.fetch_add(1);
+  return serial;
 }
 
 void GraphPool::prune_live() {

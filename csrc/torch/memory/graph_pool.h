@@ -21,8 +21,8 @@
 #include <c10/core/Storage.h>
 #include <c10/cuda/CUDAStream.h>
 
+#include <cstdint>
 #include <memory>
-#include <thread>
 #include <vector>
 
 #include "core/address_ranges.h"
@@ -106,13 +106,17 @@ class GraphPool : public std::enable_shared_from_this<GraphPool> {
   // the last refresh_segments().
   size_t device_bytes() const { return arena_->mapped_bytes() + private_pool_bytes_; }
 
+  // A number of the calling thread that no other thread of the process gets, even after this one
+  // has ended (std::thread::id, a pthread_t, goes to the next thread at once).
+  static uint64_t calling_thread();
+
   struct LiveStorage {
     c10::weak_intrusive_ptr<c10::StorageImpl> storage;
     core::AddressRange range;
     std::shared_ptr<bool> read_in_place;  // of the graph whose replay made it, if any
     // The thread whose call handed it out (Note [Outputs of several threads]).
-    std::thread::id taker = std::this_thread::get_id();
-    bool taken_by_this_thread() const { return taker == std::this_thread::get_id(); }
+    uint64_t taker = calling_thread();
+    bool taken_by_this_thread() const { return taker == calling_thread(); }
   };
 
   // A new storage over pool memory for a caller; registered live. `read_in_place`: the flag of the
