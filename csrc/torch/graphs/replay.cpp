@@ -45,7 +45,7 @@ struct CallMemory {
   std::vector<core::PlanPlaceholder> placeholders;
 };
 
-CallMemory describe_call(const CapturedGraph& g, const FlatCall& flat, GraphPool& pool) {
+CallMemory describe_call(const CapturedGraph& g, const FlatCall& flat, const GraphPool& pool) {
   const size_t n = flat.tensors.size();
   CallMemory m;
   m.inputs.resize(n);
@@ -60,20 +60,27 @@ CallMemory describe_call(const CapturedGraph& g, const FlatCall& flat, GraphPool
     if (s < 0) {
       s = static_cast<int>(m.impls.size());
       m.impls.push_back(impl);
-      const GraphPool::LiveStorage* live = pool.find_live(impl);
-      m.storages.push_back({core::make_range(impl->data(), impl->nbytes()), live != nullptr,
-                            live != nullptr && !live->taken_by_this_thread()});
+      m.storages.push_back({core::make_range(impl->data(), impl->nbytes())});  // pool's: below
     }
     const size_t bytes = g.placeholders[i].bytes;
     m.inputs[i] = {s, core::make_range(t.data_ptr(), bytes), is_whole_storage(t, bytes)};
     m.placeholders[i] = {core::make_range(g.placeholders[i].ptr, bytes),
                          g.placeholders[i].mutated, g.placeholders[i].site_buffer};
   }
+  // One pass over the pool's live storages: the call's are marked, the others follow.
+  const size_t of_call = m.impls.size();
   for (const auto& live : pool.live()) {
     c10::StorageImpl* impl = live.storage._unsafe_get_target();
-    if (std::find(m.impls.begin(), m.impls.end(), impl) != m.impls.end()) continue;
+    const bool other_thread = !live.taken_by_this_thread();
+    const auto found = std::find(m.impls.begin(), m.impls.begin() + of_call, impl);
+    if (found != m.impls.begin() + of_call) {
+      core::PlanStorage& storage = m.storages[static_cast<size_t>(found - m.impls.begin())];
+      storage.pool_resident = true;
+      storage.other_thread = other_thread;
+      continue;
+    }
     m.impls.push_back(impl);
-    m.storages.push_back({live.range, true, !live.taken_by_this_thread()});
+    m.storages.push_back({live.range, true, other_thread});
   }
   return m;
 }
